@@ -1,0 +1,119 @@
+"""The command-line face: `tpu-migrate rewrite`, `rules`, `explain`.
+
+Exit codes (like ruff): 0 nothing to do; 1 files changed / would change, or manual findings
+remain; 2 usage error, or an error in some file.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from tpu_migrate import __version__
+from tpu_migrate.findings import FileResult
+from tpu_migrate.report import render
+from tpu_migrate.rewrite.context import Options
+from tpu_migrate.rewrite.engine import rewrite_paths
+from tpu_migrate.rewrite.files import discover, write_atomic
+from tpu_migrate.rules import RuleError, load_catalog
+
+PROGRESS_THRESHOLD = 50
+
+
+def _codes(ctx, param, value: str | None):
+    """Comma-separated rule codes or code prefixes (`TPU0`) -> the set of matching codes."""
+    if value is None:
+        return None
+    try:
+        catalog = load_catalog()
+    except RuleError as exc:
+        raise click.UsageError(str(exc)) from None
+    codes = set()
+    for selector in (s.strip().upper() for s in value.split(",")):
+        if not selector:
+            continue
+        matching = {r.code for r in catalog.rules if r.code.startswith(selector)}
+        if not matching:
+            raise click.BadParameter(f"no rule matches '{selector}' (see `tpu-migrate rules`)")
+        codes |= matching
+    return frozenset(codes)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tpu-migrate")
+def main() -> None:
+    """Port torch_xla / Optimum TPU code to native TorchTPU."""
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@click.option("--diff", "mode", flag_value="diff", help="Print a unified diff; write nothing.")
+@click.option("--check", "mode", flag_value="check",
+              help="Write nothing; exit 1 if anything would change or needs manual work.")
+@click.option("--target", type=click.Choice(["tpu", "portable"]), default="tpu", show_default=True,
+              help="tpu: TorchTPU code. portable: device-agnostic code that also runs on the CPU.")
+@click.option("--select", callback=_codes, metavar="CODES",
+              help="Only these rules (comma-separated codes or prefixes, e.g. TPU001,TPU02).")
+@click.option("--ignore", callback=_codes, metavar="CODES", help="Skip these rules.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: one JSON document on stdout, nothing else.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Worker processes (default: number of CPUs).")
+@click.option("--exclude", multiple=True, metavar="GLOB",
+              help="Skip files or directories matching GLOB (repeatable).")
+def rewrite(paths, mode, target, select, ignore, output_format, jobs, exclude) -> None:
+    """Convert torch_xla idioms in PATHS (files or directories) to TorchTPU."""
+    mode = mode or "write"
+    options = Options(target=target, select=select, ignore=ignore or frozenset())
+    stdout = Console(highlight=False, soft_wrap=True)
+    stderr = Console(stderr=True, highlight=False, soft_wrap=True)
+
+    results: list[FileResult] = []
+    files: list[str] = []
+    for path, error in discover(paths, exclude):
+        if error is not None:
+            results.append(FileResult(path, error=error))
+        else:
+            files.append(path)
+
+    show_progress = output_format == "text" and stderr.is_terminal and len(files) > PROGRESS_THRESHOLD
+    with Progress(
+        TextColumn("rewriting"), BarColumn(), MofNCompleteColumn(), console=stderr,
+        disable=not show_progress, transient=True,
+    ) as progress:
+        task = progress.add_task("files", total=len(files))
+        for result in rewrite_paths(files, options, jobs):
+            if result.changed and mode == "write":
+                try:
+                    write_atomic(result.path, result.output)
+                except OSError as exc:
+                    result.error = f"cannot write: {exc.strerror or exc}"
+                    result.changed = False
+            results.append(result)
+            progress.advance(task)
+
+    summary = render.Summary()
+    for result in results:
+        summary.add(result)
+
+    if output_format == "json":
+        sys.stdout.write(render.json_document(results, summary, target, diffs=mode == "diff") + "\n")
+    else:
+        for result in results:
+            if result.changed and mode == "diff":
+                sys.stdout.write(render.unified_diff(result))
+            for line in render.finding_lines(result):
+                sys.stdout.write(line + "\n")
+        render.print_summary(summary, load_catalog(), mode, stdout)
+    for result in results:
+        if result.error is not None:
+            stderr.print(render.error_line(result), markup=False)
+
+    if summary.errors:
+        sys.exit(2)
+    if summary.changed or sum(summary.manual.values()):
+        sys.exit(1)
+    sys.exit(0)

@@ -1,0 +1,48 @@
+"""The result model shared by every command: what was fixed, what needs a person, what failed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A rule applied automatically. `line`/`col` are 1-based and refer to the input file."""
+
+    code: str
+    line: int
+    col: int = 1
+
+
+@dataclass(frozen=True)
+class Manual:
+    """Work the tool cannot do; the code is left as it is with a TODO comment above it."""
+
+    code: str
+    line: int
+    col: int
+    message: str
+
+
+@dataclass
+class FileResult:
+    path: str
+    changed: bool = False
+    error: str | None = None
+    fixes: list[Fix] = field(default_factory=list)
+    manual: list[Manual] = field(default_factory=list)
+    # Set when `changed`; never serialised (the CLI writes or diffs it).
+    original: bytes | None = None
+    output: bytes | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "path": self.path,
+            "changed": self.changed,
+            "error": self.error,
+            "fixes": [{"code": f.code, "line": f.line, "col": f.col} for f in self.fixes],
+            "manual": [
+                {"code": m.code, "line": m.line, "col": m.col, "message": m.message}
+                for m in self.manual
+            ],
+        }

@@ -1,0 +1,114 @@
+"""Human and machine output for `rewrite`: findings lines, diffs, the summary, JSON."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.table import Table
+
+from tpu_migrate.findings import FileResult
+from tpu_migrate.rules import Catalog
+
+JSON_VERSION = 1
+
+
+@dataclass
+class Summary:
+    files: int = 0
+    changed: int = 0
+    errors: int = 0
+    fixes: Counter = field(default_factory=Counter)
+    manual: Counter = field(default_factory=Counter)
+
+    def add(self, result: FileResult) -> None:
+        self.files += 1
+        self.changed += result.changed
+        self.errors += result.error is not None
+        self.fixes.update(f.code for f in result.fixes)
+        self.manual.update(m.code for m in result.manual)
+
+    def to_json(self) -> dict:
+        return {
+            "files": self.files,
+            "changed": self.changed,
+            "errors": self.errors,
+            "fixes": sum(self.fixes.values()),
+            "manual": sum(self.manual.values()),
+            "fixes_by_rule": dict(sorted(self.fixes.items())),
+            "manual_by_rule": dict(sorted(self.manual.items())),
+        }
+
+
+def unified_diff(result: FileResult) -> str:
+    """The diff of one changed file; line endings are shown as they are in the file."""
+    assert result.original is not None and result.output is not None
+    old = _decode_for_diff(result.original).splitlines(keepends=True)
+    new = _decode_for_diff(result.output).splitlines(keepends=True)
+    if os.path.isabs(result.path):
+        before = after = result.path
+    else:
+        before, after = f"a/{result.path}", f"b/{result.path}"
+    lines = difflib.unified_diff(old, new, before, after)
+    text = "".join(line if line.endswith(("\n", "\r")) else line + "\n\\ No newline at end of file\n" for line in lines)
+    return text
+
+
+def _decode_for_diff(data: bytes) -> str:
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def finding_lines(result: FileResult) -> list[str]:
+    return [f"{result.path}:{m.line}:{m.col} {m.code} {m.message}" for m in result.manual]
+
+
+def error_line(result: FileResult) -> str:
+    return f"{result.path}: error: {result.error}"
+
+
+def json_document(results: list[FileResult], summary: Summary, target: str, diffs: bool) -> str:
+    files = []
+    for result in results:
+        entry = result.to_json()
+        if diffs:
+            entry["diff"] = unified_diff(result) if result.changed else None
+        files.append(entry)
+    return json.dumps(
+        {"version": JSON_VERSION, "target": target, "files": files, "summary": summary.to_json()},
+        indent=2,
+    )
+
+
+def print_summary(summary: Summary, catalog: Catalog, mode: str, console: Console) -> None:
+    """A rich table on a terminal, plain lines otherwise (CI logs, pipes)."""
+    verb = {"write": "changed", "diff": "would change", "check": "would change"}[mode]
+    names = {r.code: r.name for r in catalog.rules}
+    if not console.is_terminal:
+        out = sys.stdout
+        out.write(
+            f"{summary.files} file(s) scanned, {summary.changed} {verb}, "
+            f"{summary.errors} error(s), {sum(summary.fixes.values())} fix(es), "
+            f"{sum(summary.manual.values())} manual finding(s)\n"
+        )
+        for code, count in sorted(summary.fixes.items()):
+            out.write(f"  fixed   {code} {names.get(code, '')}: {count}\n")
+        for code, count in sorted(summary.manual.items()):
+            out.write(f"  manual  {code} {names.get(code, '')}: {count}\n")
+        return
+    table = Table(title="tpu-migrate rewrite", show_header=True, header_style="bold")
+    table.add_column("")
+    table.add_column("rule")
+    table.add_column("count", justify="right")
+    table.add_row("files scanned", "", str(summary.files))
+    table.add_row(f"files {verb}", "", str(summary.changed), style="green" if summary.changed else None)
+    table.add_row("errors", "", str(summary.errors), style="red" if summary.errors else None)
+    for code, count in sorted(summary.fixes.items()):
+        table.add_row("fixed", f"{code} {names.get(code, '')}", str(count))
+    for code, count in sorted(summary.manual.items()):
+        table.add_row("manual", f"{code} {names.get(code, '')}", str(count), style="yellow")
+    console.print(table)

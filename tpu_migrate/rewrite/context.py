@@ -1,0 +1,203 @@
+"""State shared while one file is rewritten: options, findings, import plan, per-statement data."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import libcst as cst
+
+from tpu_migrate.findings import Fix, Manual
+from tpu_migrate.rewrite.names import Analysis, Ref, Scope, StmtInfo
+from tpu_migrate.rules import Catalog, Rule
+
+ALL_CODES = "*"
+
+
+@dataclass(frozen=True)
+class Options:
+    target: str = "tpu"
+    select: frozenset[str] | None = None  # None: every rule
+    ignore: frozenset[str] = frozenset()
+
+    def enabled(self, code: str) -> bool:
+        if code in self.ignore:
+            return False
+        return self.select is None or code in self.select
+
+
+class ImportPlan:
+    """Which names the new code uses for `torch`, `torch.distributed` and `os`.
+
+    Decided before any rewriting from the file's own module-level imports, so templates can be
+    filled in as they are applied; what was used but not imported is added once at the end.
+    """
+
+    def __init__(self, analysis: Analysis):
+        self.missing: dict[str, str] = {}  # placeholder -> import statement to add
+        self._used: set[str] = set()
+        bound = analysis.bound_names
+        torch = analysis.module_alias("torch")
+        self._torch_imported = torch is not None
+        self.names = {"torch": torch or "torch"}
+        dist = analysis.module_alias("torch.distributed")
+        if dist is None:
+            dist = "dist" if "dist" not in bound else None
+        self._dist_imported = analysis.module_alias("torch.distributed") is not None
+        self.names["dist"] = dist or f"{self.names['torch']}.distributed"
+        self._dist_as_attribute = dist is None
+        os_name = analysis.module_alias("os")
+        self._os_imported = os_name is not None
+        self.names["os"] = os_name or "os"
+
+    def use(self, placeholder: str) -> str:
+        self._used.add(placeholder)
+        if placeholder == "dist" and self._dist_as_attribute:
+            self._used.add("torch")
+        return self.names[placeholder]
+
+    def fill(self, template: str, **extra: str) -> str:
+        values = dict(extra)
+        for placeholder in ("torch", "dist", "os"):
+            if "{" + placeholder + "}" in template:
+                values[placeholder] = self.use(placeholder)
+        return template.format(**values)
+
+    def imports_to_add(self) -> list[str]:
+        lines = []
+        if "os" in self._used and not self._os_imported:
+            lines.append("import os")
+        if "torch" in self._used and not self._torch_imported:
+            lines.append("import torch")
+        if "dist" in self._used and not self._dist_imported:
+            if self._dist_as_attribute:
+                lines.append("import torch.distributed")
+            else:
+                lines.append(f"import torch.distributed as {self.names['dist']}")
+        return lines
+
+
+@dataclass
+class FileContext:
+    catalog: Catalog
+    options: Options
+    analysis: Analysis
+    plan: ImportPlan
+    suppressions: dict[int, frozenset[str]]  # line -> codes, or {ALL_CODES}
+    plans: object = None  # plans.Plans
+    # Root names (`xm`) of the references fixes removed from the code, for import removal.
+    removed_roots: Counter = field(default_factory=Counter)
+    fixes: list[Fix] = field(default_factory=list)
+    manual: list[Manual] = field(default_factory=list)
+    # Names of module-level functions that an `xmp.spawn` rewrite turned into workers.
+    workers: set[str] = field(default_factory=set)
+    # (scope id, name) of variables bound to a device loader and rewritten to the plain loader.
+    loader_vars: dict[tuple[int, str], cst.BaseExpression] = field(default_factory=dict)
+
+    @property
+    def target(self) -> str:
+        return self.options.target
+
+    def rule(self, code: str) -> Rule:
+        return self.catalog.by_code(code)
+
+
+class StatementContext:
+    """One statement being rewritten: its scope, its references, what rules did to it."""
+
+    def __init__(self, file: FileContext, info: StmtInfo):
+        self.file = file
+        self.info = info
+        self.scope: Scope = info.scope
+        self._unconsumed: list[Ref] = list(info.refs)
+        self._strings = list(info.xla_strings)
+        self.todos: list[Manual] = []
+        self.changed = False
+
+    # -- rules ------------------------------------------------------------------------------
+
+    def enabled(self, code: str) -> bool:
+        if not self.file.options.enabled(code):
+            return False
+        for line in range(self.info.first_line, self.info.header_end_line + 1):
+            codes = self.file.suppressions.get(line)
+            if codes and (ALL_CODES in codes or code in codes):
+                return False
+        return True
+
+    def resolve(self, node: cst.BaseExpression) -> str | None:
+        dotted = cst_dotted(node)
+        if dotted is None:
+            return None
+        qualname = self.scope.resolve(dotted)
+        return self.file.catalog.canonical(qualname) if qualname else None
+
+    def consume(self, qualname: str | None) -> tuple[int, int]:
+        """Mark the next reference to `qualname` as handled; its (line, col) in the input."""
+        ref = self._take(qualname)
+        if ref is None:
+            return self.info.node.lineno, self.info.node.col_offset + 1
+        return ref.line, ref.col
+
+    def _take(self, qualname: str | None) -> Ref | None:
+        for i, ref in enumerate(self._unconsumed):
+            if ref.qualname == qualname:
+                return self._unconsumed.pop(i)
+        return None
+
+    def consume_string(self) -> tuple[int, int]:
+        """(line, col) of the next "xla" string literal of the statement in the input."""
+        if self._strings:
+            return self._strings.pop(0)
+        return self.info.node.lineno, self.info.node.col_offset + 1
+
+    def fixed(
+        self, code: str, qualname: str | None = None, where: tuple[int, int] | None = None
+    ) -> tuple[int, int]:
+        """Record a fix; a fix by qualified name removes that reference from the code."""
+        if where is None:
+            ref = self._take(qualname)
+            if ref is not None:
+                where = (ref.line, ref.col)
+                self.file.removed_roots[ref.dotted.partition(".")[0]] += 1
+            else:
+                where = (self.info.node.lineno, self.info.node.col_offset + 1)
+        self.file.fixes.append(Fix(code, *where))
+        self.changed = True
+        return where
+
+    def needs_manual(
+        self, code: str, message: str, qualname: str | None = None,
+        where: tuple[int, int] | None = None,
+    ) -> None:
+        line, col = where or self.consume(qualname)
+        finding = Manual(code, line, col, message)
+        self.file.manual.append(finding)
+        self.todos.append(finding)
+
+    def leftover_refs(self) -> list[Ref]:
+        from tpu_migrate.rewrite.names import is_xla_name
+
+        return [r for r in self._unconsumed if is_xla_name(r.qualname)]
+
+
+def cst_dotted(node: cst.BaseExpression) -> str | None:
+    parts = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if not isinstance(node, cst.Name):
+        return None
+    parts.append(node.value)
+    return ".".join(reversed(parts))
+
+
+@lru_cache(maxsize=512)
+def parse_expr(code: str) -> cst.BaseExpression:
+    return cst.parse_expression(code)
+
+
+@lru_cache(maxsize=512)
+def parse_stmt(code: str) -> cst.BaseStatement:
+    return cst.parse_statement(code)

@@ -1,0 +1,195 @@
+"""Import management, done once per file after every rule has run.
+
+- torch_xla / optimum.tpu imports whose names are no longer used anywhere are removed (at any
+  depth: imports inside functions and `try:` blocks included); the ones still used are kept.
+- Modules the new code needs (`os`, `torch`, `torch.distributed`) are added once, after the
+  file's leading import block, under the names ImportPlan chose (the file's own aliases first).
+
+Whether a name is still used is counted without another traversal or print: the analysis
+counted every load in the input, and every fix says which reference it removed.
+The count errs on the side of keeping an import, never on removing a used one.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+
+import libcst as cst
+
+from tpu_migrate.findings import Fix
+from tpu_migrate.rewrite.context import FileContext, parse_stmt
+from tpu_migrate.rewrite.names import is_xla_name
+
+SIDE_EFFECT_BACKEND = "torch_xla.distributed.xla_backend"
+
+
+def unused_xla_names(file: FileContext) -> set[str]:
+    """Names bound by torch_xla / optimum.tpu imports that no code uses any more.
+
+    Uses = every load the analysis counted in the input, minus the references that fixes
+    removed. Rules never add torch_xla names, and code they keep (arguments, manual TODOs)
+    keeps its references, so this is exact except that it errs towards keeping an import.
+    """
+    analysis = file.analysis
+    names = {b.name for b in analysis.imports if is_xla_name(b.qualname)}
+    if not names:
+        return set()
+    uses: Counter = Counter()
+    for info in analysis.infos.values():
+        for name in names:
+            uses[name] += info.root_loads.get(name, 0)
+    return {name for name in names if uses[name] - file.removed_roots[name] <= 0}
+
+
+def remove_unused(module: cst.Module, file: FileContext, unused: set[str]) -> cst.Module:
+    if not unused:
+        return module
+    backend_lines = [
+        (b.stmt.lineno, b.stmt.col_offset + 1)
+        for b in file.analysis.imports
+        if isinstance(b.stmt, ast.Import) and any(a.name == SIDE_EFFECT_BACKEND for a in b.stmt.names)
+    ]
+    remover = _ImportRemover(unused)
+    new_body, carry = remover.block(module.body)
+    for where in backend_lines[: remover.backend_removed]:
+        file.fixes.append(Fix("TPU070", *where))
+    footer = [*carry, *module.footer] if carry else module.footer
+    return module.with_changes(body=new_body, footer=footer)
+
+
+def add_needed(module: cst.Module, lines: list[str]) -> cst.Module:
+    if not lines:
+        return module
+    body = list(module.body)
+    index = _leading_imports_end(body)
+    new = [parse_stmt(line + "\n") for line in lines]
+    return module.with_changes(body=[*body[:index], *new, *body[index:]])
+
+
+def _is_import_line(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body
+    )
+
+
+def _is_docstring(stmt: cst.BaseStatement) -> bool:
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, (cst.SimpleString, cst.ConcatenatedString))
+    )
+
+
+def _is_future(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and any(
+        isinstance(s, cst.ImportFrom) and cst.helpers.get_full_name_for_node(s.module) == "__future__"
+        for s in stmt.body
+        if isinstance(s, cst.ImportFrom) and s.module is not None
+    )
+
+
+def _leading_imports_end(body: list[cst.BaseStatement]) -> int:
+    index = 0
+    if body and _is_docstring(body[0]):
+        index = 1
+    while index < len(body) and _is_future(body[index]):
+        index += 1
+    while index < len(body) and _is_import_line(body[index]):
+        index += 1
+    return index
+
+
+class _ImportRemover:
+    """Drops the import aliases bound to unused names, at every depth."""
+
+    def __init__(self, unused: set[str]):
+        self.unused = unused
+        self.backend_removed = 0
+
+    def block(self, stmts):
+        out, carry = [], []
+        for stmt in stmts:
+            new = self.statement(stmt)
+            if new is None:
+                carry.extend(stmt.leading_lines)
+                if stmt.trailing_whitespace.comment is not None:
+                    carry.append(cst.EmptyLine(comment=stmt.trailing_whitespace.comment))
+                continue
+            if carry:
+                new = new.with_changes(leading_lines=[*carry, *new.leading_lines])
+                carry = []
+            out.append(new)
+        return out, carry
+
+    def suite(self, suite):
+        if isinstance(suite, cst.SimpleStatementSuite):
+            body = [s for s in (self.small(s) for s in suite.body) if s is not None]
+            return suite.with_changes(body=body or [cst.Pass()])
+        body, carry = self.block(suite.body)
+        if not body:
+            body = [cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carry)]
+            carry = []
+        return suite.with_changes(body=body, footer=[*carry, *suite.footer])
+
+    def statement(self, stmt):
+        if isinstance(stmt, cst.SimpleStatementLine):
+            if not any(isinstance(s, (cst.Import, cst.ImportFrom)) for s in stmt.body):
+                return stmt
+            body = [s for s in (self.small(s) for s in stmt.body) if s is not None]
+            if not body:
+                return None
+            last = body[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+            return stmt.with_changes(body=[*body[:-1], last])
+        changes = {}
+        for field in ("body", "orelse", "finalbody"):
+            child = getattr(stmt, field, None)
+            if isinstance(child, cst.BaseSuite):
+                changes[field] = self.suite(child)
+            elif isinstance(child, (cst.Else, cst.Finally)):
+                changes[field] = child.with_changes(body=self.suite(child.body))
+            elif isinstance(child, cst.If):
+                changes[field] = self.statement(child)
+        if isinstance(stmt, (cst.Try, cst.TryStar)):
+            changes["handlers"] = [h.with_changes(body=self.suite(h.body)) for h in stmt.handlers]
+        if isinstance(stmt, cst.Match):
+            changes["cases"] = [c.with_changes(body=self.suite(c.body)) for c in stmt.cases]
+        return stmt.with_changes(**changes) if changes else stmt
+
+    def small(self, small):
+        if isinstance(small, cst.Import):
+            keep = []
+            for alias in small.names:
+                dotted = cst.helpers.get_full_name_for_node(alias.name) or ""
+                bound = alias.asname.name.value if alias.asname else dotted.partition(".")[0]
+                if is_xla_name(dotted) and bound in self.unused:
+                    if dotted == SIDE_EFFECT_BACKEND:
+                        self.backend_removed += 1
+                    continue
+                keep.append(alias)
+            return _with_aliases(small, keep)
+        if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
+            module = cst.helpers.get_full_name_for_node(small.module) or ""
+            if isinstance(small.names, cst.ImportStar):
+                return small
+            keep = []
+            for alias in small.names:
+                name = cst.helpers.get_full_name_for_node(alias.name) or ""
+                bound = alias.asname.name.value if alias.asname else name
+                if is_xla_name(f"{module}.{name}") and bound in self.unused:
+                    continue
+                keep.append(alias)
+            return _with_aliases(small, keep)
+        return small
+
+
+def _with_aliases(small, keep):
+    if not keep:
+        return None
+    if len(keep) == len(small.names):
+        return small
+    last = keep[-1]
+    if isinstance(small, cst.Import) or small.lpar is None:
+        last = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+    return small.with_changes(names=[*keep[:-1], last])

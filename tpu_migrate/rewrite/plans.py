@@ -1,0 +1,138 @@
+"""Decisions that span statements, made on `ast` before any rewriting.
+
+Some rewrites touch two places: `xmp.spawn(fn, ...)` changes the call and the start of `fn`, and
+`loader = pl.MpDeviceLoader(...)` changes the assignment and every loop over `loader`. The walker
+meets those places in source order, so whether such a rewrite is possible must be known up front:
+both halves are applied, or neither.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from tpu_migrate.rewrite.names import Analysis, Scope
+
+SPAWN_NAMES = frozenset(
+    {"torch_xla.distributed.xla_multiprocessing.spawn", "torch_xla.launch"}
+)
+MP_DEVICE_LOADER = "torch_xla.distributed.parallel_loader.MpDeviceLoader"
+PARALLEL_LOADER = "torch_xla.distributed.parallel_loader.ParallelLoader"
+
+
+@dataclass
+class Plans:
+    # id(ast statement of the spawn call) -> name of the worker function to set up
+    spawn_workers: dict[int, str] = field(default_factory=dict)
+    # (id(scope), name) of variables bound to a device loader that are only iterated
+    loader_vars: set[tuple[int, str]] = field(default_factory=set)
+
+    @property
+    def workers(self) -> set[str]:
+        return set(self.spawn_workers.values())
+
+
+def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
+    """`enabled(code, info)` tells whether a rule may run on a statement."""
+    plans = Plans()
+    for info in analysis.infos.values():
+        node = info.node
+        if not info.refs:
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            worker = _spawn_worker(node.value, info.scope, analysis, canonical)
+            if worker and enabled("TPU060", info):
+                plans.spawn_workers[id(node)] = worker
+        elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                qualname = _call_qualname(node.value, info.scope, canonical)
+                if qualname == MP_DEVICE_LOADER and enabled("TPU040", info):
+                    name = node.targets[0].id
+                    if _only_iterated(analysis, info.scope, name):
+                        plans.loader_vars.add((id(info.scope), name))
+    return plans
+
+
+def _call_qualname(call: ast.Call, scope: Scope, canonical) -> str | None:
+    from tpu_migrate.rewrite.names import dotted_name
+
+    dotted = dotted_name(call.func)
+    if dotted is None:
+        return None
+    qualname = scope.resolve(dotted)
+    return canonical(qualname) if qualname else None
+
+
+def _spawn_worker(call: ast.Call, scope: Scope, analysis: Analysis, canonical) -> str | None:
+    if _call_qualname(call, scope, canonical) not in SPAWN_NAMES:
+        return None
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(
+        k.arg is None for k in call.keywords
+    ):
+        return None
+    fn = call.args[0] if call.args else next(
+        (k.value for k in call.keywords if k.arg == "fn"), None
+    )
+    if not isinstance(fn, ast.Name) or fn.id not in analysis.functions:
+        return None
+    if scope.lookup(fn.id) is not None:  # an imported name, not the module's def
+        return None
+    worker = analysis.functions[fn.id]
+    if not (worker.args.posonlyargs or worker.args.args):
+        return None  # the worker must accept the process index
+    nprocs = next((k.value for k in call.keywords if k.arg == "nprocs"), None)
+    if nprocs is None and len(call.args) >= 3:
+        nprocs = call.args[2]
+    if nprocs is not None and not is_simple(nprocs):
+        return None
+    return fn.id
+
+
+def is_simple(node: ast.expr) -> bool:
+    """An expression that may be repeated: a constant, a name, `a.b`, `a[k]`."""
+    if isinstance(node, (ast.Constant, ast.Name)):
+        return True
+    if isinstance(node, ast.Attribute):
+        return is_simple(node.value)
+    if isinstance(node, ast.Subscript):
+        return is_simple(node.value) and is_simple(node.slice)
+    return False
+
+
+def _only_iterated(analysis: Analysis, scope: Scope, name: str) -> bool:
+    """Every load of `name` in `scope` is the iterable of a `for` (maybe via enumerate)."""
+    uses = 0
+    for load_scope, dotted, info, line, col in analysis.loads:
+        if dotted.partition(".")[0] != name:
+            continue
+        if load_scope is not scope:
+            if _sees(load_scope, scope, name):
+                return False  # used from a nested function, lambda or comprehension
+            continue
+        node = info.node
+        if not isinstance(node, (ast.For, ast.AsyncFor)):
+            return False
+        iterable = node.iter
+        if (
+            isinstance(iterable, ast.Call)
+            and isinstance(iterable.func, ast.Name)
+            and iterable.func.id == "enumerate"
+            and iterable.args
+        ):
+            iterable = iterable.args[0]
+        if not (isinstance(iterable, ast.Name) and iterable.id == name and dotted == name):
+            return False
+        if (iterable.lineno, iterable.col_offset + 1) != (line, col + 1):
+            return False
+        uses += 1
+    return uses > 0
+
+
+def _sees(inner: Scope, outer: Scope, name: str) -> bool:
+    """Whether `name` in scope `inner` refers to `outer`'s binding."""
+    scope: Scope | None = inner
+    while scope is not None and scope is not outer:
+        if name in scope.assigned or name in scope.imports:
+            return False
+        scope = scope.parent
+    return scope is outer

@@ -1,0 +1,492 @@
+"""Apply the rules to a libcst module, visiting only the statements the analysis flagged.
+
+A full libcst traversal costs as much as parsing the file (measured: 11.6 ms to visit vs 11.0 ms
+to parse a 90-line training script), so this module does not run one transformer over the
+module. It walks the statement lists of the CST and of Python's `ast` side by side (both list
+statements in source order) and runs an `ExprRewriter` only on the statements, or compound
+statement headers, where `names.analyze` found a torch_xla reference or an "xla" string.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from collections.abc import Sequence
+
+import libcst as cst
+
+from tpu_migrate.rewrite import transforms
+from tpu_migrate.rewrite.context import FileContext, StatementContext, cst_dotted
+from tpu_migrate.rewrite.names import StmtInfo, is_xla_name
+from tpu_migrate.rewrite.plans import Plans
+
+TODO_PREFIX = "# TODO(tpu-migrate): "
+
+_COMPOUND_AST = {
+    cst.If: (ast.If,),
+    cst.For: (ast.For, ast.AsyncFor),
+    cst.While: (ast.While,),
+    cst.With: (ast.With, ast.AsyncWith),
+    cst.FunctionDef: (ast.FunctionDef, ast.AsyncFunctionDef),
+    cst.ClassDef: (ast.ClassDef,),
+    cst.Try: (ast.Try,),
+    cst.TryStar: (getattr(ast, "TryStar", ast.Try),),
+    cst.Match: (ast.Match,),
+}
+
+
+class WalkError(Exception):
+    """The CST and the ast disagree about the statement structure (a bug, reported per file)."""
+
+
+# Nodes that never contain anything a rule rewrites: tokens, whitespace, comments, leaves.
+_LEAVES = (
+    cst.BaseParenthesizableWhitespace,
+    cst.TrailingWhitespace,
+    cst.EmptyLine,
+    cst.Comment,
+    cst.Newline,
+    cst.Name,
+    cst.Integer,
+    cst.Float,
+    cst.Imaginary,
+    cst.SimpleString,
+    cst.Dot,
+    cst.Comma,
+    cst.LeftParen,
+    cst.RightParen,
+    cst.LeftSquareBracket,
+    cst.RightSquareBracket,
+    cst.LeftCurlyBrace,
+    cst.RightCurlyBrace,
+    cst.BaseBinaryOp,
+    cst.BaseBooleanOp,
+    cst.BaseCompOp,
+    cst.BaseUnaryOp,
+    cst.BaseAugOp,
+    cst.AssignEqual,
+    cst.Colon,
+    cst.Semicolon,
+    cst.ImportStar,
+    # Bodies of compound statements are separate statements, rewritten on their own.
+    cst.IndentedBlock,
+    cst.SimpleStatementSuite,
+    cst.Else,
+    cst.Finally,
+)
+# isinstance() against libcst's abstract base classes dominated this walk; match exact types.
+_NODE_TYPES = frozenset(
+    obj for obj in vars(cst).values()
+    if isinstance(obj, type) and issubclass(obj, cst.CSTNode) and not getattr(obj, "__abstractmethods__", None)
+)
+_LEAF_TYPES = frozenset(t for t in _NODE_TYPES if issubclass(t, _LEAVES))
+_SKIPPED_FIELDS = ("whitespace", "lpar", "rpar", "leading_lines", "comma", "semicolon", "header", "footer")
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(cls: type) -> tuple[str, ...]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = tuple(
+            f.name for f in dataclasses.fields(cls)
+            if not any(skip in f.name for skip in _SKIPPED_FIELDS)
+        )
+        _FIELDS[cls] = names
+    return names
+
+
+class ExprRewriter:
+    """Applies expression-level rules inside one statement (or one compound header).
+
+    A lean post-order walk instead of a libcst CSTTransformer: it skips whitespace and tokens
+    and rebuilds a node only when a child changed. Measured about 3x cheaper per statement,
+    and this walk is the main cost of rewriting a file beyond the parse and print.
+    """
+
+    def __init__(self, sc: StatementContext, root: cst.CSTNode, statement_call=None):
+        self.sc = sc
+        self.root = root
+        # The call of an expression statement, left for statement-level rules.
+        self.statement_call = statement_call
+        self.loose: set[int] = set()
+
+    def rewrite(self, node):
+        kind = type(node)
+        if kind in _LEAF_TYPES:
+            return node
+        if kind is cst.Attribute and cst_dotted(node) is not None:
+            return node  # nothing inside `torch.utils.data` can change
+        if kind is cst.If and node is not self.root:
+            return node  # an `elif` is a statement of its own
+        changes = {}
+        for name in _child_fields(kind):
+            value = getattr(node, name)
+            if type(value) in _NODE_TYPES:
+                new = self.rewrite(value)
+                if new is not value:
+                    changes[name] = new
+            elif type(value) in (list, tuple) and value and type(value[0]) in _NODE_TYPES:
+                new_items = [self.rewrite(item) for item in value]
+                if any(a is not b for a, b in zip(new_items, value)):
+                    changes[name] = new_items
+        updated = node.with_changes(**changes) if changes else node
+        leave = getattr(self, "leave_" + type(node).__name__, None)
+        return leave(node, updated) if leave is not None else updated
+
+    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
+        sc = self.sc
+        qualname = sc.resolve(updated.func)
+        if qualname is not None:
+            rule = sc.file.catalog.by_qualname.get(qualname)
+            if rule is not None:
+                if original is self.statement_call and rule.transform in transforms.STATEMENT:
+                    return updated
+                if not sc.enabled(rule.code):
+                    sc.consume(qualname)
+                    return updated
+                return self._wrap(transforms.apply_call_rule(rule, qualname, updated, sc))
+            special = transforms.QUALNAME_CALLS.get(qualname)
+            if special is not None:
+                return self._wrap(special(updated, sc))
+        return self._wrap(transforms.device_string_args(updated, sc))
+
+    def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
+        return transforms.device_param_default(updated, self.sc)
+
+    def leave_Comparison(self, original, updated) -> cst.BaseExpression:
+        return transforms.device_type_compare(updated, self.sc)
+
+    # -- parentheses ------------------------------------------------------------------------
+    # Replacements such as `a if c else b` are parenthesised where they land, and the
+    # parentheses are dropped again where the expression stands alone (argument, assignment).
+
+    def _wrap(self, node: cst.BaseExpression) -> cst.BaseExpression:
+        if isinstance(node, transforms.LOOSE) and not node.lpar:
+            node = node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            self.loose.add(id(node))
+        return node
+
+    def _unwrapped(self, node, field: str):
+        value = getattr(node, field)
+        if value is not None and id(value) in self.loose:
+            return node.with_changes(**{field: value.with_changes(lpar=[], rpar=[])})
+        return node
+
+    def leave_Arg(self, original, updated):
+        return self._unwrapped(updated, "value")
+
+    def leave_Assign(self, original, updated):
+        return self._unwrapped(updated, "value")
+
+    def leave_AnnAssign(self, original, updated):
+        return self._unwrapped(updated, "value")
+
+    def leave_Return(self, original, updated):
+        return self._unwrapped(updated, "value")
+
+    def leave_Expr(self, original, updated):
+        return self._unwrapped(updated, "value")
+
+    def leave_If(self, original, updated):
+        return self._unwrapped(updated, "test")
+
+    def leave_While(self, original, updated):
+        return self._unwrapped(updated, "test")
+
+
+class ModuleRewriter:
+    def __init__(self, file: FileContext, plans: Plans):
+        self.file = file
+        self.plans = plans
+        self.analysis = file.analysis
+
+    # -- blocks -----------------------------------------------------------------------------
+
+    def rewrite_module(self, module: cst.Module, tree: ast.Module) -> cst.Module:
+        body, carry = self.block(module.body, tree.body)
+        if body is module.body:
+            return module
+        footer = [*carry, *module.footer] if carry else module.footer
+        return module.with_changes(body=body, footer=footer)
+
+    def block(
+        self, stmts: Sequence[cst.BaseStatement], ast_stmts: list[ast.stmt]
+    ) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+        """Rewrite a statement list. Returns it and the comments of removed trailing lines."""
+        out: list[cst.BaseStatement] = []
+        carry: list[cst.EmptyLine] = []
+        cursor = 0
+        unchanged = True
+        for stmt in stmts:
+            if isinstance(stmt, cst.SimpleStatementLine):
+                count = len(stmt.body)
+                nodes = ast_stmts[cursor : cursor + count]
+                cursor += count
+                if len(nodes) != count:
+                    raise WalkError("statement count mismatch")
+                produced, removed_comments = self.simple_line(stmt, nodes)
+            else:
+                if cursor >= len(ast_stmts):
+                    raise WalkError("statement count mismatch")
+                node = ast_stmts[cursor]
+                cursor += 1
+                if not isinstance(node, _COMPOUND_AST.get(type(stmt), ())):
+                    raise WalkError(f"{type(stmt).__name__} vs {type(node).__name__}")
+                if self.untouched(stmt, node):
+                    produced, removed_comments = [stmt], []
+                else:
+                    produced, removed_comments = self.compound(stmt, node)
+            if unchanged and (len(produced) != 1 or produced[0] is not stmt or removed_comments):
+                unchanged = False
+            if produced:
+                if carry:
+                    produced[0] = _prepend_lines(produced[0], carry)
+                    carry = []
+                out.extend(produced)
+                carry = removed_comments
+            else:
+                carry.extend(removed_comments)
+        if cursor != len(ast_stmts):
+            raise WalkError("statement count mismatch")
+        if unchanged:
+            return stmts, []
+        return out, carry
+
+    def untouched(self, stmt: cst.BaseCompoundStatement, node: ast.stmt) -> bool:
+        """Nothing in this compound statement, header or body, can change."""
+        if self.analysis.info(node).subtree_interesting:
+            return False
+        return not (isinstance(stmt, cst.FunctionDef) and stmt.name.value in self.plans.workers)
+
+    def body_block(self, body: cst.BaseSuite, ast_body: list[ast.stmt]) -> cst.BaseSuite:
+        if isinstance(body, cst.SimpleStatementSuite):
+            infos = [self.analysis.info(n) for n in ast_body]
+            if not any(i.interesting for i in infos):
+                return body
+            body = cst.IndentedBlock(
+                body=[cst.SimpleStatementLine(body=body.body, trailing_whitespace=body.trailing_whitespace)],
+            )
+        new_body, carry = self.block(body.body, ast_body)
+        if new_body is body.body:
+            return body
+        if not new_body:
+            new_body = [cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carry)]
+            carry = []
+        footer = [*carry, *body.footer] if carry else body.footer
+        return body.with_changes(body=new_body, footer=footer)
+
+    # -- simple statements ------------------------------------------------------------------
+
+    def simple_line(
+        self, line: cst.SimpleStatementLine, nodes: list[ast.stmt]
+    ) -> tuple[list[cst.BaseStatement], list[cst.EmptyLine]]:
+        infos = [self.analysis.info(n) for n in nodes]
+        if not any(i.interesting for i in infos):
+            return [line], []
+        pieces: list[cst.BaseSmallStatement | list[cst.BaseStatement]] = []
+        todos = []
+        for small, info in zip(line.body, infos):
+            if not info.interesting:
+                pieces.append(small)
+                continue
+            sc = StatementContext(self.file, info)
+            result = self.small_statement(small, sc)
+            todos.extend(sc.todos)
+            pieces.append(result)
+        return _rebuild_line(line, pieces, todos)
+
+    def small_statement(self, small: cst.BaseSmallStatement, sc: StatementContext):
+        call = small.value if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) else None
+        rewriter = ExprRewriter(sc, small, statement_call=call)
+        new_small = rewriter.rewrite(small)
+        result = new_small
+        if call is not None and isinstance(new_small, cst.Expr) and isinstance(new_small.value, cst.Call):
+            statement_rule = transforms.statement_rule(new_small.value, sc)
+            if statement_rule is not None:
+                rule, qualname = statement_rule
+                replaced = transforms.apply_statement_rule(
+                    rule, qualname, new_small.value, sc, self.plans
+                )
+                if replaced is not None:
+                    result = replaced
+        self.report_leftovers(sc)
+        return result
+
+    def report_leftovers(self, sc: StatementContext) -> None:
+        for ref in sc.leftover_refs():
+            if sc.enabled("TPU099"):
+                sc.needs_manual(
+                    "TPU099",
+                    f"`{ref.dotted}` ({ref.qualname}) has no automatic TorchTPU conversion",
+                    where=(ref.line, ref.col),
+                )
+
+    # -- compound statements ----------------------------------------------------------------
+
+    def compound(self, stmt: cst.BaseCompoundStatement, node: ast.stmt):
+        info = self.analysis.info(node)
+        loops_over_loader = isinstance(node, (ast.For, ast.AsyncFor)) and _loader_var_loop(
+            node, info, self.plans
+        )
+        sc = StatementContext(self.file, info) if info.interesting or loops_over_loader else None
+        prefix: list[cst.BaseStatement] = []
+        if sc is not None:
+            if isinstance(stmt, cst.With):
+                unwrapped = transforms.unwrap_step_context(stmt, sc)
+                if isinstance(unwrapped, list):
+                    return self.unwrapped(unwrapped, node, info, sc)
+                stmt = unwrapped
+            elif isinstance(stmt, cst.For):
+                stmt, prefix = transforms.device_loader_loop(
+                    stmt, sc, self.plans, ExprRewriter(sc, stmt)
+                )
+            stmt = ExprRewriter(sc, stmt).rewrite(stmt)
+
+        # Bodies first (their statements pair with the ast), then insertions at their start.
+        stmt = self.children(stmt, node)
+        if prefix:
+            stmt = transforms.insert_at_body_start(stmt, prefix)
+        if (
+            isinstance(stmt, cst.FunctionDef)
+            and stmt.name.value in self.plans.workers
+            and info.scope.kind == "module"
+        ):
+            stmt = transforms.setup_worker(stmt, node, self.file)
+
+        if sc is not None:
+            self.report_leftovers(sc)
+            if sc.todos:
+                stmt = _add_todos(stmt, sc.todos)
+        return [stmt], []
+
+    def unwrapped(self, statements, node, info, sc):
+        """`with torch_xla.step():` is gone: its body takes its place in the enclosing block."""
+        body, carry = self.block(statements, node.body)
+        self.report_leftovers(sc)
+        if body and sc.todos:
+            body[0] = _add_todos(body[0], sc.todos)
+        return body, carry
+
+    def children(self, stmt: cst.BaseCompoundStatement, node: ast.stmt):
+        if isinstance(stmt, cst.If):
+            changes = {"body": self.body_block(stmt.body, node.body)}
+            if isinstance(stmt.orelse, cst.If):
+                produced, _ = self.compound(stmt.orelse, node.orelse[0])
+                changes["orelse"] = produced[0]
+            elif stmt.orelse is not None:
+                changes["orelse"] = stmt.orelse.with_changes(
+                    body=self.body_block(stmt.orelse.body, node.orelse)
+                )
+            return stmt.with_changes(**changes)
+        if isinstance(stmt, (cst.For, cst.While)):
+            changes = {"body": self.body_block(stmt.body, node.body)}
+            if stmt.orelse is not None:
+                changes["orelse"] = stmt.orelse.with_changes(
+                    body=self.body_block(stmt.orelse.body, node.orelse)
+                )
+            return stmt.with_changes(**changes)
+        if isinstance(stmt, (cst.With, cst.FunctionDef, cst.ClassDef)):
+            return stmt.with_changes(body=self.body_block(stmt.body, node.body))
+        if isinstance(stmt, (cst.Try, cst.TryStar)):
+            handlers = [
+                h.with_changes(body=self.body_block(h.body, a.body))
+                for h, a in zip(stmt.handlers, node.handlers)
+            ]
+            changes = {"body": self.body_block(stmt.body, node.body), "handlers": handlers}
+            if stmt.orelse is not None:
+                changes["orelse"] = stmt.orelse.with_changes(
+                    body=self.body_block(stmt.orelse.body, node.orelse)
+                )
+            if stmt.finalbody is not None:
+                changes["finalbody"] = stmt.finalbody.with_changes(
+                    body=self.body_block(stmt.finalbody.body, node.finalbody)
+                )
+            return stmt.with_changes(**changes)
+        if isinstance(stmt, cst.Match):
+            cases = [
+                c.with_changes(body=self.body_block(c.body, a.body))
+                for c, a in zip(stmt.cases, node.cases)
+            ]
+            return stmt.with_changes(cases=cases)
+        raise WalkError(f"unhandled compound statement {type(stmt).__name__}")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _comment_of(ws: cst.TrailingWhitespace) -> list[cst.EmptyLine]:
+    if ws.comment is None:
+        return []
+    return [cst.EmptyLine(indent=True, comment=ws.comment)]
+
+
+def _prepend_lines(stmt: cst.BaseStatement, lines: list[cst.EmptyLine]) -> cst.BaseStatement:
+    return stmt.with_changes(leading_lines=[*lines, *stmt.leading_lines])
+
+
+def _add_todos(stmt: cst.BaseStatement, todos) -> cst.BaseStatement:
+    existing = {line.comment.value for line in stmt.leading_lines if line.comment is not None}
+    new_lines = []
+    for todo in todos:
+        text = f"{TODO_PREFIX}{todo.code} {todo.message}"
+        if text not in existing:
+            existing.add(text)
+            new_lines.append(cst.EmptyLine(indent=True, comment=cst.Comment(text)))
+    if not new_lines:
+        return stmt
+    return stmt.with_changes(leading_lines=[*stmt.leading_lines, *new_lines])
+
+
+def _rebuild_line(line: cst.SimpleStatementLine, pieces, todos):
+    """Turn the rewritten small statements of one line back into statements.
+
+    A piece is a small statement (kept on a line) or a list of whole statements (a removed
+    statement is an empty list; `xm.save(...)` becomes an `if` block).
+    """
+    out: list[cst.BaseStatement] = []
+    run: list[cst.BaseSmallStatement] = []
+
+    def flush() -> None:
+        if run:
+            last = run[-1]
+            if last is not line.body[-1]:
+                last = last.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+            out.append(cst.SimpleStatementLine(body=[*run[:-1], last]))
+            run.clear()
+
+    for piece in pieces:
+        if isinstance(piece, list):
+            flush()
+            out.extend(piece)
+        else:
+            run.append(piece)
+    flush()
+
+    removed_comments: list[cst.EmptyLine] = []
+    if not out:
+        removed_comments = [*line.leading_lines, *_comment_of(line.trailing_whitespace)]
+        return [], removed_comments
+    if len(out) == 1 and isinstance(out[0], cst.SimpleStatementLine) and all(
+        not isinstance(p, list) for p in pieces
+    ):
+        out[0] = line.with_changes(body=out[0].body)
+    else:
+        out[0] = _prepend_lines(out[0], list(line.leading_lines))
+        last = out[-1]
+        if isinstance(last, cst.SimpleStatementLine):
+            out[-1] = last.with_changes(trailing_whitespace=line.trailing_whitespace)
+        elif line.trailing_whitespace.comment is not None:
+            out[0] = _prepend_lines(out[0], _comment_of(line.trailing_whitespace))
+    if todos:
+        out[0] = _add_todos(out[0], todos)
+    return out, []
+
+
+def _loader_var_loop(node: ast.For, info: StmtInfo, plans: Plans) -> bool:
+    iterable = node.iter
+    if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.args:
+        iterable = iterable.args[0]
+    return isinstance(iterable, ast.Name) and (id(info.scope), iterable.id) in plans.loader_vars
+
+
+__all__ = ["ModuleRewriter", "ExprRewriter", "WalkError", "TODO_PREFIX", "cst_dotted"]

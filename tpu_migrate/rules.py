@@ -1,0 +1,117 @@
+"""Load the rule tables in rules/*.toml into Rule objects.
+
+Rules are data: codes, names, matched qualified names, templates and explanations live in TOML so
+they can be reviewed and extended without reading the engine. A rule that needs code names a
+transform function; the engine looks it up in tpu_migrate/rewrite/transforms.py.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+SAFETY_LEVELS = ("safe", "unsafe", "manual")
+TARGETS = ("tpu", "portable")
+
+
+class RuleError(Exception):
+    """A rule table is malformed."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    name: str
+    summary: str
+    safety: str
+    explanation: str
+    matches: tuple[str, ...] = ()
+    replace: dict[str, str] = field(default_factory=dict)
+    transform: str | None = None
+    source: str = ""
+
+
+class Catalog:
+    """All rules, indexed by code and by the qualified names they match."""
+
+    def __init__(self, rules: tuple[Rule, ...], module_aliases: dict[str, str]):
+        self.rules = rules
+        self.module_aliases = module_aliases
+        self.by_qualname: dict[str, Rule] = {
+            name: rule for rule in rules for name in rule.matches
+        }
+
+    def by_code(self, code: str) -> Rule:
+        for rule in self.rules:
+            if rule.code == code:
+                return rule
+        raise KeyError(code)
+
+    def canonical(self, qualname: str) -> str:
+        """Map a historical spelling (`torch_xla_py.xla_model.x`) to the canonical one."""
+        parts = qualname.split(".")
+        for cut in range(len(parts), 0, -1):
+            prefix = ".".join(parts[:cut])
+            if prefix in self.module_aliases:
+                return ".".join([self.module_aliases[prefix], *parts[cut:]])
+        return qualname
+
+
+def rules_dir() -> Path:
+    """rules/ next to the package in a checkout, or the copy packed into the wheel."""
+    checkout = Path(__file__).resolve().parent.parent / "rules"
+    if (checkout / "core.toml").is_file():
+        return checkout
+    return Path(str(resources.files("tpu_migrate") / "_rules"))
+
+
+@lru_cache(maxsize=None)
+def load_catalog(directory: str | None = None) -> Catalog:
+    root = Path(directory) if directory else rules_dir()
+    rules: list[Rule] = []
+    aliases: dict[str, str] = {}
+    for path in sorted(root.glob("*.toml")):
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise RuleError(f"{path}: {exc}") from None
+        aliases.update(data.get("modules", {}))
+        for table in data.get("rule", []):
+            rules.append(_rule_from_table(table, path))
+    codes = [r.code for r in rules]
+    duplicates = {c for c in codes if codes.count(c) > 1}
+    if duplicates:
+        raise RuleError(f"duplicate rule codes: {', '.join(sorted(duplicates))}")
+    return Catalog(tuple(sorted(rules, key=lambda r: r.code)), aliases)
+
+
+def _rule_from_table(table: dict, path: Path) -> Rule:
+    where = f"{path.name}: rule {table.get('code', '?')}"
+    for key in ("code", "name", "summary", "safety", "explanation"):
+        if not isinstance(table.get(key), str):
+            raise RuleError(f"{where}: missing string field '{key}'")
+    code = table["code"]
+    if not (len(code) == 6 and code.startswith("TPU") and code[3:].isdigit()):
+        raise RuleError(f"{where}: code must be TPU followed by 3 digits")
+    if table["safety"] not in SAFETY_LEVELS:
+        raise RuleError(f"{where}: safety must be one of {', '.join(SAFETY_LEVELS)}")
+    replace = table.get("replace", {})
+    unknown_targets = set(replace) - set(TARGETS)
+    if unknown_targets:
+        raise RuleError(f"{where}: unknown target(s) {sorted(unknown_targets)}")
+    if replace and table.get("transform"):
+        raise RuleError(f"{where}: give either 'replace' or 'transform', not both")
+    return Rule(
+        code=code,
+        name=table["name"],
+        summary=table["summary"],
+        safety=table["safety"],
+        explanation=table["explanation"].strip(),
+        matches=tuple(table.get("matches", ())),
+        replace=dict(replace),
+        transform=table.get("transform"),
+        source=path.name,
+    )
