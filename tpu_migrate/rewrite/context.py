@@ -114,6 +114,8 @@ class StatementContext:
         self._strings = list(info.xla_strings)
         self.todos: list[Manual] = []
         self.changed = False
+        # ids of call nodes a statement-level rule already dealt with (fixed or reported).
+        self.handled: set[int] = set()
 
     # -- rules ------------------------------------------------------------------------------
 

@@ -13,7 +13,6 @@ The count errs on the side of keeping an import, never on removing a used one.
 from __future__ import annotations
 
 import ast
-from collections import Counter
 
 import libcst as cst
 
@@ -27,19 +26,12 @@ SIDE_EFFECT_BACKEND = "torch_xla.distributed.xla_backend"
 def unused_xla_names(file: FileContext) -> set[str]:
     """Names bound by torch_xla / optimum.tpu imports that no code uses any more.
 
-    Uses = every load the analysis counted in the input, minus the references that fixes
-    removed. Rules never add torch_xla names, and code they keep (arguments, manual TODOs)
+    Uses = the references the analysis resolved through each name, minus those fixes removed. Rules never add torch_xla names, and code they keep (arguments, manual TODOs)
     keeps its references, so this is exact except that it errs towards keeping an import.
     """
     analysis = file.analysis
     names = {b.name for b in analysis.imports if is_xla_name(b.qualname)}
-    if not names:
-        return set()
-    uses: Counter = Counter()
-    for info in analysis.infos.values():
-        for name in names:
-            uses[name] += info.root_loads.get(name, 0)
-    return {name for name in names if uses[name] - file.removed_roots[name] <= 0}
+    return {n for n in names if analysis.import_uses[n] - file.removed_roots[n] <= 0}
 
 
 def remove_unused(module: cst.Module, file: FileContext, unused: set[str]) -> cst.Module:
@@ -113,9 +105,9 @@ class _ImportRemover:
         for stmt in stmts:
             new = self.statement(stmt)
             if new is None:
+                # Comment lines above a removed import stay; its same-line comment (`# noqa`,
+                # `# registers the backend`) was about the import and goes with it.
                 carry.extend(stmt.leading_lines)
-                if stmt.trailing_whitespace.comment is not None:
-                    carry.append(cst.EmptyLine(comment=stmt.trailing_whitespace.comment))
                 continue
             if carry:
                 new = new.with_changes(leading_lines=[*carry, *new.leading_lines])

@@ -126,13 +126,14 @@ class StmtInfo:
     header_end_line: int
     refs: list[Ref] = field(default_factory=list)
     xla_strings: list[tuple[int, int]] = field(default_factory=list)  # (line, col) of "xla..."
-    root_loads: Counter = field(default_factory=Counter)
     # This statement or one nested in it (compound statements) is interesting.
     subtree_interesting: bool = False
+    # Set by plans.py: a statement a cross-statement rewrite must visit.
+    forced: bool = False
 
     @property
     def interesting(self) -> bool:
-        return bool(self.xla_strings) or any(
+        return self.forced or bool(self.xla_strings) or any(
             is_xla_name(r.qualname) or r.qualname in TORCH_NAMES for r in self.refs
         )
 
@@ -145,8 +146,11 @@ class Analysis:
     bound_names: set[str]  # every name bound anywhere in the file
     qualnames: set[str]  # every resolved qualified name referenced
     functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]  # module-level defs
+    # How many references go through each imported name (`xm` in `xm.mark_step`).
+    import_uses: Counter
     # Every dotted load: (scope, dotted name, statement, line, col), resolved or not.
     loads: list[tuple[Scope, str, StmtInfo, int, int]]
+    tree: ast.Module
 
     def info(self, node: ast.stmt) -> StmtInfo:
         return self.infos[id(node)]
@@ -311,7 +315,6 @@ class _Walker:
     def expr(self, node: ast.expr, scope: Scope, info: StmtInfo) -> None:
         if isinstance(node, ast.Name):
             if isinstance(node.ctx, ast.Load):
-                info.root_loads[node.id] += 1
                 self.pending.append((scope, node.id, info, node.lineno, node.col_offset))
             else:
                 scope.assigned.add(node.id)
@@ -319,8 +322,6 @@ class _Walker:
         if isinstance(node, ast.Attribute):
             dotted = dotted_name(node)
             if dotted is not None:
-                root = dotted.partition(".")[0]
-                info.root_loads[root] += 1
                 self.pending.append((scope, dotted, info, node.lineno, node.col_offset))
                 return
             self.expr(node.value, scope, info)
@@ -376,27 +377,30 @@ def analyze(tree: ast.Module, canonical=lambda qualname: qualname) -> Analysis:
     module = walker.new_scope("module", None)
     walker.block(tree.body, module)
     qualnames: set[str] = set()
+    import_uses: Counter = Counter()
     for scope, dotted, info, line, col in walker.pending:
         qualname = scope.resolve(dotted)
         if qualname is None:
             continue
+        import_uses[dotted.partition(".")[0]] += 1
         qualname = canonical(qualname)
         qualnames.add(qualname)
         info.refs.append(Ref(qualname, dotted, line, col + 1))
     for info in walker.infos.values():
         if len(info.refs) > 1:
             info.refs.sort(key=lambda r: (r.line, r.col))
-    _mark_subtrees(tree.body, walker.infos)
+    mark_subtrees(tree.body, walker.infos)
     bound: set[str] = set()
     for scope in walker.all_scopes:
         bound.update(scope.imports)
         bound.update(scope.assigned)
     return Analysis(
-        module, walker.infos, walker.imports, bound, qualnames, walker.functions, walker.pending
+        module, walker.infos, walker.imports, bound, qualnames, walker.functions, import_uses,
+        walker.pending, tree,
     )
 
 
-def _mark_subtrees(stmts: list[ast.stmt], infos: dict[int, StmtInfo]) -> bool:
+def mark_subtrees(stmts: list[ast.stmt], infos: dict[int, StmtInfo]) -> bool:
     """Set `subtree_interesting` bottom-up; whether any statement of `stmts` has it."""
     any_interesting = False
     for stmt in stmts:
@@ -405,9 +409,9 @@ def _mark_subtrees(stmts: list[ast.stmt], infos: dict[int, StmtInfo]) -> bool:
         for name in ("body", "orelse", "finalbody"):
             block = getattr(stmt, name, None)
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
-                flag = _mark_subtrees(block, infos) or flag
+                flag = mark_subtrees(block, infos) or flag
         for holder in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
-            flag = _mark_subtrees(holder.body, infos) or flag
+            flag = mark_subtrees(holder.body, infos) or flag
         info.subtree_interesting = flag
         any_interesting = any_interesting or flag
     return any_interesting

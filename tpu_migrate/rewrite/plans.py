@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from tpu_migrate.rewrite.names import Analysis, Scope
+from tpu_migrate.rewrite.names import Analysis, Scope, StmtInfo, mark_subtrees
 
 SPAWN_NAMES = frozenset(
     {"torch_xla.distributed.xla_multiprocessing.spawn", "torch_xla.launch"}
@@ -48,8 +48,13 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
                 qualname = _call_qualname(node.value, info.scope, canonical)
                 if qualname == MP_DEVICE_LOADER and enabled("TPU040", info):
                     name = node.targets[0].id
-                    if _only_iterated(analysis, info.scope, name):
+                    loops = _loops_over(analysis, info.scope, name)
+                    if loops:
                         plans.loader_vars.add((id(info.scope), name))
+                        for loop in loops:
+                            loop.forced = True
+    if plans.loader_vars:
+        mark_subtrees(analysis.tree.body, analysis.infos)
     return plans
 
 
@@ -99,19 +104,19 @@ def is_simple(node: ast.expr) -> bool:
     return False
 
 
-def _only_iterated(analysis: Analysis, scope: Scope, name: str) -> bool:
-    """Every load of `name` in `scope` is the iterable of a `for` (maybe via enumerate)."""
-    uses = 0
+def _loops_over(analysis: Analysis, scope: Scope, name: str) -> list[StmtInfo]:
+    """The `for` statements iterating `name`, when they are its only uses in `scope`."""
+    loops: list[StmtInfo] = []
     for load_scope, dotted, info, line, col in analysis.loads:
         if dotted.partition(".")[0] != name:
             continue
         if load_scope is not scope:
             if _sees(load_scope, scope, name):
-                return False  # used from a nested function, lambda or comprehension
+                return []  # used from a nested function, lambda or comprehension
             continue
         node = info.node
         if not isinstance(node, (ast.For, ast.AsyncFor)):
-            return False
+            return []
         iterable = node.iter
         if (
             isinstance(iterable, ast.Call)
@@ -121,11 +126,11 @@ def _only_iterated(analysis: Analysis, scope: Scope, name: str) -> bool:
         ):
             iterable = iterable.args[0]
         if not (isinstance(iterable, ast.Name) and iterable.id == name and dotted == name):
-            return False
+            return []
         if (iterable.lineno, iterable.col_offset + 1) != (line, col + 1):
-            return False
-        uses += 1
-    return uses > 0
+            return []
+        loops.append(info)
+    return loops
 
 
 def _sees(inner: Scope, outer: Scope, name: str) -> bool:

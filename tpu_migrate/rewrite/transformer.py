@@ -135,6 +135,8 @@ class ExprRewriter:
 
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         sc = self.sc
+        if id(original) in sc.handled:
+            return updated
         qualname = sc.resolve(updated.func)
         if qualname is not None:
             rule = sc.file.catalog.by_qualname.get(qualname)
@@ -310,6 +312,15 @@ class ModuleRewriter:
                 if replaced is not None:
                     result = replaced
         self.report_leftovers(sc)
+        if isinstance(result, cst.Expr) and _is_conditional_call(result.value):
+            # `f() if cond else None` as a statement reads better as an `if` block.
+            test, body = result.value.test, result.value.body
+            return [
+                cst.If(
+                    test=test.with_changes(lpar=[], rpar=[]),
+                    body=cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Expr(body)])]),
+                )
+            ]
         return result
 
     def report_leftovers(self, sc: StatementContext) -> None:
@@ -325,10 +336,7 @@ class ModuleRewriter:
 
     def compound(self, stmt: cst.BaseCompoundStatement, node: ast.stmt):
         info = self.analysis.info(node)
-        loops_over_loader = isinstance(node, (ast.For, ast.AsyncFor)) and _loader_var_loop(
-            node, info, self.plans
-        )
-        sc = StatementContext(self.file, info) if info.interesting or loops_over_loader else None
+        sc = StatementContext(self.file, info) if info.interesting else None
         prefix: list[cst.BaseStatement] = []
         if sc is not None:
             if isinstance(stmt, cst.With):
@@ -414,6 +422,15 @@ class ModuleRewriter:
 # -- helpers ----------------------------------------------------------------------------------
 
 
+def _is_conditional_call(node: cst.BaseExpression) -> bool:
+    return (
+        isinstance(node, cst.IfExp)
+        and isinstance(node.orelse, cst.Name)
+        and node.orelse.value == "None"
+        and isinstance(node.body, cst.Call)
+    )
+
+
 def _comment_of(ws: cst.TrailingWhitespace) -> list[cst.EmptyLine]:
     if ws.comment is None:
         return []
@@ -480,13 +497,6 @@ def _rebuild_line(line: cst.SimpleStatementLine, pieces, todos):
     if todos:
         out[0] = _add_todos(out[0], todos)
     return out, []
-
-
-def _loader_var_loop(node: ast.For, info: StmtInfo, plans: Plans) -> bool:
-    iterable = node.iter
-    if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and iterable.args:
-        iterable = iterable.args[0]
-    return isinstance(iterable, ast.Name) and (id(info.scope), iterable.id) in plans.loader_vars
 
 
 __all__ = ["ModuleRewriter", "ExprRewriter", "WalkError", "TODO_PREFIX", "cst_dotted"]

@@ -480,6 +480,7 @@ def unwrap_step_context(stmt: cst.With, sc: StatementContext):
         for _ in step_items:
             sc.consume("torch_xla.step")
         return stmt
+    sc.handled.update(id(item.item) for item in step_items)
     if any(item.asname is not None for item in step_items):
         sc.needs_manual("TPU011", "`with torch_xla.step() as ...` binds a value: unwrap it by hand", "torch_xla.step")
         return stmt
@@ -565,8 +566,8 @@ def _move_statement(target: cst.BaseExpression, device: cst.BaseExpression, sc) 
         moved = plan.fill(TO_DEVICE, device=dev, obj=target.value)
         return parse_stmt(f"{target.value} = {moved}\n")
     names = [e.value.value for e in target.elements]
-    lhs = ", ".join(names) + ("," if len(names) == 1 else "")
-    rhs = ", ".join(f"{n}.to({dev})" for n in names) + ("," if len(names) == 1 else "")
+    lhs = ", ".join(names)
+    rhs = ", ".join(f"{n}.to({dev})" for n in names)
     return parse_stmt(f"{lhs} = {rhs}\n")
 
 
