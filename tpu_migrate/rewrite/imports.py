@@ -19,6 +19,7 @@ import libcst as cst
 from tpu_migrate.findings import Fix
 from tpu_migrate.rewrite.context import FileContext, parse_stmt
 from tpu_migrate.rewrite.names import is_xla_name
+from tpu_migrate.rewrite.transformer import merge_leading_lines
 
 SIDE_EFFECT_BACKEND = "torch_xla.distributed.xla_backend"
 
@@ -110,7 +111,7 @@ class _ImportRemover:
                 carry.extend(stmt.leading_lines)
                 continue
             if carry:
-                new = new.with_changes(leading_lines=[*carry, *new.leading_lines])
+                new = new.with_changes(leading_lines=merge_leading_lines(carry, new.leading_lines))
                 carry = []
             out.append(new)
         return out, carry

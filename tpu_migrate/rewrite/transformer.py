@@ -152,6 +152,20 @@ class ExprRewriter:
                 return self._wrap(special(updated, sc))
         return self._wrap(transforms.device_string_args(updated, sc))
 
+    def leave_FormattedString(self, original, updated):
+        """Before Python 3.12 an f-string's expressions cannot reuse its quote character, and
+        replacements bring their own strings (`torch.device("tpu")`): swap their quotes."""
+        if updated is original or len(updated.start.lstrip("rfbuRFBU")) == 3:
+            return updated
+        quote = updated.start[-1]
+        other = "'" if quote == '"' else '"'
+        parts = [
+            part.with_changes(expression=_requote(part.expression, quote, other))
+            if isinstance(part, cst.FormattedStringExpression) else part
+            for part in updated.parts
+        ]
+        return updated.with_changes(parts=parts)
+
     def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
         return transforms.device_param_default(updated, self.sc)
 
@@ -422,6 +436,30 @@ class ModuleRewriter:
 # -- helpers ----------------------------------------------------------------------------------
 
 
+def _requote(node, quote: str, other: str):
+    """Rewrite the simple strings under `node` that use `quote` to use `other`."""
+    if isinstance(node, cst.SimpleString):
+        prefix = node.prefix
+        body = node.value[len(prefix):]
+        if body.startswith(quote) and other not in body and "\\" not in body:
+            return cst.SimpleString(prefix + other + body[1:-1] + other)
+        return node
+    if type(node) in _LEAF_TYPES:
+        return node
+    changes = {}
+    for name in _child_fields(type(node)):
+        value = getattr(node, name)
+        if type(value) in _NODE_TYPES:
+            new = _requote(value, quote, other)
+            if new is not value:
+                changes[name] = new
+        elif type(value) in (list, tuple) and value and type(value[0]) in _NODE_TYPES:
+            items = [_requote(v, quote, other) for v in value]
+            if any(a is not b for a, b in zip(items, value)):
+                changes[name] = items
+    return node.with_changes(**changes) if changes else node
+
+
 def _is_conditional_call(node: cst.BaseExpression) -> bool:
     return (
         isinstance(node, cst.IfExp)
@@ -438,7 +476,15 @@ def _comment_of(ws: cst.TrailingWhitespace) -> list[cst.EmptyLine]:
 
 
 def _prepend_lines(stmt: cst.BaseStatement, lines: list[cst.EmptyLine]) -> cst.BaseStatement:
-    return stmt.with_changes(leading_lines=[*lines, *stmt.leading_lines])
+    return stmt.with_changes(leading_lines=merge_leading_lines(lines, stmt.leading_lines))
+
+
+def merge_leading_lines(carried, existing) -> list[cst.EmptyLine]:
+    """Comments of a removed statement go above the next one. Its blank lines only do when
+    the next statement has none, so removing a line never adds vertical space."""
+    if existing and existing[0].comment is None:
+        carried = [line for line in carried if line.comment is not None]
+    return [*carried, *existing]
 
 
 def _add_todos(stmt: cst.BaseStatement, todos) -> cst.BaseStatement:

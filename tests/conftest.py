@@ -1,0 +1,35 @@
+"""Shared helpers: the fixture corpus and running the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "fixtures" / "rewrite"
+
+
+def rewrite_cases() -> list[Path]:
+    return sorted(FIXTURES.glob("*/*.in.py"))
+
+
+def expected_path(case: Path, target: str) -> Path:
+    return case.with_name(case.name.replace(".in.py", f".{target}.py"))
+
+
+def run_cli(*args: str, cwd: Path | None = None, input: bytes | None = None) -> subprocess.CompletedProcess:
+    """`python -m tpu_migrate ARGS` as a user would run it (not a TTY: plain output)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "tpu_migrate", *args],
+        cwd=cwd, input=input, capture_output=True, env=env, timeout=300,
+    )
+
+
+@pytest.fixture
+def cli():
+    return run_cli

@@ -1,0 +1,151 @@
+"""Engine properties: bytes in, bytes out; what survives; what is refused and how."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpu_migrate.rewrite import transforms
+from tpu_migrate.rewrite.context import Options
+from tpu_migrate.rewrite.engine import rewrite_bytes
+
+SOURCE = "import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()  # here\nxm.mark_step()\n"
+
+
+def run(data: bytes, **options):
+    return rewrite_bytes(data, "t.py", Options(**options))
+
+
+def test_crlf_line_endings_are_preserved():
+    result = run(SOURCE.replace("\n", "\r\n").encode())
+    assert result.changed
+    assert b"\r\n" in result.output and b"\n" not in result.output.replace(b"\r\n", b"")
+    assert result.output == b'import torch\r\n\r\ndevice = torch.device("tpu")  # here\r\n'
+
+
+def test_bom_is_preserved():
+    result = run(b"\xef\xbb\xbf" + SOURCE.encode())
+    assert result.output.startswith(b"\xef\xbb\xbfimport torch\n")
+
+
+def test_missing_trailing_newline_stays_missing():
+    result = run(SOURCE.rstrip("\n").encode() + b"\nx = xm.xla_device()")
+    assert result.output.endswith(b'x = torch.device("tpu")')
+
+
+def test_pep263_encoding_is_kept():
+    source = "# -*- coding: latin-1 -*-\nimport torch_xla.core.xla_model as xm\nname = 'caf\xe9'\nd = xm.xla_device()\n"
+    result = run(source.encode("latin-1"))
+    assert result.error is None
+    assert "name = 'caf\xe9'".encode("latin-1") in result.output
+    assert result.output.decode("latin-1").count("caf\xe9") == 1
+
+
+def test_files_without_torch_xla_are_not_parsed_at_all():
+    # Not even valid Python: the pre-filter skips it before any parser sees it.
+    result = run(b"def (:\n")
+    assert result.error is None and not result.changed
+
+
+def test_syntax_error_is_reported_with_its_line():
+    result = run(b"import torch_xla\n\nx = (1,\n")
+    assert result.error.startswith("syntax error at line")
+    assert not result.changed
+
+
+def test_undecodable_file_is_an_error():
+    result = run(b"import torch_xla\nx = '\xff\xfe'\n")
+    assert "cannot decode" in result.error
+
+
+def test_wrong_coding_cookie_is_an_error():
+    result = run(b"# -*- coding: no-such-codec -*-\nimport torch_xla\n")
+    assert result.error is not None and "no-such-codec" in result.error
+
+
+def test_output_that_does_not_parse_keeps_the_original(monkeypatch):
+    """Fault injection: a transform that builds a node libcst prints as invalid Python."""
+    import libcst as cst
+
+    def broken(call, qualname, sc, rule):
+        sc.fixed(rule.code, qualname)
+        return cst.Attribute(value=cst.Integer("1"), attr=cst.Name("real"))  # prints `1.real`
+
+    monkeypatch.setitem(transforms.CALL, "device_call", broken)
+    result = run(SOURCE.encode())
+    assert not result.changed and result.output is None
+    assert result.error.startswith("internal error: the rewritten file does not parse")
+    assert result.fixes == [] and result.manual == []
+
+
+def test_second_run_changes_nothing():
+    first = run(SOURCE.encode())
+    assert run(first.output).changed is False
+
+
+def test_fix_and_manual_lines_refer_to_the_input():
+    source = (
+        "import torch_xla.core.xla_model as xm\n"
+        "\n"
+        "x = call(\n"
+        "    1,\n"
+        "    xm.xla_device(),\n"
+        ")\n"
+        "y = xm.rendezvous('t')\n"
+    )
+    result = run(source.encode())
+    assert [(f.code, f.line, f.col) for f in result.fixes] == [("TPU001", 5, 5)]
+    assert [(m.code, m.line, m.col) for m in result.manual] == [("TPU099", 7, 5)]
+
+
+@pytest.mark.parametrize(
+    "line, fixed",
+    [
+        ("d = xm.xla_device()  # tpu-migrate: ignore", False),
+        ("d = xm.xla_device()  # tpu-migrate: ignore[TPU001]", False),
+        ("d = xm.xla_device()  # tpu-migrate: ignore[TPU010]", True),
+    ],
+)
+def test_suppression_comments(line, fixed):
+    result = run(f"import torch_xla.core.xla_model as xm\n{line}\n".encode())
+    assert bool(result.fixes) is fixed
+    assert result.manual == []  # a suppressed reference is not reported either
+
+
+def test_select_and_ignore():
+    source = SOURCE.encode()
+    only_step = run(source, select=frozenset({"TPU010"}))
+    assert [f.code for f in only_step.fixes] == ["TPU010"]
+    assert b"xm.xla_device()" in only_step.output
+    no_step = run(source, ignore=frozenset({"TPU010"}))
+    assert [f.code for f in no_step.fixes] == ["TPU001"]
+    assert b"xm.mark_step()" in no_step.output
+
+
+def test_used_imports_are_kept_and_unused_removed():
+    source = (
+        "import torch_xla.core.xla_model as xm\n"
+        "import torch_xla.debug.metrics as met\n"
+        "d = xm.xla_device()\n"
+        "print(met.metrics_report())\n"
+    )
+    out = run(source.encode()).output.decode()
+    assert "import torch_xla.core.xla_model as xm" not in out
+    assert "import torch_xla.debug.metrics as met" in out
+
+
+def test_partially_used_from_import_keeps_the_used_names():
+    source = "from torch_xla.core.xla_model import xla_device, rendezvous\nd = xla_device()\nrendezvous('x')\n"
+    out = run(source.encode()).output.decode()
+    assert "from torch_xla.core.xla_model import rendezvous\n" in out
+
+
+def test_import_inside_try_becomes_pass_when_emptied():
+    source = (
+        "try:\n"
+        "    import torch_xla.core.xla_model as xm\n"
+        "except ImportError:\n"
+        "    raise\n"
+        "d = xm.xla_device()\n"
+    )
+    out = run(source.encode()).output.decode()
+    assert out == 'import torch\ntry:\n    pass\nexcept ImportError:\n    raise\nd = torch.device("tpu")\n'
