@@ -64,7 +64,9 @@ def main() -> None:
               help="Worker processes (default: number of CPUs).")
 @click.option("--exclude", multiple=True, metavar="GLOB",
               help="Skip files or directories matching GLOB (repeatable).")
-def rewrite(paths, mode, target, select, ignore, output_format, jobs, exclude) -> None:
+@click.option("--exit-zero", is_flag=True,
+              help="Exit 0 even when files change or manual findings remain (errors still exit 2).")
+def rewrite(paths, mode, target, select, ignore, output_format, jobs, exclude, exit_zero) -> None:
     """Convert torch_xla idioms in PATHS (files or directories) to TorchTPU."""
     mode = mode or "write"
     options = Options(target=target, select=select, ignore=ignore or frozenset())
@@ -114,6 +116,6 @@ def rewrite(paths, mode, target, select, ignore, output_format, jobs, exclude) -
 
     if summary.errors:
         sys.exit(2)
-    if summary.changed or sum(summary.manual.values()):
+    if (summary.changed or sum(summary.manual.values())) and not exit_zero:
         sys.exit(1)
     sys.exit(0)
