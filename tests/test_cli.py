@@ -175,3 +175,46 @@ def test_bundled_example_rewrites(cli, tmp_path):
     result = cli("rewrite", "--check", str(copy))
     assert result.returncode == 1
     assert b"TPU060" in result.stdout or b"spawn" in result.stdout
+
+
+def test_dangling_symlink_and_directory_named_like_a_file(cli, tmp_path):
+    (tmp_path / "good.py").write_text(XLA)
+    (tmp_path / "gone.py").symlink_to(tmp_path / "nowhere.py")
+    (tmp_path / "pkg.py").mkdir()
+    result = cli("rewrite", str(tmp_path / "gone.py"), str(tmp_path / "pkg.py"), str(tmp_path / "good.py"))
+    assert result.returncode == 2
+    err = result.stderr.decode()
+    assert f"{tmp_path / 'gone.py'}: error: cannot read: No such file or directory" in err
+    assert (tmp_path / "good.py").read_text() == XLA_REWRITTEN
+
+
+def test_terminal_output_is_a_table(tmp_path):
+    """On a terminal the summary is a rich table (run in a real pseudo-terminal)."""
+    import pty
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    (tmp_path / "t.py").write_text(XLA)
+    leader, follower = pty.openpty()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120", "TERM": "xterm"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpu_migrate", "rewrite", "--check", str(tmp_path)],
+        stdout=follower, stderr=follower, env=env, timeout=120,
+    )
+    os.close(follower)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(leader)
+    assert proc.returncode == 1
+    text = output.decode(errors="replace")
+    assert "files scanned" in text and "TPU001 xla-device" in text
+    assert "┃" in text or "│" in text  # box drawing: the table, not the plain summary

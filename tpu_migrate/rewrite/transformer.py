@@ -17,7 +17,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite import transforms
 from tpu_migrate.rewrite.context import FileContext, StatementContext, cst_dotted
-from tpu_migrate.rewrite.names import StmtInfo, is_xla_name
+
 from tpu_migrate.rewrite.plans import Plans
 
 TODO_PREFIX = "# TODO(tpu-migrate): "
@@ -275,7 +275,9 @@ class ModuleRewriter:
         return not (isinstance(stmt, cst.FunctionDef) and stmt.name.value in self.plans.workers)
 
     def body_block(self, body: cst.BaseSuite, ast_body: list[ast.stmt]) -> cst.BaseSuite:
+        original = body
         if isinstance(body, cst.SimpleStatementSuite):
+            # `if c: stmt` becomes an indented block only if one of its statements changes.
             infos = [self.analysis.info(n) for n in ast_body]
             if not any(i.interesting for i in infos):
                 return body
@@ -284,7 +286,7 @@ class ModuleRewriter:
             )
         new_body, carry = self.block(body.body, ast_body)
         if new_body is body.body:
-            return body
+            return original
         if not new_body:
             new_body = [cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carry)]
             carry = []
@@ -309,6 +311,8 @@ class ModuleRewriter:
             result = self.small_statement(small, sc)
             todos.extend(sc.todos)
             pieces.append(result)
+        if not todos and all(p is small for p, small in zip(pieces, line.body)):
+            return [line], []
         return _rebuild_line(line, pieces, todos)
 
     def small_statement(self, small: cst.BaseSmallStatement, sc: StatementContext):
