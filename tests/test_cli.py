@@ -13,7 +13,7 @@ from conftest import FIXTURES
 
 XLA = "import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()\nxm.mark_step()\n"
 XLA_REWRITTEN = 'import torch\n\ndevice = torch.device("tpu")\n'
-MANUAL = "import torch_xla.core.xla_model as xm\n\nxm.rendezvous('x')\n"
+MANUAL = "import torch_xla.core.xla_model as xm\n\nxm.collective_permute(t, [(0, 1)])\n"
 CLEAN = "import torch\n\nx = torch.ones(2)\n"
 
 
@@ -63,9 +63,9 @@ def test_manual_findings_are_listed_and_exit_1_even_without_changes(cli, tmp_pat
     path.write_text(MANUAL)
     first = cli("rewrite", str(path))
     assert first.returncode == 1
-    assert f"{path}:3:1 TPU099 `xm.rendezvous`".encode() in first.stdout
+    assert f"{path}:3:1 TPU109 `xm.collective_permute`".encode() in first.stdout
     # The TODO comment was added; the second run changes nothing but still reports the work.
-    assert "# TODO(tpu-migrate): TPU099" in path.read_text()
+    assert "# TODO(tpu-migrate): TPU109" in path.read_text()
     second = cli("rewrite", "--check", str(path))
     assert second.returncode == 1
     assert b"0 would change" in second.stdout and b"1 manual finding" in second.stdout

@@ -90,7 +90,7 @@ def test_fix_and_manual_lines_refer_to_the_input():
         "    1,\n"
         "    xm.xla_device(),\n"
         ")\n"
-        "y = xm.rendezvous('t')\n"
+        "y = xm.RateTracker()\n"
     )
     result = run(source.encode())
     assert [(f.code, f.line, f.col) for f in result.fixes] == [("TPU001", 5, 5)]
@@ -134,9 +134,9 @@ def test_used_imports_are_kept_and_unused_removed():
 
 
 def test_partially_used_from_import_keeps_the_used_names():
-    source = "from torch_xla.core.xla_model import xla_device, rendezvous\nd = xla_device()\nrendezvous('x')\n"
+    source = "from torch_xla.core.xla_model import xla_device, RateTracker\nd = xla_device()\nRateTracker()\n"
     out = run(source.encode()).output.decode()
-    assert "from torch_xla.core.xla_model import rendezvous\n" in out
+    assert "from torch_xla.core.xla_model import RateTracker\n" in out
 
 
 def test_import_inside_try_becomes_pass_when_emptied():

@@ -29,7 +29,11 @@ class Rule:
     safety: str
     explanation: str
     matches: tuple[str, ...] = ()
+    match_prefixes: tuple[str, ...] = ()  # every name under these modules
     replace: dict[str, str] = field(default_factory=dict)
+    rename: dict[str, str] = field(default_factory=dict)
+    params: tuple[str, ...] = ()
+    defaults: dict[str, str] = field(default_factory=dict)  # template values of omitted params
     transform: str | None = None
     source: str = ""
 
@@ -43,6 +47,24 @@ class Catalog:
         self.by_qualname: dict[str, Rule] = {
             name: rule for rule in rules for name in rule.matches
         }
+        self.rule_names = frozenset(self.by_qualname)
+        self._by_prefix: dict[str, Rule] = {
+            prefix: rule for rule in rules for prefix in rule.match_prefixes
+        }
+
+    def lookup(self, qualname: str | None) -> Rule | None:
+        """The rule for a qualified name: an exact match, else the longest module prefix."""
+        if not qualname:
+            return None
+        rule = self.by_qualname.get(qualname)
+        if rule is not None:
+            return rule
+        parts = qualname.split(".")
+        for cut in range(len(parts) - 1, 0, -1):
+            rule = self._by_prefix.get(".".join(parts[:cut]))
+            if rule is not None:
+                return rule
+        return None
 
     def by_code(self, code: str) -> Rule:
         for rule in self.rules:
@@ -99,11 +121,15 @@ def _rule_from_table(table: dict, path: Path) -> Rule:
     if table["safety"] not in SAFETY_LEVELS:
         raise RuleError(f"{where}: safety must be one of {', '.join(SAFETY_LEVELS)}")
     replace = table.get("replace", {})
-    unknown_targets = set(replace) - set(TARGETS)
-    if unknown_targets:
-        raise RuleError(f"{where}: unknown target(s) {sorted(unknown_targets)}")
-    if replace and table.get("transform"):
-        raise RuleError(f"{where}: give either 'replace' or 'transform', not both")
+    rename = table.get("rename", {})
+    for templates in (replace, rename):
+        unknown_targets = set(templates) - set(TARGETS)
+        if unknown_targets:
+            raise RuleError(f"{where}: unknown target(s) {sorted(unknown_targets)}")
+        if templates and set(templates) != set(TARGETS):
+            raise RuleError(f"{where}: templates must cover every target ({', '.join(TARGETS)})")
+    if sum(bool(x) for x in (replace, rename, table.get("transform"))) > 1:
+        raise RuleError(f"{where}: give one of 'replace', 'rename' or 'transform'")
     return Rule(
         code=code,
         name=table["name"],
@@ -111,7 +137,11 @@ def _rule_from_table(table: dict, path: Path) -> Rule:
         safety=table["safety"],
         explanation=table["explanation"].strip(),
         matches=tuple(table.get("matches", ())),
+        match_prefixes=tuple(table.get("match_prefixes", ())),
         replace=dict(replace),
+        rename=dict(rename),
+        params=tuple(table.get("params", ())),
+        defaults=dict(table.get("defaults", {})),
         transform=table.get("transform"),
         source=path.name,
     )

@@ -20,6 +20,7 @@ class Options:
     target: str = "tpu"
     select: frozenset[str] | None = None  # None: every rule
     ignore: frozenset[str] = frozenset()
+    fix_level: str = "unsafe"  # "safe": apply only safe fixes
 
     def enabled(self, code: str) -> bool:
         if code in self.ignore:
@@ -50,6 +51,9 @@ class ImportPlan:
         os_name = analysis.module_alias("os")
         self._os_imported = os_name is not None
         self.names["os"] = os_name or "os"
+        transformers = analysis.module_alias("transformers")
+        self._transformers_imported = transformers is not None
+        self.names["transformers"] = transformers or "transformers"
 
     def use(self, placeholder: str) -> str:
         self._used.add(placeholder)
@@ -59,7 +63,7 @@ class ImportPlan:
 
     def fill(self, template: str, **extra: str) -> str:
         values = dict(extra)
-        for placeholder in ("torch", "dist", "os"):
+        for placeholder in ("torch", "dist", "os", "transformers"):
             if "{" + placeholder + "}" in template:
                 values[placeholder] = self.use(placeholder)
         return template.format(**values)
@@ -75,6 +79,8 @@ class ImportPlan:
                 lines.append("import torch.distributed")
             else:
                 lines.append(f"import torch.distributed as {self.names['dist']}")
+        if "transformers" in self._used and not self._transformers_imported:
+            lines.append("import transformers")
         return lines
 
 
@@ -86,6 +92,7 @@ class FileContext:
     plan: ImportPlan
     suppressions: dict[int, frozenset[str]]  # line -> codes, or {ALL_CODES}
     plans: object = None  # plans.Plans
+    source_lines: list[str] = field(default_factory=list)
     # Root names (`xm`) of the references fixes removed from the code, for import removal.
     removed_roots: Counter = field(default_factory=Counter)
     fixes: list[Fix] = field(default_factory=list)
@@ -126,6 +133,28 @@ class StatementContext:
             codes = self.file.suppressions.get(line)
             if codes and (ALL_CODES in codes or code in codes):
                 return False
+        return True
+
+    def fix_allowed(self, code: str) -> bool:
+        """Enabled here, and allowed by the fix level; no side effects."""
+        if not self.enabled(code):
+            return False
+        safety = self.file.catalog.by_code(code).safety
+        return safety != "unsafe" or self.file.options.fix_level != "safe"
+
+    def may_fix(self, rule: Rule, qualname: str | None = None) -> bool:
+        """Whether `rule` may rewrite here. A disabled or suppressed rule consumes the reference
+        silently; an unsafe fix held back by `--fix-level safe` is reported (without a TODO
+        comment, which would go stale once the fix is applied)."""
+        if not self.enabled(rule.code):
+            self.consume(qualname)
+            return False
+        if rule.safety == "unsafe" and self.file.options.fix_level == "safe":
+            self.needs_manual(
+                rule.code, f"unsafe fix not applied at --fix-level safe: {rule.summary}",
+                qualname, todo=False,
+            )
+            return False
         return True
 
     def resolve(self, node: cst.BaseExpression) -> str | None:
@@ -171,12 +200,13 @@ class StatementContext:
 
     def needs_manual(
         self, code: str, message: str, qualname: str | None = None,
-        where: tuple[int, int] | None = None,
+        where: tuple[int, int] | None = None, todo: bool = True,
     ) -> None:
         line, col = where or self.consume(qualname)
         finding = Manual(code, line, col, message)
         self.file.manual.append(finding)
-        self.todos.append(finding)
+        if todo:
+            self.todos.append(finding)
 
     def leftover_refs(self) -> list[Ref]:
         from tpu_migrate.rewrite.names import is_xla_name

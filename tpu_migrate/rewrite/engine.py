@@ -70,7 +70,7 @@ def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | N
 
 def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult) -> str | None:
     tree = ast.parse(text, filename=path)
-    analysis = analyze(tree, catalog.canonical)
+    analysis = analyze(tree, catalog.canonical, catalog.rule_names)
     has_xla_imports = any(is_xla_name(b.qualname) for b in analysis.imports)
     if not has_xla_imports and not any(i.interesting for i in analysis.infos.values()):
         return None
@@ -81,11 +81,12 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         analysis=analysis,
         plan=ImportPlan(analysis),
         suppressions=parse_suppressions(text),
+        source_lines=text.splitlines(),
         fixes=result.fixes,
         manual=result.manual,
     )
     file.plans = make_plans(
-        analysis, catalog.canonical, lambda code, info: StatementContext(file, info).enabled(code)
+        analysis, catalog.canonical, lambda code, info: StatementContext(file, info).fix_allowed(code)
     )
     rewriter = ModuleRewriter(file, file.plans)
     new_module = rewriter.rewrite_module(module, tree)

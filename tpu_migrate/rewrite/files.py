@@ -17,13 +17,17 @@ SKIP_DIRS = frozenset(
 )
 
 
+# Every rule needs one of these: torch_xla / optimum.tpu imports and "xla" strings, torch_xla's
+# environment variables (PJRT_DEVICE, XRT_TPU_CONFIG, XLA_USE_BF16), HF availability checks.
+_MARKERS = (b"xla", b"optimum", b"XLA_", b"PJRT_", b"XRT_", b"TPU_NUM_DEVICES", b"tpu_available")
+
+
 def prefilter(data: bytes) -> bool:
     """False when the file cannot contain a torch_xla / optimum.tpu idiom: skip parsing it.
 
-    Every rule needs a torch_xla import, an "xla" device string or an optimum.tpu import, so a
-    file without the bytes `xla` or `optimum` has nothing to do. Matching bytes avoids decoding.
+    Matching bytes avoids decoding; a file without any marker has nothing any rule could change.
     """
-    return b"xla" in data or b"optimum" in data
+    return any(marker in data for marker in _MARKERS)
 
 
 def discover(paths: Iterable[str], exclude: Iterable[str] = ()) -> Iterator[tuple[str, str | None]]:

@@ -43,7 +43,7 @@ def remove_unused(module: cst.Module, file: FileContext, unused: set[str]) -> cs
         for b in file.analysis.imports
         if isinstance(b.stmt, ast.Import) and any(a.name == SIDE_EFFECT_BACKEND for a in b.stmt.names)
     ]
-    remover = _ImportRemover(unused)
+    remover = _ImportRemover(unused, lambda: _availability_check(file))
     new_body, carry = remover.block(module.body)
     for where in backend_lines[: remover.backend_removed]:
         file.fixes.append(Fix("TPU070", *where))
@@ -94,12 +94,40 @@ def _leading_imports_end(body: list[cst.BaseStatement]) -> int:
     return index
 
 
+def _availability_check(file: FileContext) -> cst.BaseStatement:
+    """What replaces a guarded torch_xla import whose `try:` sets flags (TPU190)."""
+    plan = file.plan
+    if file.options.target == "tpu":
+        test = plan.fill(
+            '{torch}.accelerator.is_available() and {torch}.accelerator.current_accelerator().type == "tpu"'
+        )
+    else:
+        test = plan.fill("{torch}.accelerator.is_available()")
+    return parse_stmt(f'if not ({test}):\n    raise ImportError("no TPU device (TorchTPU)")\n')
+
+
+_IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
+def _catches_import_error(stmt) -> bool:
+    for handler in stmt.handlers:
+        if handler.type is None:
+            return True
+        types = handler.type.elements if isinstance(handler.type, cst.Tuple) else [cst.Element(handler.type)]
+        for element in types:
+            if cst.helpers.get_full_name_for_node(element.value) in _IMPORT_ERRORS:
+                return True
+    return False
+
+
 class _ImportRemover:
     """Drops the import aliases bound to unused names, at every depth."""
 
-    def __init__(self, unused: set[str]):
+    def __init__(self, unused: set[str], availability_check):
         self.unused = unused
         self.backend_removed = 0
+        self.availability_check = availability_check
+        self.removed_any = False
 
     def block(self, stmts):
         out, carry = [], []
@@ -136,7 +164,10 @@ class _ImportRemover:
             last = body[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
             return stmt.with_changes(body=[*body[:-1], last])
         changes = {}
+        is_try = isinstance(stmt, (cst.Try, cst.TryStar))
         for field in ("body", "orelse", "finalbody"):
+            if is_try and field == "body":
+                continue  # guarded_body below
             child = getattr(stmt, field, None)
             if isinstance(child, cst.BaseSuite):
                 changes[field] = self.suite(child)
@@ -146,9 +177,26 @@ class _ImportRemover:
                 changes[field] = self.statement(child)
         if isinstance(stmt, (cst.Try, cst.TryStar)):
             changes["handlers"] = [h.with_changes(body=self.suite(h.body)) for h in stmt.handlers]
+            changes["body"] = self.guarded_body(stmt)
         if isinstance(stmt, cst.Match):
             changes["cases"] = [c.with_changes(body=self.suite(c.body)) for c in stmt.cases]
         return stmt.with_changes(**changes) if changes else stmt
+
+    def guarded_body(self, stmt):
+        """A `try:` whose torch_xla import goes: if the try also sets flags (or has an else),
+        the import becomes a TPU check that raises ImportError, so the flags keep meaning
+        "the accelerator is here" (TPU190)."""
+        before = self.removed_any
+        self.removed_any = False
+        body = self.suite(stmt.body)
+        removed, self.removed_any = self.removed_any, before or self.removed_any
+        if not removed or not _catches_import_error(stmt) or isinstance(body, cst.SimpleStatementSuite):
+            return body
+        rest = [s for s in body.body if not _is_pass(s)]
+        if not rest and stmt.orelse is None:
+            return body
+        check = self.availability_check()
+        return body.with_changes(body=[check, *rest])
 
     def small(self, small):
         if isinstance(small, cst.Import):
@@ -159,6 +207,7 @@ class _ImportRemover:
                 if is_xla_name(dotted) and bound in self.unused:
                     if dotted == SIDE_EFFECT_BACKEND:
                         self.backend_removed += 1
+                    self.removed_any = True
                     continue
                 keep.append(alias)
             return _with_aliases(small, keep)
@@ -171,6 +220,7 @@ class _ImportRemover:
                 name = cst.helpers.get_full_name_for_node(alias.name) or ""
                 bound = alias.asname.name.value if alias.asname else name
                 if is_xla_name(f"{module}.{name}") and bound in self.unused:
+                    self.removed_any = True
                     continue
                 keep.append(alias)
             return _with_aliases(small, keep)
@@ -186,3 +236,7 @@ def _with_aliases(small, keep):
     if isinstance(small, cst.Import) or small.lpar is None:
         last = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
     return small.with_changes(names=[*keep[:-1], last])
+
+
+def _is_pass(stmt) -> bool:
+    return isinstance(stmt, cst.SimpleStatementLine) and all(isinstance(s, cst.Pass) for s in stmt.body)

@@ -27,6 +27,8 @@ XLA_ROOTS = ("torch_xla", "torch_xla_py", "optimum.tpu")
 # Qualified names outside torch_xla that rules look at.
 TORCH_NAMES = frozenset(
     {
+        "torch.compile",
+        "importlib.util.find_spec",
         "torch.device",
         "torch.autocast",
         "torch.distributed.init_process_group",
@@ -42,6 +44,12 @@ DDP_NAMES = frozenset(
         "torch.nn.parallel.distributed.DistributedDataParallel",
     }
 )
+
+
+# Environment variables torch_xla's runtime read (see rules/environment_debug.toml).
+RUNTIME_ENV = frozenset({"PJRT_DEVICE", "XRT_TPU_CONFIG", "TPU_NUM_DEVICES", "XRT_DEVICE_MAP", "XRT_WORKERS"})
+BF16_ENV = frozenset({"XLA_USE_BF16", "XLA_DOWNCAST_BF16"})
+ENV_NAMES = RUNTIME_ENV | BF16_ENV
 
 
 def is_xla_name(qualname: str) -> bool:
@@ -130,12 +138,13 @@ class StmtInfo:
     subtree_interesting: bool = False
     # Set by plans.py: a statement a cross-statement rewrite must visit.
     forced: bool = False
+    # A reference to torch_xla, optimum.tpu, or a name some rule handles.
+    flagged: bool = False
+    env_string: bool = False  # mentions an environment variable of torch_xla's runtime
 
     @property
     def interesting(self) -> bool:
-        return self.forced or bool(self.xla_strings) or any(
-            is_xla_name(r.qualname) or r.qualname in TORCH_NAMES for r in self.refs
-        )
+        return self.forced or self.flagged or self.env_string or bool(self.xla_strings)
 
 
 @dataclass
@@ -327,8 +336,11 @@ class _Walker:
             self.expr(node.value, scope, info)
             return
         if isinstance(node, ast.Constant):
-            if isinstance(node.value, str) and node.value.startswith("xla"):
-                info.xla_strings.append((node.lineno, node.col_offset + 1))
+            if isinstance(node.value, str):
+                if node.value.startswith("xla"):
+                    info.xla_strings.append((node.lineno, node.col_offset + 1))
+                elif node.value in ENV_NAMES:
+                    info.env_string = True
             return
         if isinstance(node, ast.JoinedStr):
             head = node.values[0] if node.values else None
@@ -370,9 +382,12 @@ class _Walker:
                 self.child(sub, scope, info)
 
 
-def analyze(tree: ast.Module, canonical=lambda qualname: qualname) -> Analysis:
+def analyze(
+    tree: ast.Module, canonical=lambda qualname: qualname, rule_names: frozenset[str] = frozenset()
+) -> Analysis:
     """Scopes, imports and resolved references of a module. `canonical` maps historical
-    spellings to the names rules are written against (Catalog.canonical)."""
+    spellings to the names rules are written against (Catalog.canonical); a statement that
+    refers to torch_xla, optimum.tpu, TORCH_NAMES or `rule_names` is flagged for rewriting."""
     walker = _Walker()
     module = walker.new_scope("module", None)
     walker.block(tree.body, module)
@@ -386,6 +401,10 @@ def analyze(tree: ast.Module, canonical=lambda qualname: qualname) -> Analysis:
         qualname = canonical(qualname)
         qualnames.add(qualname)
         info.refs.append(Ref(qualname, dotted, line, col + 1))
+        if not info.flagged and (
+            is_xla_name(qualname) or qualname in TORCH_NAMES or qualname in rule_names
+        ):
+            info.flagged = True
     for info in walker.infos.values():
         if len(info.refs) > 1:
             info.refs.sort(key=lambda r: (r.line, r.col))

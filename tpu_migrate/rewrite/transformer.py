@@ -109,15 +109,21 @@ class ExprRewriter:
         # The call of an expression statement, left for statement-level rules.
         self.statement_call = statement_call
         self.loose: set[int] = set()
+        self.call_funcs: set[int] = set()  # a call's own name is handled by leave_Call
 
     def rewrite(self, node):
         kind = type(node)
         if kind in _LEAF_TYPES:
             return node
         if kind is cst.Attribute and cst_dotted(node) is not None:
-            return node  # nothing inside `torch.utils.data` can change
+            # Nothing inside `torch.utils.data` can change; the whole name may be renamed.
+            if id(node) in self.call_funcs:
+                return node
+            return self.reference(node)
         if kind is cst.If and node is not self.root:
             return node  # an `elif` is a statement of its own
+        if kind is cst.Call:
+            self.call_funcs.add(id(node.func))
         changes = {}
         for name in _child_fields(kind):
             value = getattr(node, name)
@@ -133,18 +139,42 @@ class ExprRewriter:
         leave = getattr(self, "leave_" + type(node).__name__, None)
         return leave(node, updated) if leave is not None else updated
 
+    def reference(self, node: cst.BaseExpression) -> cst.BaseExpression:
+        """A dotted name that is not called: rename rules and manual rules apply to it."""
+        sc = self.sc
+        qualname = sc.resolve(node)
+        rule = sc.file.catalog.lookup(qualname)
+        if rule is None or not (rule.rename or rule.transform in transforms.REFERENCE or rule.safety == "manual"):
+            return node
+        if not sc.may_fix(rule, qualname):
+            return node
+        return self._wrap(transforms.apply_reference_rule(rule, qualname, node, sc))
+
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
         sc = self.sc
         if id(original) in sc.handled:
             return updated
         qualname = sc.resolve(updated.func)
-        if qualname is not None:
-            rule = sc.file.catalog.by_qualname.get(qualname)
-            if rule is not None:
-                if original is self.statement_call and rule.transform in transforms.STATEMENT:
+        if qualname is not None and qualname.endswith(".from_pretrained"):
+            owner = sc.file.catalog.lookup(qualname.rsplit(".", 1)[0])
+            if owner is not None and owner.transform == "optimum_auto_model":
+                if not sc.may_fix(owner, qualname):
                     return updated
-                if not sc.enabled(rule.code):
-                    sc.consume(qualname)
+                return transforms.optimum_auto_model(updated, qualname, sc, owner)
+        if qualname is not None:
+            transforms.environment_reads(updated, sc)
+            rule = sc.file.catalog.lookup(qualname)
+            if rule is not None and rule.rename:
+                if not sc.may_fix(rule, qualname):
+                    return updated
+                new_func = transforms.apply_reference_rule(rule, qualname, updated.func, sc)
+                return updated.with_changes(func=new_func)
+            if rule is not None:
+                if original is self.statement_call and rule.transform in transforms.STATEMENT and (
+                    isinstance(self.root, cst.Expr) or rule.transform in transforms.ASSIGN
+                ):
+                    return updated  # the statement-level rule takes the whole statement
+                if not sc.may_fix(rule, qualname):
                     return updated
                 return self._wrap(transforms.apply_call_rule(rule, qualname, updated, sc))
             special = transforms.QUALNAME_CALLS.get(qualname)
@@ -170,7 +200,20 @@ class ExprRewriter:
         return transforms.device_param_default(updated, self.sc)
 
     def leave_Comparison(self, original, updated) -> cst.BaseExpression:
-        return transforms.device_type_compare(updated, self.sc)
+        spec_test = transforms.find_spec_test(original, self.sc)
+        if spec_test is not None:
+            return self._wrap(spec_test)
+        updated = transforms.optional_import_test(updated, self.sc)
+        if isinstance(updated, cst.Comparison):
+            return transforms.device_type_compare(updated, self.sc)
+        return self._wrap(updated)
+
+    def leave_Subscript(self, original, updated):
+        transforms.environment_reads(updated, self.sc)
+        return updated
+
+    def leave_Dict(self, original, updated):
+        return transforms.fsdp_config_dict(updated, self.sc)
 
     # -- parentheses ------------------------------------------------------------------------
     # Replacements such as `a if c else b` are parenthesised where they land, and the
@@ -204,6 +247,26 @@ class ExprRewriter:
         return self._unwrapped(updated, "value")
 
     def leave_If(self, original, updated):
+        test = self._optional_import_truth(updated.test)
+        if test is not updated.test:
+            updated = updated.with_changes(test=test)
+        return self._unwrapped(updated, "test")
+
+    def _optional_import_truth(self, test):
+        """`if xm:` / `if not xm:` on an optional torch_xla import."""
+        sc = self.sc
+        negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+        name = test.expression if negated else test
+        if not isinstance(name, cst.Name):
+            return test
+        qualname = sc.resolve(name)
+        if not qualname or not transforms.is_xla(qualname) or not sc.enabled("TPU190"):
+            return test
+        sc.fixed("TPU190", qualname)
+        available = transforms.tpu_available(sc)
+        return self._wrap(transforms.parse_expr(f"not ({available})" if negated else available))
+
+    def leave_Assert(self, original, updated):
         return self._unwrapped(updated, "test")
 
     def leave_While(self, original, updated):
@@ -313,19 +376,26 @@ class ModuleRewriter:
             pieces.append(result)
         if not todos and all(p is small for p, small in zip(pieces, line.body)):
             return [line], []
-        return _rebuild_line(line, pieces, todos)
+        present = self.comments_above(infos[0]) if todos else frozenset()
+        return _rebuild_line(line, pieces, todos, present)
 
     def small_statement(self, small: cst.BaseSmallStatement, sc: StatementContext):
-        call = small.value if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) else None
+        removed = transforms.environment_statement(small, sc)
+        if removed is not None:
+            return removed
+        call = None
+        if isinstance(small, (cst.Expr, cst.Assign)) and isinstance(small.value, cst.Call):
+            call = small.value
         rewriter = ExprRewriter(sc, small, statement_call=call)
         new_small = rewriter.rewrite(small)
         result = new_small
-        if call is not None and isinstance(new_small, cst.Expr) and isinstance(new_small.value, cst.Call):
-            statement_rule = transforms.statement_rule(new_small.value, sc)
+        if call is not None and isinstance(new_small, (cst.Expr, cst.Assign)) and isinstance(new_small.value, cst.Call):
+            assign = new_small if isinstance(new_small, cst.Assign) else None
+            statement_rule = transforms.statement_rule(new_small.value, sc, assign=assign is not None)
             if statement_rule is not None:
                 rule, qualname = statement_rule
                 replaced = transforms.apply_statement_rule(
-                    rule, qualname, new_small.value, sc, self.plans
+                    rule, qualname, new_small.value, sc, self.plans, assign=assign
                 )
                 if replaced is not None:
                     result = replaced
@@ -340,6 +410,20 @@ class ModuleRewriter:
                 )
             ]
         return result
+
+    def comments_above(self, info) -> frozenset[str]:
+        """The comment lines directly above a statement in the input."""
+        lines = self.file.source_lines
+        found = set()
+        index = info.first_line - 2
+        while index >= 0:
+            text = lines[index].strip()
+            if text and not text.startswith("#"):
+                break
+            if text:
+                found.add(text)
+            index -= 1
+        return frozenset(found)
 
     def report_leftovers(self, sc: StatementContext) -> None:
         for ref in sc.leftover_refs():
@@ -382,7 +466,7 @@ class ModuleRewriter:
         if sc is not None:
             self.report_leftovers(sc)
             if sc.todos:
-                stmt = _add_todos(stmt, sc.todos)
+                stmt = _add_todos(stmt, sc.todos, self.comments_above(info))
         return [stmt], []
 
     def unwrapped(self, statements, node, info, sc):
@@ -390,7 +474,7 @@ class ModuleRewriter:
         body, carry = self.block(statements, node.body)
         self.report_leftovers(sc)
         if body and sc.todos:
-            body[0] = _add_todos(body[0], sc.todos)
+            body[0] = _add_todos(body[0], sc.todos, self.comments_above(info))
         return body, carry
 
     def children(self, stmt: cst.BaseCompoundStatement, node: ast.stmt):
@@ -491,8 +575,12 @@ def merge_leading_lines(carried, existing) -> list[cst.EmptyLine]:
     return [*carried, *existing]
 
 
-def _add_todos(stmt: cst.BaseStatement, todos) -> cst.BaseStatement:
+def _add_todos(stmt: cst.BaseStatement, todos, present: frozenset[str] = frozenset()) -> cst.BaseStatement:
+    """Add TODO comments above `stmt`, except those already there (in its leading lines, or in
+    `present`: the comments above it in the source, which libcst may have given to the module
+    header instead)."""
     existing = {line.comment.value for line in stmt.leading_lines if line.comment is not None}
+    existing |= present
     new_lines = []
     for todo in todos:
         text = f"{TODO_PREFIX}{todo.code} {todo.message}"
@@ -504,7 +592,7 @@ def _add_todos(stmt: cst.BaseStatement, todos) -> cst.BaseStatement:
     return stmt.with_changes(leading_lines=[*stmt.leading_lines, *new_lines])
 
 
-def _rebuild_line(line: cst.SimpleStatementLine, pieces, todos):
+def _rebuild_line(line: cst.SimpleStatementLine, pieces, todos, present=frozenset()):
     """Turn the rewritten small statements of one line back into statements.
 
     A piece is a small statement (kept on a line) or a list of whole statements (a removed
@@ -545,7 +633,7 @@ def _rebuild_line(line: cst.SimpleStatementLine, pieces, todos):
         elif line.trailing_whitespace.comment is not None:
             out[0] = _prepend_lines(out[0], _comment_of(line.trailing_whitespace))
     if todos:
-        out[0] = _add_todos(out[0], todos)
+        out[0] = _add_todos(out[0], todos, present)
     return out, []
 
 

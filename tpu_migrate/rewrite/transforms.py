@@ -543,7 +543,7 @@ def _movable_device(device: cst.BaseExpression, sc: StatementContext) -> bool:
         return "current_accelerator" in code(device)
     if isinstance(device, cst.Call):
         qualname = sc.resolve(device.func)
-        rule = sc.file.catalog.by_qualname.get(qualname or "")
+        rule = sc.file.catalog.lookup(qualname)
         if rule is not None and rule.code == "TPU001":
             return True
         torch = sc.file.plan.names["torch"]
@@ -573,8 +573,8 @@ def _move_statement(target: cst.BaseExpression, device: cst.BaseExpression, sc) 
 
 def device_loader_loop(stmt: cst.For, sc: StatementContext, plans, expr_rewriter):
     """`for b in MpDeviceLoader(loader, d):` -> `for b in loader:` + a move. Returns (for, prefix)."""
-    if not sc.enabled("TPU040"):
-        return stmt, []
+    if not sc.fix_allowed("TPU040"):
+        return stmt, []  # the header's device loader is then reported by the expression rules
     iterable, target = stmt.iter, stmt.target
     wrapped = None
     if (
@@ -650,9 +650,508 @@ def device_loader(call, qualname, sc: StatementContext, rule):
     return call
 
 
+# -- collectives ------------------------------------------------------------------------------
+
+REDUCE_OPS = {
+    "REDUCE_SUM": "SUM", "REDUCE_MUL": "PRODUCT", "REDUCE_MIN": "MIN", "REDUCE_MAX": "MAX",
+    "REDUCE_AND": "BAND", "REDUCE_OR": "BOR",
+    "sum": "SUM", "mul": "PRODUCT", "min": "MIN", "max": "MAX", "and": "BAND", "or": "BOR",
+}
+
+
+def _reduce_op(node: cst.BaseExpression, sc: StatementContext) -> str | None:
+    """`dist.ReduceOp.X` for an `xm.REDUCE_*` constant or a reduce-type string."""
+    key = None
+    if isinstance(node, cst.SimpleString):
+        key = node.evaluated_value
+    else:
+        qualname = sc.resolve(node) or ""
+        if qualname.startswith("torch_xla.core.xla_model.REDUCE_"):
+            key = qualname.rsplit(".", 1)[1]
+            sc.consume(qualname)
+            sc.file.removed_roots[cst_dotted(node).partition(".")[0]] += 1
+        elif cst_dotted(node) and "ReduceOp." in cst_dotted(node):
+            return code(node)  # already converted by TPU110
+    op = REDUCE_OPS.get(key) if isinstance(key, str) else None
+    return sc.file.plan.fill("{dist}.ReduceOp.") + op if op else None
+
+
+def _guarded(body: list[str]) -> str:
+    return "\n".join("    " + line for line in body)
+
+
+def _parse_block(lines: list[str]) -> list[cst.BaseStatement]:
+    module = cst.parse_module("\n".join(lines) + "\n")
+    return list(module.body)
+
+
+def _target_name(assign: cst.Assign | None) -> str | None:
+    if assign is None or len(assign.targets) != 1:
+        return None
+    target = assign.targets[0].target
+    return target.value if isinstance(target, cst.Name) else None
+
+
+def _fresh_name(sc: StatementContext, base: str) -> str:
+    bound = sc.file.analysis.bound_names
+    name, n = base, 1
+    while name in bound:
+        n += 1
+        name = f"{base}{n}"
+    return name
+
+
+def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
+    bound = bind(call, ["reduce_type", "inputs", "scale", "groups", "pin_layout"])
+    if bound is None or "reduce_type" not in bound or "inputs" not in bound or _given(bound, "groups"):
+        sc.needs_manual(rule.code, "cannot convert these arguments of xm.all_reduce (groups=?)", qualname)
+        return None
+    op = _reduce_op(bound["reduce_type"].value, sc)
+    if op is None:
+        sc.needs_manual(rule.code, "the reduce type is not an xm.REDUCE_* constant or a string", qualname)
+        return None
+    plan = sc.file.plan
+    dist = plan.use("dist")
+    inputs = bound["inputs"].value
+    scale = _atom(bound["scale"].value) if "scale" in bound else None
+    if scale in ("1", "1.0"):
+        scale = None
+    target = _target_name(assign)
+    if target is not None:
+        # A tensor: torch_xla returned a new tensor.
+        lines = [f"{target} = {_atom(inputs)}.clone()", f"if {dist}.is_initialized():",
+                 f"    {dist}.all_reduce({target}, op={op})"]
+        if scale:
+            lines.append(f"    {target} = {target} * {scale}")
+    elif assign is None:
+        # A statement: only a list is meaningful (reduced in place).
+        elements = inputs.elements if isinstance(inputs, (cst.List, cst.Tuple)) else None
+        lines = [f"if {dist}.is_initialized():"]
+        if elements is not None and all(isinstance(e, cst.Element) for e in elements):
+            for element in elements:
+                lines.append(f"    {dist}.all_reduce({code(element.value)}, op={op})")
+                if scale:
+                    lines.append(f"    {code(element.value)}.mul_({scale})")
+        else:
+            var = _fresh_name(sc, "tensor")
+            lines += [f"    for {var} in {code(inputs)}:", f"        {dist}.all_reduce({var}, op={op})"]
+            if scale:
+                lines.append(f"        {var}.mul_({scale})")
+    else:
+        sc.needs_manual(rule.code, "assign the result to a name to convert xm.all_reduce", qualname)
+        return None
+    sc.fixed(rule.code, qualname)
+    return _parse_block(lines)
+
+
+def _given(bound: dict, name: str) -> bool:
+    arg = bound.get(name)
+    return arg is not None and not (isinstance(arg.value, cst.Name) and arg.value.value == "None")
+
+
+def all_gather_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
+    bound = bind(call, ["value", "dim", "groups", "output", "pin_layout"])
+    target = _target_name(assign)
+    if (
+        target is None or bound is None or "value" not in bound
+        or _given(bound, "groups") or _given(bound, "output")
+        or not isinstance(bound["value"].value, (cst.Name, cst.Attribute))
+    ):
+        sc.needs_manual(
+            rule.code, "assign xm.all_gather(name, dim=...) to a name to convert it "
+            "(dist.all_gather into a list, then torch.cat)", qualname,
+        )
+        return None
+    plan = sc.file.plan
+    dist, torch = plan.use("dist"), plan.use("torch")
+    value = code(bound["value"].value)
+    dim = code(bound["dim"].value) if "dim" in bound else "0"
+    sc.fixed(rule.code, qualname)
+    return _parse_block([
+        f"if {dist}.is_initialized():",
+        f"    {target} = [{torch}.empty_like({value}) for _ in range({dist}.get_world_size())]",
+        f"    {dist}.all_gather({target}, {value})",
+        f"    {target} = {torch}.cat({target}, dim={dim})",
+        "else:",
+        f"    {target} = {value}",
+    ])
+
+
+def collective_broadcast_statement(call, qualname, sc: StatementContext, rule, plans):
+    bound = bind(call, ["tensors", "root_ordinal", "groups", "pin_layout"])
+    if bound is None or "tensors" not in bound or _given(bound, "groups"):
+        sc.needs_manual(rule.code, "cannot convert these arguments of xm.collective_broadcast", qualname)
+        return None
+    dist = sc.file.plan.use("dist")
+    root = code(bound["root_ordinal"].value) if "root_ordinal" in bound else "0"
+    tensors = bound["tensors"].value
+    lines = [f"if {dist}.is_initialized():"]
+    if isinstance(tensors, (cst.List, cst.Tuple)) and all(isinstance(e, cst.Element) for e in tensors.elements):
+        lines += [f"    {dist}.broadcast({code(e.value)}, src={root})" for e in tensors.elements]
+    else:
+        var = _fresh_name(sc, "tensor")
+        lines += [f"    for {var} in {code(tensors)}:", f"        {dist}.broadcast({var}, src={root})"]
+    sc.fixed(rule.code, qualname)
+    return _parse_block(lines)
+
+
+def broadcast_master_param_statement(call, qualname, sc: StatementContext, rule, plans):
+    bound = bind(call, ["model"])
+    if bound is None or "model" not in bound:
+        sc.needs_manual(rule.code, "cannot read the model argument", qualname)
+        return None
+    dist = sc.file.plan.use("dist")
+    var = _fresh_name(sc, "param")
+    sc.fixed(rule.code, qualname)
+    return _parse_block([
+        f"if {dist}.is_initialized():",
+        f"    for {var} in {_atom(bound['model'].value)}.parameters():",
+        f"        {dist}.broadcast({var}.data, src=0)",
+    ])
+
+
+def rendezvous_statement(call, qualname, sc: StatementContext, rule, plans):
+    bound = bind(call, ["tag", "payload", "replicas"])
+    if bound is None or _given(bound, "payload") or _given(bound, "replicas"):
+        sc.needs_manual(
+            rule.code, "this rendezvous exchanges a payload: use dist.all_gather_object", qualname
+        )
+        return None
+    dist = sc.file.plan.use("dist")
+    sc.fixed(rule.code, qualname)
+    return _parse_block([f"if {dist}.is_initialized():", f"    {dist}.barrier()"])
+
+
+def mesh_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
+    bound = bind(call, ["tag", "data", "reduce_fn"])
+    target = _target_name(assign)
+    if target is None or bound is None or "data" not in bound or "reduce_fn" not in bound:
+        sc.needs_manual(rule.code, "assign xm.mesh_reduce(...) to a name to convert it", qualname)
+        return None
+    dist = sc.file.plan.use("dist")
+    data = code(bound["data"].value)
+    sc.fixed(rule.code, qualname)
+    return _parse_block([
+        f"if {dist}.is_initialized():",
+        f"    {target} = [None] * {dist}.get_world_size()",
+        f"    {dist}.all_gather_object({target}, {data})",
+        "else:",
+        f"    {target} = [{data}]",
+        f"{target} = {_atom(bound['reduce_fn'].value)}({target})",
+    ])
+
+
+def reduce_gradients_statement(call, qualname, sc: StatementContext, rule, plans):
+    bound = bind(call, ["optimizer", "groups", "pin_layout"])
+    if bound is None or "optimizer" not in bound or _given(bound, "groups"):
+        sc.needs_manual(rule.code, "cannot convert these arguments of xm.reduce_gradients", qualname)
+        return None
+    dist = sc.file.plan.use("dist")
+    var = _fresh_name(sc, "param")
+    optimizer = _atom(bound["optimizer"].value)
+    sc.fixed(rule.code, qualname)
+    return _parse_block([
+        f"if {dist}.is_initialized() and {dist}.get_world_size() > 1:",
+        f"    for {var} in (p for group in {optimizer}.param_groups for p in group[\"params\"]):",
+        f"        if {var}.grad is not None:",
+        f"            {dist}.all_reduce({var}.grad)",
+        f"            {var}.grad /= {dist}.get_world_size()",
+    ])
+
+
+def reduce_op_constant(node, qualname, sc: StatementContext, rule):
+    """`xm.REDUCE_SUM` used on its own (a name rule)."""
+    op = REDUCE_OPS[qualname.rsplit(".", 1)[1]]
+    sc.fixed(rule.code, qualname)
+    return parse_expr(sc.file.plan.fill("{dist}.ReduceOp.") + op)
+
+
+# -- AMP, compile -------------------------------------------------------------------------------
+
+
+def xla_autocast(call, qualname, sc: StatementContext, rule):
+    bound = bind(call, ["device", "enabled", "dtype", "cache_enabled"])
+    if bound is None:
+        sc.needs_manual(rule.code, "cannot read the arguments of torch_xla.amp.autocast", qualname)
+        return call
+    plan = sc.file.plan
+    torch = plan.use("torch")
+    device_type = '"tpu"' if sc.file.target == "tpu" else "(" + plan.fill(PORTABLE_DEVICE) + ").type"
+    kwargs = [f"dtype={code(bound['dtype'].value) if 'dtype' in bound else torch + '.bfloat16'}"]
+    for name in ("enabled", "cache_enabled"):
+        if name in bound:
+            kwargs.append(f"{name}={code(bound[name].value)}")
+    sc.fixed(rule.code, qualname)
+    return parse_expr(f"{torch}.autocast({device_type}, {', '.join(kwargs)})")
+
+
+def torch_compile(call: cst.Call, sc: StatementContext):
+    """torch.compile in a torch_xla file: the backend, and what TorchTPU rejects."""
+    if not any(is_xla(b.qualname) for b in sc.file.analysis.imports):
+        return call
+    if not sc.enabled("TPU130"):
+        return call
+    tpu = sc.file.target == "tpu"
+    args, changed = [], False
+    for arg in call.args:
+        name = arg.keyword.value if arg.keyword is not None else None
+        value = arg.value
+        if name == "backend" and isinstance(value, cst.SimpleString):
+            backend = value.evaluated_value
+            if backend in ("openxla", "openxla_eval"):
+                changed = True
+                if not tpu:
+                    continue
+                arg = arg.with_changes(value=cst.SimpleString(f'{_quote(value)}tpu{_quote(value)}'))
+            elif backend == "inductor" and tpu:
+                sc.needs_manual("TPU130", 'TorchTPU rejects backend="inductor" for TPU tensors: use backend="tpu"',
+                                where=sc.consume("torch.compile"))
+        elif tpu and name == "mode":
+            changed = True
+            continue
+        elif tpu and name == "dynamic" and isinstance(value, cst.Name) and value.value == "True":
+            changed = True
+            continue
+        args.append(arg)
+    if not changed:
+        return call
+    sc.fixed("TPU130", "torch.compile")
+    return call.with_changes(args=_clean_args(args))
+
+
+def is_xla(qualname: str) -> bool:
+    from tpu_migrate.rewrite.names import is_xla_name
+
+    return is_xla_name(qualname)
+
+
+def xla_compile(call, qualname, sc: StatementContext, rule):
+    bound = bind(call, ["f", "full_graph", "name", "max_different_graphs"])
+    if bound is None or "f" not in bound:
+        sc.needs_manual(rule.code, "torch_xla.compile() without a function (a context manager): "
+                        "wrap the step function in torch.compile instead", qualname)
+        return call
+    torch = sc.file.plan.use("torch")
+    parts = [code(bound["f"].value)]
+    if sc.file.target == "tpu":
+        parts.append('backend="tpu"')
+    if "full_graph" in bound:
+        parts.append(f"fullgraph={code(bound['full_graph'].value)}")
+    sc.fixed(rule.code, qualname)
+    return parse_expr(f"{torch}.compile({', '.join(parts)})")
+
+
+def xla_compile_reference(node, qualname, sc: StatementContext, rule):
+    """`@torch_xla.compile` used bare (a decorator)."""
+    sc.fixed(rule.code, qualname)
+    return parse_expr(sc.file.plan.fill("{torch}.compile"))
+
+
+def eager_mode_statement(call, qualname, sc: StatementContext, rule, plans):
+    bound = bind(call, ["enable"])
+    if bound is None or literal_bool(bound.get("enable"), False) is not True:
+        sc.needs_manual(rule.code, "lazy mode has no TorchTPU switch: see torch.tpu.EagerMode or torch.compile", qualname)
+        return None
+    sc.fixed(rule.code, qualname)
+    return []
+
+
+# -- environment, precision, memory ----------------------------------------------------------------
+
+PRECISIONS = {"default": "medium", "high": "high", "highest": "highest"}
+
+
+def matmul_precision(call, qualname, sc: StatementContext, rule):
+    bound = bind(call, ["precision"])
+    value = bound.get("precision") if bound else None
+    if value is None or not isinstance(value.value, cst.SimpleString) or value.value.evaluated_value not in PRECISIONS:
+        sc.needs_manual(rule.code, "map the precision by hand: default->medium, high->high, highest->highest", qualname)
+        return call
+    sc.fixed(rule.code, qualname)
+    precision = PRECISIONS[value.value.evaluated_value]
+    return parse_expr(sc.file.plan.fill("{torch}.set_float32_matmul_precision") + f'("{precision}")')
+
+
+def memory_info(call, qualname, sc: StatementContext, rule):
+    if sc.file.target != "tpu":
+        sc.needs_manual(rule.code, "device memory statistics have no CPU equivalent", qualname)
+        return call
+    acc = sc.file.plan.use("torch") + ".accelerator"
+    sc.fixed(rule.code, qualname)
+    return parse_expr(
+        "{"
+        f'"bytes_used": {acc}.memory_allocated(), '
+        f'"bytes_limit": {acc}.get_memory_info()[1], '
+        f'"peak_bytes_used": {acc}.max_memory_allocated(), '
+        f'"kb_free": {acc}.get_memory_info()[0] // 1024, '
+        f'"kb_total": {acc}.get_memory_info()[1] // 1024'
+        "}"
+    )
+
+
+def _environ_key(node: cst.BaseExpression, sc: StatementContext) -> str | None:
+    """The variable name in `os.environ[NAME]`, `os.environ.get(NAME)`, `os.getenv(NAME)`."""
+    from tpu_migrate.rewrite.names import ENV_NAMES
+
+    def key_of(expr):
+        if isinstance(expr, cst.SimpleString):
+            value = expr.evaluated_value
+            return value if value in ENV_NAMES else None
+        return None
+
+    if isinstance(node, cst.Subscript) and sc.resolve(node.value) == "os.environ" and len(node.slice) == 1:
+        return key_of(node.slice[0].slice.value) if isinstance(node.slice[0].slice, cst.Index) else None
+    if isinstance(node, cst.Call) and node.args:
+        qualname = sc.resolve(node.func)
+        if qualname in ("os.environ.get", "os.environ.setdefault", "os.getenv", "os.putenv", "os.environ.pop"):
+            return key_of(node.args[0].value)
+    return None
+
+
+def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
+    """Setting torch_xla's runtime variables: removed. Returns [] to remove, else None."""
+    from tpu_migrate.rewrite.names import RUNTIME_ENV
+
+    key = None
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        key = _environ_key(small.targets[0].target, sc)
+    elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        func = sc.resolve(small.value.func)
+        if func in ("os.environ.setdefault", "os.putenv", "os.environ.pop"):
+            key = _environ_key(small.value, sc)
+    elif isinstance(small, cst.Del) and isinstance(small.target, cst.Subscript):
+        key = _environ_key(small.target, sc)
+    if key not in RUNTIME_ENV or not sc.enabled("TPU140"):
+        return None
+    sc.fixed("TPU140", where=(sc.info.node.lineno, sc.info.node.col_offset + 1))
+    return []
+
+
+def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> None:
+    """Reading torch_xla's variables: a manual finding (called on subscripts and calls)."""
+    from tpu_migrate.rewrite.names import BF16_ENV
+
+    key = _environ_key(node, sc)
+    if key is None:
+        return
+    code_ = "TPU141" if key in BF16_ENV else "TPU140"
+    if not sc.enabled(code_) or any(t.code == code_ for t in sc.todos):
+        return
+    where = (sc.info.node.lineno, sc.info.node.col_offset + 1)
+    if code_ == "TPU141":
+        sc.needs_manual(code_, f"{key} has no TorchTPU equivalent: convert the model with "
+                        ".to(torch.bfloat16) or use torch.autocast", where=where)
+    else:
+        sc.needs_manual(code_, f"{key} is not set under TorchTPU: test "
+                        "torch.accelerator.current_accelerator() instead", where=where)
+
+
+# -- Optimum, dict configs, guards -----------------------------------------------------------------
+
+
+def optimum_auto_model(call, qualname, sc: StatementContext, rule):
+    """`AutoModelForCausalLM.from_pretrained(...)` from optimum.tpu (called from leave_Call)."""
+    plan = sc.file.plan
+    args = [a for a in call.args if not (a.keyword and a.keyword.value in ("task", "batch_size", "sequence_length"))]
+    device = '"tpu"' if sc.file.target == "tpu" else plan.fill(PORTABLE_DEVICE)
+    sc.fixed(rule.code, qualname)
+    loaded = cst.Call(
+        func=parse_expr(plan.fill("{transformers}.AutoModelForCausalLM.from_pretrained")),
+        args=_clean_args(args),
+    )
+    return parse_expr(f"{code(loaded)}.to({device}).eval()")
+
+
+FSDP_XLA_KEYS = frozenset({"xla_fsdp_v2", "xla_fsdp_grad_ckpt", "xla_fsdp_settings"})
+
+
+def fsdp_config_dict(node: cst.Dict, sc: StatementContext):
+    keys = {
+        e.key.evaluated_value for e in node.elements
+        if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+    }
+    looks_like_fsdp = bool(keys & FSDP_XLA_KEYS) or (
+        "xla" in keys and any("fsdp" in str(k) or "layer_cls" in str(k) for k in keys)
+    )
+    if looks_like_fsdp and sc.enabled("TPU182") and not any(t.code == "TPU182" for t in sc.todos):
+        sc.needs_manual("TPU182", "remove the xla / xla_fsdp_v2 / xla_fsdp_grad_ckpt keys; "
+                        "FSDP through transformers on TorchTPU is unverified",
+                        where=sc.consume_string())
+    return node
+
+
+def tpu_available(sc: StatementContext) -> str:
+    if sc.file.target == "tpu":
+        return sc.file.plan.fill(
+            '{torch}.accelerator.is_available() and {torch}.accelerator.current_accelerator().type == "tpu"'
+        )
+    return sc.file.plan.fill("{torch}.accelerator.is_available()")
+
+
+def availability_guard(call, qualname, sc: StatementContext, rule):
+    sc.fixed(rule.code, qualname)
+    return parse_expr(tpu_available(sc))
+
+
+def find_spec_guard(call: cst.Call, sc: StatementContext):
+    """`importlib.util.find_spec("torch_xla")` (compared with None by the caller's code)."""
+    if (
+        len(call.args) == 1
+        and isinstance(call.args[0].value, cst.SimpleString)
+        and call.args[0].value.evaluated_value.split(".")[0] == "torch_xla"
+        and sc.enabled("TPU190")
+    ):
+        sc.consume_string()
+        sc.fixed("TPU190", "importlib.util.find_spec")
+        # find_spec returned a spec or None; keep that shape for `is None` tests.
+        return parse_expr(f"(True if {tpu_available(sc)} else None)")
+    return call
+
+
+def find_spec_test(original: cst.Comparison, sc: StatementContext):
+    """`find_spec("torch_xla") is not None`: the whole test becomes the TPU test. The call
+    itself was already rewritten (and reported) by find_spec_guard."""
+    if len(original.comparisons) != 1:
+        return None
+    target = original.comparisons[0]
+    left = original.left
+    if not (
+        isinstance(target.operator, (cst.Is, cst.IsNot))
+        and isinstance(target.comparator, cst.Name) and target.comparator.value == "None"
+        and isinstance(left, cst.Call) and sc.resolve(left.func) == "importlib.util.find_spec"
+        and left.args and isinstance(left.args[0].value, cst.SimpleString)
+        and left.args[0].value.evaluated_value.split(".")[0] == "torch_xla"
+        and sc.enabled("TPU190")
+    ):
+        return None
+    available = tpu_available(sc)
+    return parse_expr(f"not ({available})" if isinstance(target.operator, cst.Is) else available)
+
+
+def optional_import_test(cmp: cst.Comparison, sc: StatementContext):
+    """`xm is None` / `xm is not None` for an optional torch_xla import."""
+    if len(cmp.comparisons) != 1 or not isinstance(cmp.comparisons[0].operator, (cst.Is, cst.IsNot)):
+        return cmp
+    other = cmp.comparisons[0].comparator
+    if not (isinstance(other, cst.Name) and other.value == "None"):
+        return cmp
+    qualname = sc.resolve(cmp.left) if isinstance(cmp.left, cst.Name) else None
+    if not qualname or not is_xla(qualname) or not sc.enabled("TPU190"):
+        return cmp
+    sc.fixed("TPU190", qualname)
+    available = tpu_available(sc)
+    negate = isinstance(cmp.comparisons[0].operator, cst.Is)
+    return parse_expr(f"not ({available})" if negate else available)
+
+
 # -- dispatch ---------------------------------------------------------------------------------
 
 CALL = {
+    "xla_autocast": xla_autocast,
+    "xla_compile": xla_compile,
+    "matmul_precision": matmul_precision,
+    "memory_info": memory_info,
+    "availability_guard": availability_guard,
     "device_call": device_call,
     "remove_step_marker": remove_step_marker,
     "is_master_ordinal": is_master_ordinal,
@@ -662,51 +1161,104 @@ CALL = {
 }
 
 STATEMENT = {
+    "all_reduce": all_reduce_statement,
+    "all_gather": all_gather_statement,
+    "collective_broadcast": collective_broadcast_statement,
+    "broadcast_master_param": broadcast_master_param_statement,
+    "rendezvous": rendezvous_statement,
+    "mesh_reduce": mesh_reduce_statement,
+    "reduce_gradients": reduce_gradients_statement,
+    "eager_mode": eager_mode_statement,
     "remove_step_marker": remove_step_marker_statement,
     "master_print": master_print_statement,
     "xla_save": xla_save_statement,
     "spawn": spawn_statement,
 }
 
+# Statement rules that also convert `name = call(...)` (they take the Assign).
+ASSIGN = frozenset({"all_reduce", "all_gather", "mesh_reduce"})
+
+# Rules applied to a bare reference (not a call): `xm.REDUCE_SUM`, `@torch_xla.compile`.
+REFERENCE = {
+    "reduce_op_constant": reduce_op_constant,
+    "xla_compile": xla_compile_reference,
+}
+
 QUALNAME_CALLS = {
+    "torch.compile": torch_compile,
+    "importlib.util.find_spec": find_spec_guard,
     "torch.device": torch_device_ctor,
     "torch.distributed.init_process_group": init_process_group,
     "torch.autocast": autocast,
 }
 
 
+def template_values(rule, call: cst.Call | None, sc: StatementContext, qualname: str) -> dict | None:
+    values = {"name": qualname.rsplit(".", 1)[1]}
+    if call is not None and rule.params:
+        bound = bind(call, list(rule.params))
+        if bound is None:
+            return None
+        values.update(rule.defaults)
+        for key, arg in bound.items():
+            values[key] = code(arg.value)
+            values[f"{key}_atom"] = _atom(arg.value)  # for callees and attribute bases
+        for key, default in rule.defaults.items():
+            values.setdefault(f"{key}_atom", default)
+    return values
+
+
 def apply_call_rule(rule, qualname: str, call: cst.Call, sc: StatementContext):
     if rule.replace:
-        template = rule.replace[sc.file.target]
-        args = {}
-        if "{arg" in template:
-            args = {
-                f"arg{i}": code(a.value)
-                for i, a in enumerate(call.args)
-                if a.keyword is None and not a.star
-            }
+        values = template_values(rule, call, sc, qualname)
+        try:
+            if values is None:
+                raise KeyError
+            expression = sc.file.plan.fill(rule.replace[sc.file.target], **values)
+        except KeyError:
+            sc.needs_manual(rule.code, f"cannot read the arguments: {rule.summary}", qualname)
+            return call
         sc.fixed(rule.code, qualname)
-        return parse_expr(sc.file.plan.fill(template, **args))
+        return parse_expr(expression)
     transform = CALL.get(rule.transform or "")
     if transform is not None:
         return transform(call, qualname, sc, rule)
-    # A statement-only rule used as a value, or a rule with no call form.
+    if rule.safety == "manual":
+        sc.needs_manual(rule.code, rule.summary, qualname)
+        return call
+    # A statement-only rule used as a value.
     sc.needs_manual(rule.code, f"{rule.summary} (used as a value here: convert by hand)", qualname)
     return call
 
 
-def statement_rule(call: cst.Call, sc: StatementContext):
+def apply_reference_rule(rule, qualname: str, node: cst.BaseExpression, sc: StatementContext):
+    """A rule met as a bare reference (not called): rename it, or report it if manual."""
+    if rule.rename:
+        sc.fixed(rule.code, qualname)
+        return parse_expr(sc.file.plan.fill(rule.rename[sc.file.target], name=qualname.rsplit(".", 1)[1]))
+    transform = REFERENCE.get(rule.transform or "")
+    if transform is not None:
+        return transform(node, qualname, sc, rule)
+    if rule.safety == "manual":
+        sc.needs_manual(rule.code, rule.summary, qualname)
+    return node
+
+
+def statement_rule(call: cst.Call, sc: StatementContext, assign: bool = False):
     qualname = sc.resolve(call.func)
-    rule = sc.file.catalog.by_qualname.get(qualname or "")
+    rule = sc.file.catalog.lookup(qualname)
     if rule is None or rule.transform not in STATEMENT:
         return None
-    if not sc.enabled(rule.code):
-        sc.consume(qualname)
+    if assign and rule.transform not in ASSIGN:
+        return None
+    if not sc.may_fix(rule, qualname):
         return None
     return rule, qualname
 
 
-def apply_statement_rule(rule, qualname, call, sc: StatementContext, plans):
+def apply_statement_rule(rule, qualname, call, sc: StatementContext, plans, assign=None):
+    if assign is not None:
+        return STATEMENT[rule.transform](call, qualname, sc, rule, plans, assign=assign)
     return STATEMENT[rule.transform](call, qualname, sc, rule, plans)
 
 
