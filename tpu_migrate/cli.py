@@ -14,6 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from tpu_migrate import __version__
 from tpu_migrate.findings import FileResult
+from tpu_migrate.config import ConfigError, load_config
+from tpu_migrate.report import explain as explain_report
 from tpu_migrate.report import render
 from tpu_migrate.rewrite.context import Options
 from tpu_migrate.rewrite.engine import rewrite_paths
@@ -23,23 +25,22 @@ from tpu_migrate.rules import RuleError, load_catalog
 PROGRESS_THRESHOLD = 50
 
 
-def _codes(ctx, param, value: str | None):
-    """Comma-separated rule codes or code prefixes (`TPU0`) -> the set of matching codes."""
-    if value is None:
-        return None
-    try:
-        catalog = load_catalog()
-    except RuleError as exc:
-        raise click.UsageError(str(exc)) from None
-    codes = set()
-    for selector in (s.strip().upper() for s in value.split(",")):
+def _expand_codes(selectors: list[str], origin: str) -> frozenset[str]:
+    """Rule codes or code prefixes (`TPU0`) -> the set of matching codes."""
+    catalog = load_catalog()
+    codes: set[str] = set()
+    for selector in (s.strip().upper() for s in selectors):
         if not selector:
             continue
         matching = {r.code for r in catalog.rules if r.code.startswith(selector)}
         if not matching:
-            raise click.BadParameter(f"no rule matches '{selector}' (see `tpu-migrate rules`)")
+            raise click.UsageError(f"{origin}: no rule matches '{selector}' (see `tpu-migrate rules`)")
         codes |= matching
     return frozenset(codes)
+
+
+def _split(value: str | None) -> list[str] | None:
+    return None if value is None else value.split(",")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -53,11 +54,13 @@ def main() -> None:
 @click.option("--diff", "mode", flag_value="diff", help="Print a unified diff; write nothing.")
 @click.option("--check", "mode", flag_value="check",
               help="Write nothing; exit 1 if anything would change or needs manual work.")
-@click.option("--target", type=click.Choice(["tpu", "portable"]), default="tpu", show_default=True,
-              help="tpu: TorchTPU code. portable: device-agnostic code that also runs on the CPU.")
-@click.option("--select", callback=_codes, metavar="CODES",
+@click.option("--target", type=click.Choice(["tpu", "portable"]), default=None,
+              help="tpu (default): TorchTPU code. portable: device-agnostic code that also runs on the CPU.")
+@click.option("--select", metavar="CODES",
               help="Only these rules (comma-separated codes or prefixes, e.g. TPU001,TPU02).")
-@click.option("--ignore", callback=_codes, metavar="CODES", help="Skip these rules.")
+@click.option("--ignore", metavar="CODES", help="Skip these rules.")
+@click.option("--fix-level", type=click.Choice(["safe", "unsafe"]), default=None,
+              help="safe: apply only safe fixes (unsafe ones are reported). unsafe (default): both.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: one JSON document on stdout, nothing else.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
@@ -66,10 +69,28 @@ def main() -> None:
               help="Skip files or directories matching GLOB (repeatable).")
 @click.option("--exit-zero", is_flag=True,
               help="Exit 0 even when files change or manual findings remain (errors still exit 2).")
-def rewrite(paths, mode, target, select, ignore, output_format, jobs, exclude, exit_zero) -> None:
-    """Convert torch_xla idioms in PATHS (files or directories) to TorchTPU."""
+def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs, exclude, exit_zero) -> None:
+    """Convert torch_xla idioms in PATHS (files or directories) to TorchTPU.
+
+    Settings come from [tool.tpu-migrate] in the nearest pyproject.toml; flags override them.
+    """
     mode = mode or "write"
-    options = Options(target=target, select=select, ignore=ignore or frozenset())
+    try:
+        config = load_config(list(paths))
+        catalog = load_catalog()
+    except (ConfigError, RuleError) as exc:
+        raise click.UsageError(str(exc)) from None
+    origin = str(config.path) if config.path else "tpu-migrate"
+    select_list = _split(select) if select is not None else config.select
+    ignore_list = _split(ignore) if ignore is not None else config.ignore
+    target = target or config.target or "tpu"
+    options = Options(
+        target=target,
+        select=_expand_codes(select_list, "--select" if select else origin) if select_list is not None else None,
+        ignore=_expand_codes(ignore_list or [], "--ignore" if ignore else origin),
+        fix_level=fix_level or config.fix_level or "unsafe",
+    )
+    exclude = (*config.exclude, *exclude)
     stdout = Console(highlight=False, soft_wrap=True)
     stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -109,7 +130,7 @@ def rewrite(paths, mode, target, select, ignore, output_format, jobs, exclude, e
                 sys.stdout.write(render.unified_diff(result))
             for line in render.finding_lines(result):
                 sys.stdout.write(line + "\n")
-        render.print_summary(summary, load_catalog(), mode, stdout)
+        render.print_summary(summary, catalog, mode, stdout)
     for result in results:
         if result.error is not None:
             stderr.print(render.error_line(result), markup=False)
@@ -119,3 +140,27 @@ def rewrite(paths, mode, target, select, ignore, output_format, jobs, exclude, e
     if (summary.changed or sum(summary.manual.values())) and not exit_zero:
         sys.exit(1)
     sys.exit(0)
+
+
+@main.command()
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True)
+def rules(output_format) -> None:
+    """List every rule: code, name, safety, targets, summary."""
+    catalog = load_catalog()
+    if output_format == "json":
+        sys.stdout.write(explain_report.rules_json(catalog) + "\n")
+    else:
+        explain_report.print_rules(catalog, Console(highlight=False, soft_wrap=True))
+
+
+@main.command()
+@click.argument("code")
+def explain(code) -> None:
+    """Show a rule's explanation and its before/after example (from its test fixture)."""
+    catalog = load_catalog()
+    try:
+        rule = catalog.by_code(code.upper())
+    except KeyError:
+        raise click.UsageError(f"unknown rule '{code}' (see `tpu-migrate rules`)") from None
+    explain_report.print_explanation(rule, Console(highlight=False, soft_wrap=True))

@@ -22,6 +22,9 @@ class Manual:
     line: int
     col: int
     message: str
+    # The source text of the reference (`met.metrics_report`): where the TODO goes when a
+    # rule rebuilt the statement around it. Not part of the finding's identity or output.
+    anchor: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass

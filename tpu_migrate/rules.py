@@ -90,6 +90,19 @@ def rules_dir() -> Path:
     return Path(str(resources.files("tpu_migrate") / "_rules"))
 
 
+def examples_dir() -> Path:
+    """fixtures/rewrite/ (each rule's before/after cases) in a checkout, or the wheel's copy."""
+    checkout = Path(__file__).resolve().parent.parent / "fixtures" / "rewrite"
+    if checkout.is_dir():
+        return checkout
+    return Path(str(resources.files("tpu_migrate") / "_fixtures" / "rewrite"))
+
+
+def rule_examples(rule: Rule) -> list[Path]:
+    """The rule's fixture inputs (`<case>.in.py`); the expected outputs sit beside them."""
+    return sorted(examples_dir().glob(f"{rule.code}-*/*.in.py"))
+
+
 @lru_cache(maxsize=None)
 def load_catalog(directory: str | None = None) -> Catalog:
     root = Path(directory) if directory else rules_dir()

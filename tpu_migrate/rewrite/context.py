@@ -92,6 +92,10 @@ class FileContext:
     plan: ImportPlan
     suppressions: dict[int, frozenset[str]]  # line -> codes, or {ALL_CODES}
     plans: object = None  # plans.Plans
+    # TPU190: convert availability guards (engine.py turns this off when torch_xla stays needed).
+    convert_guards: bool = True
+    guards_converted: bool = False
+    kept_xla_imports: set[str] = field(default_factory=set)
     source_lines: list[str] = field(default_factory=list)
     # Root names (`xm`) of the references fixes removed from the code, for import removal.
     removed_roots: Counter = field(default_factory=Counter)
@@ -200,10 +204,15 @@ class StatementContext:
 
     def needs_manual(
         self, code: str, message: str, qualname: str | None = None,
-        where: tuple[int, int] | None = None, todo: bool = True,
+        where: tuple[int, int] | None = None, todo: bool = True, anchor: str | None = None,
     ) -> None:
-        line, col = where or self.consume(qualname)
-        finding = Manual(code, line, col, message)
+        if where is None:
+            ref = self._take(qualname)
+            if ref is not None:
+                where, anchor = (ref.line, ref.col), ref.dotted
+            else:
+                where = (self.info.node.lineno, self.info.node.col_offset + 1)
+        finding = Manual(code, *where, message, anchor=anchor)
         self.file.manual.append(finding)
         if todo:
             self.todos.append(finding)

@@ -75,27 +75,41 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
     if not has_xla_imports and not any(i.interesting for i in analysis.infos.values()):
         return None
     module = cst.parse_module(text)
+    new_module, file = _rewrite_module(module, tree, text, options, catalog, result, convert_guards=True)
+    if file.guards_converted and file.kept_xla_imports:
+        # Availability guards mean "a TPU is here" only once nothing in the file needs torch_xla
+        # any more; while some use remains (a manual TODO), they keep testing for torch_xla.
+        result.fixes.clear()
+        result.manual.clear()
+        new_module, file = _rewrite_module(module, tree, text, options, catalog, result, convert_guards=False)
+    result.fixes.sort(key=lambda f: (f.line, f.col, f.code))
+    result.manual.sort(key=lambda m: (m.line, m.col, m.code))
+    return new_module.code
+
+
+def _rewrite_module(module, tree, text, options, catalog, result, convert_guards):
     file = FileContext(
         catalog=catalog,
         options=options,
-        analysis=analysis,
-        plan=ImportPlan(analysis),
+        analysis=None,
+        plan=None,
         suppressions=parse_suppressions(text),
         source_lines=text.splitlines(),
         fixes=result.fixes,
         manual=result.manual,
+        convert_guards=convert_guards,
     )
+    file.analysis = analysis = analyze(tree, catalog.canonical, catalog.rule_names)
+    file.plan = ImportPlan(analysis)
     file.plans = make_plans(
         analysis, catalog.canonical, lambda code, info: StatementContext(file, info).fix_allowed(code)
     )
-    rewriter = ModuleRewriter(file, file.plans)
-    new_module = rewriter.rewrite_module(module, tree)
+    new_module = ModuleRewriter(file, file.plans).rewrite_module(module, tree)
     unused = imports.unused_xla_names(file)
     new_module = imports.remove_unused(new_module, file, unused)
     new_module = imports.add_needed(new_module, file.plan.imports_to_add())
-    result.fixes.sort(key=lambda f: (f.line, f.col, f.code))
-    result.manual.sort(key=lambda m: (m.line, m.col, m.code))
-    return new_module.code
+    file.kept_xla_imports = {b.name for b in analysis.imports if is_xla_name(b.qualname)} - unused
+    return new_module, file
 
 
 def rewrite_path(path: str, options: Options) -> FileResult:

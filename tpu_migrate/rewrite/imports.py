@@ -24,6 +24,15 @@ from tpu_migrate.rewrite.transformer import merge_leading_lines
 SIDE_EFFECT_BACKEND = "torch_xla.distributed.xla_backend"
 
 
+def removable(qualname: str, file: FileContext) -> bool:
+    """Imports the tool may delete once unused: torch_xla / optimum.tpu, and the availability
+    checks (`is_torch_xla_available`) that TPU190 replaced."""
+    if is_xla_name(qualname):
+        return True
+    rule = file.catalog.by_qualname.get(qualname)
+    return rule is not None and rule.code == "TPU190"
+
+
 def unused_xla_names(file: FileContext) -> set[str]:
     """Names bound by torch_xla / optimum.tpu imports that no code uses any more.
 
@@ -31,7 +40,7 @@ def unused_xla_names(file: FileContext) -> set[str]:
     keeps its references, so this is exact except that it errs towards keeping an import.
     """
     analysis = file.analysis
-    names = {b.name for b in analysis.imports if is_xla_name(b.qualname)}
+    names = {b.name for b in analysis.imports if removable(b.qualname, file)}
     return {n for n in names if analysis.import_uses[n] - file.removed_roots[n] <= 0}
 
 
@@ -43,7 +52,7 @@ def remove_unused(module: cst.Module, file: FileContext, unused: set[str]) -> cs
         for b in file.analysis.imports
         if isinstance(b.stmt, ast.Import) and any(a.name == SIDE_EFFECT_BACKEND for a in b.stmt.names)
     ]
-    remover = _ImportRemover(unused, lambda: _availability_check(file))
+    remover = _ImportRemover(unused, lambda: _availability_check(file), lambda q: removable(q, file))
     new_body, carry = remover.block(module.body)
     for where in backend_lines[: remover.backend_removed]:
         file.fixes.append(Fix("TPU070", *where))
@@ -123,8 +132,9 @@ def _catches_import_error(stmt) -> bool:
 class _ImportRemover:
     """Drops the import aliases bound to unused names, at every depth."""
 
-    def __init__(self, unused: set[str], availability_check):
+    def __init__(self, unused: set[str], availability_check, removable):
         self.unused = unused
+        self.removable = removable
         self.backend_removed = 0
         self.availability_check = availability_check
         self.removed_any = False
@@ -204,7 +214,7 @@ class _ImportRemover:
             for alias in small.names:
                 dotted = cst.helpers.get_full_name_for_node(alias.name) or ""
                 bound = alias.asname.name.value if alias.asname else dotted.partition(".")[0]
-                if is_xla_name(dotted) and bound in self.unused:
+                if self.removable(dotted) and bound in self.unused:
                     if dotted == SIDE_EFFECT_BACKEND:
                         self.backend_removed += 1
                     self.removed_any = True
@@ -219,7 +229,7 @@ class _ImportRemover:
             for alias in small.names:
                 name = cst.helpers.get_full_name_for_node(alias.name) or ""
                 bound = alias.asname.name.value if alias.asname else name
-                if is_xla_name(f"{module}.{name}") and bound in self.unused:
+                if self.removable(f"{module}.{name}") and bound in self.unused:
                     self.removed_any = True
                     continue
                 keep.append(alias)

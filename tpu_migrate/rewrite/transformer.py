@@ -260,7 +260,7 @@ class ExprRewriter:
         if not isinstance(name, cst.Name):
             return test
         qualname = sc.resolve(name)
-        if not qualname or not transforms.is_xla(qualname) or not sc.enabled("TPU190"):
+        if not qualname or not transforms.is_xla(qualname) or not transforms.guards_allowed(sc, qualname):
             return test
         sc.fixed("TPU190", qualname)
         available = transforms.tpu_available(sc)
@@ -431,7 +431,7 @@ class ModuleRewriter:
                 sc.needs_manual(
                     "TPU099",
                     f"`{ref.dotted}` ({ref.qualname}) has no automatic TorchTPU conversion",
-                    where=(ref.line, ref.col),
+                    where=(ref.line, ref.col), anchor=ref.dotted,
                 )
 
     # -- compound statements ----------------------------------------------------------------
@@ -633,8 +633,45 @@ def _rebuild_line(line: cst.SimpleStatementLine, pieces, todos, present=frozense
         elif line.trailing_whitespace.comment is not None:
             out[0] = _prepend_lines(out[0], _comment_of(line.trailing_whitespace))
     if todos:
-        out[0] = _add_todos(out[0], todos, present)
+        if any(isinstance(p, list) for p in pieces):
+            out = _place_todos(out, todos, present)
+        else:
+            out[0] = _add_todos(out[0], todos, present)
     return out, []
+
+
+def _place_todos(statements, todos, present):
+    """A rule rebuilt the statement (`xm.master_print(x)` -> `if ...: print(x)`): put each
+    TODO above the innermost new statement that holds its reference, where a second run
+    would put it, so the output is a fixed point."""
+    statements = list(statements)
+    for todo in todos:
+        for i, stmt in enumerate(statements):
+            placed = _attach(stmt, todo, present)
+            if placed is not None:
+                statements[i] = placed
+                break
+        else:
+            statements[0] = _add_todos(statements[0], [todo], present)
+    return statements
+
+
+def _attach(stmt, todo, present):
+    """`stmt` with the TODO above its innermost statement containing the anchor, or None."""
+    if todo.anchor is None or todo.anchor not in _CODEGEN.code_for_node(stmt):
+        return None
+    body = getattr(stmt, "body", None)
+    if isinstance(body, cst.IndentedBlock):
+        inner = list(body.body)
+        for i, child in enumerate(inner):
+            placed = _attach(child, todo, present)
+            if placed is not None:
+                inner[i] = placed
+                return stmt.with_changes(body=body.with_changes(body=inner))
+    return _add_todos(stmt, [todo], present)
+
+
+_CODEGEN = cst.Module(body=[])
 
 
 __all__ = ["ModuleRewriter", "ExprRewriter", "WalkError", "TODO_PREFIX", "cst_dotted"]

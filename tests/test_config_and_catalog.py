@@ -1,0 +1,148 @@
+"""[tool.tpu-migrate] configuration, --fix-level, and the `rules` / `explain` commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tpu_migrate.rules import TARGETS, load_catalog, rule_examples
+
+SOURCE = (
+    "import torch_xla.core.xla_model as xm\n"
+    "\n"
+    "device = xm.xla_device()\n"
+    "xm.optimizer_step(opt)\n"
+)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text(SOURCE)
+    (tmp_path / "src" / "legacy.py").write_text(SOURCE)
+    return tmp_path
+
+
+def write_config(project: Path, body: str) -> None:
+    (project / "pyproject.toml").write_text(f'[project]\nname = "demo"\n\n[tool.tpu-migrate]\n{body}')
+
+
+def check_json(cli, project, *args):
+    result = cli("rewrite", "--check", "--format", "json", *args, "src", cwd=project)
+    return result, json.loads(result.stdout) if result.stdout else None
+
+
+def test_config_sets_target_select_exclude_and_fix_level(cli, project):
+    write_config(project, 'target = "portable"\nselect = ["TPU0"]\nexclude = ["legacy.py"]\nfix-level = "safe"\n')
+    result, doc = check_json(cli, project)
+    assert doc["target"] == "portable"
+    assert [f["path"] for f in doc["files"]] == ["src/train.py"]
+    train = doc["files"][0]
+    assert [f["code"] for f in train["fixes"]] == ["TPU001"]  # TPU030 is unsafe: not applied
+    assert [(m["code"], m["message"].split(":")[0]) for m in train["manual"]] == [
+        ("TPU030", "unsafe fix not applied at --fix-level safe")
+    ]
+
+
+def test_cli_flags_override_the_config(cli, project):
+    write_config(project, 'target = "portable"\nfix-level = "safe"\nignore = ["TPU001"]\n')
+    result, doc = check_json(cli, project, "--target", "tpu", "--fix-level", "unsafe", "--ignore", "TPU031")
+    assert doc["target"] == "tpu"
+    codes = {f["code"] for entry in doc["files"] for f in entry["fixes"]}
+    assert codes == {"TPU001", "TPU030"}
+
+
+def test_config_is_found_from_a_subdirectory_path(cli, project):
+    write_config(project, 'ignore = ["TPU001"]\n')
+    result = cli("rewrite", "--check", "--format", "json", "src/train.py", cwd=project / "src")
+    assert result.returncode == 2  # src/src/train.py does not exist from there
+    result = cli("rewrite", "--check", "--format", "json", "train.py", cwd=project / "src")
+    doc = json.loads(result.stdout)
+    assert "TPU001" not in {f["code"] for f in doc["files"][0]["fixes"]}
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ('targett = "tpu"\n', "unknown key 'targett'"),
+        ('target = "gpu"\n', "'target' must be one of tpu, portable"),
+        ('fix-level = "all"\n', "'fix-level' must be one of safe, unsafe"),
+        ('select = "TPU001"\n', "'select' must be a list of strings"),
+        ('select = ["NOPE"]\n', "no rule matches 'NOPE'"),
+        ("target = \n", "invalid TOML"),
+    ],
+)
+def test_bad_config_is_a_usage_error_naming_the_problem(cli, project, body, message):
+    write_config(project, body)
+    result = cli("rewrite", "--check", "src", cwd=project)
+    assert result.returncode == 2
+    assert message in result.stderr.decode()
+    assert "pyproject.toml" in result.stderr.decode()
+    assert (project / "src" / "train.py").read_text() == SOURCE
+
+
+def test_fix_level_safe_keeps_unsafe_code_without_todo_comments(cli, project):
+    cli("rewrite", "--fix-level", "safe", "src/train.py", cwd=project)
+    text = (project / "src" / "train.py").read_text()
+    assert "xm.optimizer_step(opt)" in text and "TODO" not in text
+    assert 'torch.device("tpu")' in text
+    cli("rewrite", "src/train.py", cwd=project)  # the default level then applies the rest
+    assert "opt.step()" in (project / "src" / "train.py").read_text()
+
+
+def test_rules_lists_every_rule(cli):
+    text = cli("rules").stdout.decode()
+    catalog = load_catalog()
+    for rule in catalog.rules:
+        assert f"{rule.code}  {rule.name}" in text
+    doc = json.loads(cli("rules", "--format", "json").stdout)
+    assert [r["code"] for r in doc] == [r.code for r in catalog.rules]
+    assert set(doc[0]) == {"code", "name", "safety", "targets", "summary"}
+
+
+def test_every_rule_is_explained_with_its_own_fixture(cli):
+    for rule in load_catalog().rules:
+        cases = rule_examples(rule)
+        assert cases, rule.code
+        out = cli("explain", rule.code.lower()).stdout.decode()
+        assert out.startswith(f"{rule.code} {rule.name} ({rule.safety})")
+        assert rule.explanation.splitlines()[0] in out
+        for target in TARGETS:
+            assert f"Example, --target {target}:" in out
+        # The diff shown is the fixture's: its added lines are lines of the expected output.
+        expected = cases[0].with_name(cases[0].name.replace(".in.py", ".tpu.py")).read_text()
+        tpu_part = out.split("Example, --target tpu:")[1].split("Example, --target portable:")[0]
+        added = [l[1:] for l in tpu_part.splitlines() if l.startswith("+") and not l.startswith("+++")]
+        assert added or "(no change)" in tpu_part, rule.code
+        assert all(line in expected for line in added), rule.code
+
+
+def test_explain_unknown_rule(cli):
+    result = cli("explain", "TPU999")
+    assert result.returncode == 2 and b"unknown rule 'TPU999'" in result.stderr
+
+
+def test_wheel_carries_rules_and_examples(tmp_path):
+    """A non-editable install (what pre-commit does) finds the rule tables and fixtures."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from conftest import ROOT
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True, text=True,
+    )
+    if result.returncode != 0 and "hatchling" in result.stderr:
+        result = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path), str(ROOT)],
+            capture_output=True, text=True,
+        )
+    assert result.returncode == 0, result.stderr[-2000:]
+    wheel = next(tmp_path.glob("tpu_migrate-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "tpu_migrate/_rules/core.toml" in names
+    assert any(n.startswith("tpu_migrate/_fixtures/rewrite/TPU001-xla-device/") for n in names)

@@ -1,0 +1,94 @@
+"""`[tool.tpu-migrate]` in the nearest pyproject.toml, merged under the command-line flags.
+
+    [tool.tpu-migrate]
+    target = "tpu"            # or "portable"
+    select = ["TPU0"]         # rule codes or prefixes
+    ignore = ["TPU031"]
+    exclude = ["legacy/*"]    # globs, like --exclude
+    fix-level = "unsafe"      # or "safe": apply only safe fixes
+
+The nearest pyproject.toml with a `[tool.tpu-migrate]` table above the first path (or the
+current directory) is used, as ruff does. Unknown keys and bad values are errors naming them.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KEYS = ("target", "select", "ignore", "exclude", "fix-level")
+TARGETS = ("tpu", "portable")
+FIX_LEVELS = ("safe", "unsafe")
+
+
+class ConfigError(Exception):
+    pass
+
+
+@dataclass
+class Config:
+    path: Path | None = None
+    target: str | None = None
+    select: list[str] | None = None
+    ignore: list[str] | None = None
+    exclude: list[str] = field(default_factory=list)
+    fix_level: str | None = None
+
+
+def find_config(paths: list[str]) -> Path | None:
+    start = Path(paths[0]) if paths else Path.cwd()
+    start = start.resolve() if start.exists() else Path.cwd().resolve()
+    directory = start if start.is_dir() else start.parent
+    for candidate in (directory, *directory.parents):
+        pyproject = candidate / "pyproject.toml"
+        if pyproject.is_file() and "tpu-migrate" in _tool_tables(pyproject):
+            return pyproject
+    return None
+
+
+def _tool_tables(pyproject: Path) -> dict:
+    try:
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{pyproject}: invalid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"{pyproject}: cannot read: {exc.strerror or exc}") from None
+    tool = data.get("tool", {})
+    return tool if isinstance(tool, dict) else {}
+
+
+def load_config(paths: list[str]) -> Config:
+    pyproject = find_config(paths)
+    if pyproject is None:
+        return Config()
+    table = _tool_tables(pyproject)["tpu-migrate"]
+    where = f"{pyproject}: [tool.tpu-migrate]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    for key in table:
+        if key not in KEYS:
+            raise ConfigError(f"{where}: unknown key '{key}' (known: {', '.join(KEYS)})")
+    config = Config(path=pyproject)
+    config.target = _choice(table, "target", TARGETS, where)
+    config.fix_level = _choice(table, "fix-level", FIX_LEVELS, where)
+    config.select = _strings(table, "select", where)
+    config.ignore = _strings(table, "ignore", where)
+    config.exclude = _strings(table, "exclude", where) or []
+    return config
+
+
+def _choice(table: dict, key: str, choices: tuple[str, ...], where: str) -> str | None:
+    value = table.get(key)
+    if value is not None and value not in choices:
+        raise ConfigError(f"{where}: '{key}' must be one of {', '.join(choices)}, not {value!r}")
+    return value
+
+
+def _strings(table: dict, key: str, where: str) -> list[str] | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: '{key}' must be a list of strings")
+    return value
