@@ -48,6 +48,7 @@ class Catalog:
             name: rule for rule in rules for name in rule.matches
         }
         self.rule_names = frozenset(self.by_qualname)
+        self._alias_roots = tuple({name.split(".")[0] for name in module_aliases}) or ("\0",)
         self._by_prefix: dict[str, Rule] = {
             prefix: rule for rule in rules for prefix in rule.match_prefixes
         }
@@ -74,6 +75,8 @@ class Catalog:
 
     def canonical(self, qualname: str) -> str:
         """Map a historical spelling (`torch_xla_py.xla_model.x`) to the canonical one."""
+        if not qualname.startswith(self._alias_roots):
+            return qualname
         parts = qualname.split(".")
         for cut in range(len(parts), 0, -1):
             prefix = ".".join(parts[:cut])

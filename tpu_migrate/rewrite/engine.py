@@ -75,19 +75,20 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
     if not has_xla_imports and not any(i.interesting for i in analysis.infos.values()):
         return None
     module = cst.parse_module(text)
-    new_module, file = _rewrite_module(module, tree, text, options, catalog, result, convert_guards=True)
+    new_module, file = _rewrite_module(module, tree, text, options, catalog, result, True, analysis)
     if file.guards_converted and file.kept_xla_imports:
         # Availability guards mean "a TPU is here" only once nothing in the file needs torch_xla
         # any more; while some use remains (a manual TODO), they keep testing for torch_xla.
         result.fixes.clear()
         result.manual.clear()
-        new_module, file = _rewrite_module(module, tree, text, options, catalog, result, convert_guards=False)
+        fresh = analyze(tree, catalog.canonical, catalog.rule_names)  # plans marked the first
+        new_module, file = _rewrite_module(module, tree, text, options, catalog, result, False, fresh)
     result.fixes.sort(key=lambda f: (f.line, f.col, f.code))
     result.manual.sort(key=lambda m: (m.line, m.col, m.code))
     return new_module.code
 
 
-def _rewrite_module(module, tree, text, options, catalog, result, convert_guards):
+def _rewrite_module(module, tree, text, options, catalog, result, convert_guards, analysis):
     file = FileContext(
         catalog=catalog,
         options=options,
@@ -99,7 +100,7 @@ def _rewrite_module(module, tree, text, options, catalog, result, convert_guards
         manual=result.manual,
         convert_guards=convert_guards,
     )
-    file.analysis = analysis = analyze(tree, catalog.canonical, catalog.rule_names)
+    file.analysis = analysis
     file.plan = ImportPlan(analysis)
     file.plans = make_plans(
         analysis, catalog.canonical, lambda code, info: StatementContext(file, info).fix_allowed(code)
