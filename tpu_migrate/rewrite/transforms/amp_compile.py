@@ -1,0 +1,99 @@
+"""AMP and compilation: autocast, `torch.compile` backends, `torch_xla.compile`, eager mode (TPU122-TPU132)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tpu_migrate.rewrite.context import StatementContext, parse_expr
+from tpu_migrate.rewrite.transforms.common import (
+    PORTABLE_DEVICE,
+    code,
+    bind,
+    literal_bool,
+    clean_args,
+    is_xla,
+    quote_of,
+)
+
+
+def xla_autocast(call, qualname, sc: StatementContext, rule):
+    bound = bind(call, ["device", "enabled", "dtype", "cache_enabled"])
+    if bound is None:
+        sc.needs_manual(rule.code, "cannot read the arguments of torch_xla.amp.autocast", qualname)
+        return call
+    plan = sc.file.plan
+    torch = plan.use("torch")
+    device_type = '"tpu"' if sc.file.target == "tpu" else "(" + plan.fill(PORTABLE_DEVICE) + ").type"
+    kwargs = [f"dtype={code(bound['dtype'].value) if 'dtype' in bound else torch + '.bfloat16'}"]
+    for name in ("enabled", "cache_enabled"):
+        if name in bound:
+            kwargs.append(f"{name}={code(bound[name].value)}")
+    sc.fixed(rule.code, qualname)
+    return parse_expr(f"{torch}.autocast({device_type}, {', '.join(kwargs)})")
+
+
+def torch_compile(call: cst.Call, sc: StatementContext):
+    """torch.compile in a torch_xla file: the backend, and what TorchTPU rejects."""
+    if not any(is_xla(b.qualname) for b in sc.file.analysis.imports):
+        return call
+    if not sc.enabled("TPU130"):
+        return call
+    tpu = sc.file.target == "tpu"
+    args, changed = [], False
+    for arg in call.args:
+        name = arg.keyword.value if arg.keyword is not None else None
+        value = arg.value
+        if name == "backend" and isinstance(value, cst.SimpleString):
+            backend = value.evaluated_value
+            if backend in ("openxla", "openxla_eval"):
+                changed = True
+                if not tpu:
+                    continue
+                arg = arg.with_changes(value=cst.SimpleString(f'{quote_of(value)}tpu{quote_of(value)}'))
+            elif backend == "inductor" and tpu:
+                sc.needs_manual("TPU130", 'TorchTPU rejects backend="inductor" for TPU tensors: use backend="tpu"',
+                                where=sc.consume("torch.compile"))
+        elif tpu and name == "mode":
+            changed = True
+            continue
+        elif tpu and name == "dynamic" and isinstance(value, cst.Name) and value.value == "True":
+            changed = True
+            continue
+        args.append(arg)
+    if not changed:
+        return call
+    sc.fixed("TPU130", "torch.compile")
+    return call.with_changes(args=clean_args(args))
+
+
+
+
+def xla_compile(call, qualname, sc: StatementContext, rule):
+    bound = bind(call, ["f", "full_graph", "name", "max_different_graphs"])
+    if bound is None or "f" not in bound:
+        sc.needs_manual(rule.code, "torch_xla.compile() without a function (a context manager): "
+                        "wrap the step function in torch.compile instead", qualname)
+        return call
+    torch = sc.file.plan.use("torch")
+    parts = [code(bound["f"].value)]
+    if sc.file.target == "tpu":
+        parts.append('backend="tpu"')
+    if "full_graph" in bound:
+        parts.append(f"fullgraph={code(bound['full_graph'].value)}")
+    sc.fixed(rule.code, qualname)
+    return parse_expr(f"{torch}.compile({', '.join(parts)})")
+
+
+def xla_compile_reference(node, qualname, sc: StatementContext, rule):
+    """`@torch_xla.compile` used bare (a decorator)."""
+    sc.fixed(rule.code, qualname)
+    return parse_expr(sc.file.plan.fill("{torch}.compile"))
+
+
+def eager_mode_statement(call, qualname, sc: StatementContext, rule, plans):
+    bound = bind(call, ["enable"])
+    if bound is None or literal_bool(bound.get("enable"), False) is not True:
+        sc.needs_manual(rule.code, "lazy mode has no TorchTPU switch: see torch.tpu.EagerMode or torch.compile", qualname)
+        return None
+    sc.fixed(rule.code, qualname)
+    return []

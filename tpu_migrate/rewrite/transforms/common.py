@@ -1,0 +1,110 @@
+"""Helpers every transform uses: argument binding, code generation, shared templates."""
+
+from __future__ import annotations
+
+import re
+
+import libcst as cst
+
+from tpu_migrate.rewrite.context import StatementContext, parse_stmt
+
+
+# Expressions that need parentheses when they land inside a larger expression.
+LOOSE = (
+    cst.IfExp,
+    cst.BooleanOperation,
+    cst.Comparison,
+    cst.BinaryOperation,
+    cst.UnaryOperation,
+    cst.Lambda,
+)
+
+PORTABLE_DEVICE = '{torch}.accelerator.current_accelerator(check_available=True) or {torch}.device("cpu")'
+GLOBAL_RANK = "({dist}.get_rank() if {dist}.is_initialized() else 0)"
+GLOBAL_MASTER = "not {dist}.is_initialized() or {dist}.get_rank() == 0"
+LOCAL_MASTER = 'int({os}.environ.get("LOCAL_RANK", 0)) == 0'
+TO_CPU = "{torch}.utils._pytree.tree_map_only({torch}.Tensor, lambda t: t.cpu(), {obj})"
+TO_DEVICE = "{torch}.utils._pytree.tree_map_only({torch}.Tensor, lambda t: t.to({device}), {obj})"
+
+XLA_DEVICE = re.compile(r"xla(:\d+)?\Z")
+_CODEGEN = cst.Module(body=[])
+
+
+def code(node: cst.CSTNode) -> str:
+    return _CODEGEN.code_for_node(node)
+
+
+# -- argument helpers -------------------------------------------------------------------------
+
+
+def bind(call: cst.Call, params: list[str]) -> dict[str, cst.Arg] | None:
+    """Map a call's arguments to parameter names; None if it uses *args/**kwargs."""
+    bound: dict[str, cst.Arg] = {}
+    for i, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        if arg.keyword is not None:
+            bound[arg.keyword.value] = arg
+        elif i < len(params):
+            bound[params[i]] = arg
+        else:
+            return None
+    return bound
+
+
+def literal_bool(arg: cst.Arg | None, default: bool) -> bool | None:
+    if arg is None:
+        return default
+    if isinstance(arg.value, cst.Name) and arg.value.value in ("True", "False"):
+        return arg.value.value == "True"
+    return None
+
+
+def clean_args(args: list[cst.Arg]) -> list[cst.Arg]:
+    if not args:
+        return args
+    return [*args[:-1], args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)]
+
+
+def atom(node: cst.BaseExpression) -> str:
+    text = code(node)
+    if isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) or node.lpar:
+        return text
+    return f"({text})"
+
+
+
+def parse_block(lines: list[str]) -> list[cst.BaseStatement]:
+    module = cst.parse_module("\n".join(lines) + "\n")
+    return list(module.body)
+
+def target_name(assign: cst.Assign | None) -> str | None:
+    if assign is None or len(assign.targets) != 1:
+        return None
+    target = assign.targets[0].target
+    return target.value if isinstance(target, cst.Name) else None
+
+def fresh_name(sc: StatementContext, base: str) -> str:
+    bound = sc.file.analysis.bound_names
+    name, n = base, 1
+    while name in bound:
+        n += 1
+        name = f"{base}{n}"
+    return name
+
+def given(bound: dict, name: str) -> bool:
+    arg = bound.get(name)
+    return arg is not None and not (isinstance(arg.value, cst.Name) and arg.value.value == "None")
+
+def if_block(condition: str, body: list[cst.BaseStatement]) -> cst.If:
+    template = parse_stmt(f"if {condition}:\n    pass\n")
+    return template.with_changes(body=template.body.with_changes(body=body))
+
+def is_xla(qualname: str) -> bool:
+    from tpu_migrate.rewrite.names import is_xla_name
+
+    return is_xla_name(qualname)
+
+def quote_of(node: cst.BaseExpression) -> str:
+    text = code(node)
+    return "'" if text.rstrip()[-1:] == "'" else '"'

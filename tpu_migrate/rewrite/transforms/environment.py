@@ -1,0 +1,98 @@
+"""torch_xla's environment variables, matmul precision and memory statistics (TPU140-TPU150)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tpu_migrate.rewrite.context import StatementContext, parse_expr
+from tpu_migrate.rewrite.transforms.common import (
+    bind,
+)
+
+
+PRECISIONS = {"default": "medium", "high": "high", "highest": "highest"}
+
+
+def matmul_precision(call, qualname, sc: StatementContext, rule):
+    bound = bind(call, ["precision"])
+    value = bound.get("precision") if bound else None
+    if value is None or not isinstance(value.value, cst.SimpleString) or value.value.evaluated_value not in PRECISIONS:
+        sc.needs_manual(rule.code, "map the precision by hand: default->medium, high->high, highest->highest", qualname)
+        return call
+    sc.fixed(rule.code, qualname)
+    precision = PRECISIONS[value.value.evaluated_value]
+    return parse_expr(sc.file.plan.fill("{torch}.set_float32_matmul_precision") + f'("{precision}")')
+
+
+def memory_info(call, qualname, sc: StatementContext, rule):
+    if sc.file.target != "tpu":
+        sc.needs_manual(rule.code, "device memory statistics have no CPU equivalent", qualname)
+        return call
+    acc = sc.file.plan.use("torch") + ".accelerator"
+    sc.fixed(rule.code, qualname)
+    return parse_expr(
+        "{"
+        f'"bytes_used": {acc}.memory_allocated(), '
+        f'"bytes_limit": {acc}.get_memory_info()[1], '
+        f'"peak_bytes_used": {acc}.max_memory_allocated(), '
+        f'"kb_free": {acc}.get_memory_info()[0] // 1024, '
+        f'"kb_total": {acc}.get_memory_info()[1] // 1024'
+        "}"
+    )
+
+
+def _environ_key(node: cst.BaseExpression, sc: StatementContext) -> str | None:
+    """The variable name in `os.environ[NAME]`, `os.environ.get(NAME)`, `os.getenv(NAME)`."""
+    from tpu_migrate.rewrite.names import ENV_NAMES
+
+    def key_of(expr):
+        if isinstance(expr, cst.SimpleString):
+            value = expr.evaluated_value
+            return value if value in ENV_NAMES else None
+        return None
+
+    if isinstance(node, cst.Subscript) and sc.resolve(node.value) == "os.environ" and len(node.slice) == 1:
+        return key_of(node.slice[0].slice.value) if isinstance(node.slice[0].slice, cst.Index) else None
+    if isinstance(node, cst.Call) and node.args:
+        qualname = sc.resolve(node.func)
+        if qualname in ("os.environ.get", "os.environ.setdefault", "os.getenv", "os.putenv", "os.environ.pop"):
+            return key_of(node.args[0].value)
+    return None
+
+
+def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
+    """Setting torch_xla's runtime variables: removed. Returns [] to remove, else None."""
+    from tpu_migrate.rewrite.names import RUNTIME_ENV
+
+    key = None
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        key = _environ_key(small.targets[0].target, sc)
+    elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+        func = sc.resolve(small.value.func)
+        if func in ("os.environ.setdefault", "os.putenv", "os.environ.pop"):
+            key = _environ_key(small.value, sc)
+    elif isinstance(small, cst.Del) and isinstance(small.target, cst.Subscript):
+        key = _environ_key(small.target, sc)
+    if key not in RUNTIME_ENV or not sc.enabled("TPU140"):
+        return None
+    sc.fixed("TPU140", where=(sc.info.node.lineno, sc.info.node.col_offset + 1))
+    return []
+
+
+def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> None:
+    """Reading torch_xla's variables: a manual finding (called on subscripts and calls)."""
+    from tpu_migrate.rewrite.names import BF16_ENV
+
+    key = _environ_key(node, sc)
+    if key is None:
+        return
+    code_ = "TPU141" if key in BF16_ENV else "TPU140"
+    if not sc.enabled(code_) or any(t.code == code_ for t in sc.todos):
+        return
+    where = (sc.info.node.lineno, sc.info.node.col_offset + 1)
+    if code_ == "TPU141":
+        sc.needs_manual(code_, f"{key} has no TorchTPU equivalent: convert the model with "
+                        ".to(torch.bfloat16) or use torch.autocast", where=where)
+    else:
+        sc.needs_manual(code_, f"{key} is not set under TorchTPU: test "
+                        "torch.accelerator.current_accelerator() instead", where=where)

@@ -1,0 +1,125 @@
+"""Optimum TPU models, FSDP config dicts, and availability guards (TPU181, TPU182, TPU190)."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tpu_migrate.rewrite.context import StatementContext, parse_expr
+from tpu_migrate.rewrite.transforms.common import (
+    PORTABLE_DEVICE,
+    code,
+    clean_args,
+    is_xla,
+)
+
+
+def optimum_auto_model(call, qualname, sc: StatementContext, rule):
+    """`AutoModelForCausalLM.from_pretrained(...)` from optimum.tpu (called from leave_Call)."""
+    plan = sc.file.plan
+    args = [a for a in call.args if not (a.keyword and a.keyword.value in ("task", "batch_size", "sequence_length"))]
+    device = '"tpu"' if sc.file.target == "tpu" else plan.fill(PORTABLE_DEVICE)
+    sc.fixed(rule.code, qualname)
+    loaded = cst.Call(
+        func=parse_expr(plan.fill("{transformers}.AutoModelForCausalLM.from_pretrained")),
+        args=clean_args(args),
+    )
+    return parse_expr(f"{code(loaded)}.to({device}).eval()")
+
+
+FSDP_XLA_KEYS = frozenset({"xla_fsdp_v2", "xla_fsdp_grad_ckpt", "xla_fsdp_settings"})
+
+
+def fsdp_config_dict(node: cst.Dict, sc: StatementContext):
+    keys = {
+        e.key.evaluated_value for e in node.elements
+        if isinstance(e, cst.DictElement) and isinstance(e.key, cst.SimpleString)
+    }
+    looks_like_fsdp = bool(keys & FSDP_XLA_KEYS) or (
+        "xla" in keys and any("fsdp" in str(k) or "layer_cls" in str(k) for k in keys)
+    )
+    if looks_like_fsdp and sc.enabled("TPU182") and not any(t.code == "TPU182" for t in sc.todos):
+        sc.needs_manual("TPU182", "remove the xla / xla_fsdp_v2 / xla_fsdp_grad_ckpt keys; "
+                        "FSDP through transformers on TorchTPU is unverified",
+                        where=sc.consume_string())
+    return node
+
+
+def tpu_available(sc: StatementContext) -> str:
+    if sc.file.target == "tpu":
+        return sc.file.plan.fill(
+            '{torch}.accelerator.is_available() and {torch}.accelerator.current_accelerator().type == "tpu"'
+        )
+    return sc.file.plan.fill("{torch}.accelerator.is_available()")
+
+
+def guards_allowed(sc: StatementContext, qualname: str | None) -> bool:
+    """TPU190 applies in this pass; when not, the guard is kept as it is, with a TODO."""
+    if not sc.enabled("TPU190"):
+        sc.consume(qualname)
+        return False
+    if sc.file.convert_guards:
+        sc.file.guards_converted = True
+        return True
+    sc.needs_manual(
+        "TPU190", "guard kept: this file still needs torch_xla (see the other TODOs); run "
+        "tpu-migrate again once they are ported to turn it into a TPU check", qualname,
+    )
+    return False
+
+
+def availability_guard(call, qualname, sc: StatementContext, rule):
+    if not guards_allowed(sc, qualname):
+        return call
+    sc.fixed(rule.code, qualname)
+    return parse_expr(tpu_available(sc))
+
+
+def find_spec_guard(call: cst.Call, sc: StatementContext):
+    """`importlib.util.find_spec("torch_xla")` (compared with None by the caller's code)."""
+    if (
+        len(call.args) == 1
+        and isinstance(call.args[0].value, cst.SimpleString)
+        and call.args[0].value.evaluated_value.split(".")[0] == "torch_xla"
+        and guards_allowed(sc, None)
+    ):
+        sc.consume_string()
+        sc.fixed("TPU190", "importlib.util.find_spec")
+        # find_spec returned a spec or None; keep that shape for `is None` tests.
+        return parse_expr(f"(True if {tpu_available(sc)} else None)")
+    return call
+
+
+def find_spec_test(original: cst.Comparison, sc: StatementContext):
+    """`find_spec("torch_xla") is not None`: the whole test becomes the TPU test. The call
+    itself was already rewritten (and reported) by find_spec_guard."""
+    if len(original.comparisons) != 1:
+        return None
+    target = original.comparisons[0]
+    left = original.left
+    if not (
+        isinstance(target.operator, (cst.Is, cst.IsNot))
+        and isinstance(target.comparator, cst.Name) and target.comparator.value == "None"
+        and isinstance(left, cst.Call) and sc.resolve(left.func) == "importlib.util.find_spec"
+        and left.args and isinstance(left.args[0].value, cst.SimpleString)
+        and left.args[0].value.evaluated_value.split(".")[0] == "torch_xla"
+        and sc.file.convert_guards and sc.enabled("TPU190")
+    ):
+        return None
+    available = tpu_available(sc)
+    return parse_expr(f"not ({available})" if isinstance(target.operator, cst.Is) else available)
+
+
+def optional_import_test(cmp: cst.Comparison, sc: StatementContext):
+    """`xm is None` / `xm is not None` for an optional torch_xla import."""
+    if len(cmp.comparisons) != 1 or not isinstance(cmp.comparisons[0].operator, (cst.Is, cst.IsNot)):
+        return cmp
+    other = cmp.comparisons[0].comparator
+    if not (isinstance(other, cst.Name) and other.value == "None"):
+        return cmp
+    qualname = sc.resolve(cmp.left) if isinstance(cmp.left, cst.Name) else None
+    if not qualname or not is_xla(qualname) or not guards_allowed(sc, qualname):
+        return cmp
+    sc.fixed("TPU190", qualname)
+    available = tpu_available(sc)
+    negate = isinstance(cmp.comparisons[0].operator, cst.Is)
+    return parse_expr(f"not ({available})" if negate else available)

@@ -1,0 +1,157 @@
+"""Device loaders: `MpDeviceLoader` / `ParallelLoader` become the plain loader plus a move (TPU040)."""
+
+from __future__ import annotations
+
+import ast
+
+import libcst as cst
+
+from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_stmt
+from tpu_migrate.rewrite.plans import MP_DEVICE_LOADER, PARALLEL_LOADER
+from tpu_migrate.rewrite.transforms.common import (
+    TO_DEVICE,
+    code,
+    bind,
+)
+
+
+def _loader_parts(expr: cst.BaseExpression, sc: StatementContext):
+    """(cpu loader, device, qualnames consumed) for a device-loader expression, else None."""
+    if not isinstance(expr, cst.Call):
+        return None
+    qualname = sc.resolve(expr.func)
+    if qualname == MP_DEVICE_LOADER:
+        bound = bind(expr, ["loader", "device"])
+        if bound is None or "loader" not in bound or "device" not in bound:
+            return None
+        if set(bound) - {"loader", "device", "loader_prefetch_size", "device_prefetch_size",
+                         "host_to_device_transfer_threads"}:
+            return None
+        return bound["loader"].value, bound["device"].value, [qualname]
+    if (
+        isinstance(expr.func, cst.Attribute)
+        and expr.func.attr.value == "per_device_loader"
+        and isinstance(expr.func.value, cst.Call)
+        and sc.resolve(expr.func.value.func) == PARALLEL_LOADER
+        and len(expr.args) == 1
+    ):
+        inner = bind(expr.func.value, ["loader", "devices"])
+        if inner is None or "loader" not in inner:
+            return None
+        return inner["loader"].value, expr.args[0].value, [PARALLEL_LOADER]
+    return None
+
+
+def _movable_device(device: cst.BaseExpression, sc: StatementContext) -> bool:
+    """A device expression that may be repeated in each move: a name or a device constructor."""
+    if isinstance(device, (cst.Name, cst.Attribute, cst.SimpleString)):
+        return True
+    if isinstance(device, cst.BooleanOperation):  # the portable device expression
+        return "current_accelerator" in code(device)
+    if isinstance(device, cst.Call):
+        qualname = sc.resolve(device.func)
+        rule = sc.file.catalog.lookup(qualname)
+        if rule is not None and rule.code == "TPU001":
+            return True
+        torch = sc.file.plan.names["torch"]
+        return qualname == "torch.device" or cst_dotted(device.func) == f"{torch}.device"
+    return False
+
+
+def _move_target_ok(target: cst.BaseExpression) -> bool:
+    if isinstance(target, cst.Name):
+        return True
+    return isinstance(target, (cst.Tuple, cst.List)) and bool(target.elements) and all(
+        isinstance(e, cst.Element) and isinstance(e.value, cst.Name) for e in target.elements
+    )
+
+
+def _move_statement(target: cst.BaseExpression, device: cst.BaseExpression, sc) -> cst.BaseStatement:
+    plan = sc.file.plan
+    dev = code(device)
+    if isinstance(target, cst.Name):
+        moved = plan.fill(TO_DEVICE, device=dev, obj=target.value)
+        return parse_stmt(f"{target.value} = {moved}\n")
+    names = [e.value.value for e in target.elements]
+    lhs = ", ".join(names)
+    rhs = ", ".join(f"{n}.to({dev})" for n in names)
+    return parse_stmt(f"{lhs} = {rhs}\n")
+
+
+def device_loader_loop(stmt: cst.For, sc: StatementContext, plans, expr_rewriter):
+    """`for b in MpDeviceLoader(loader, d):` -> `for b in loader:` + a move. Returns (for, prefix)."""
+    if not sc.fix_allowed("TPU040"):
+        return stmt, []  # the header's device loader is then reported by the expression rules
+    iterable, target = stmt.iter, stmt.target
+    wrapped = None
+    if (
+        isinstance(iterable, cst.Call)
+        and isinstance(iterable.func, cst.Name)
+        and iterable.func.value == "enumerate"
+        and iterable.args
+        and iterable.args[0].keyword is None
+    ):
+        wrapped = iterable
+        iterable = iterable.args[0].value
+        if not (isinstance(target, cst.Tuple) and len(target.elements) == 2):
+            return stmt, []
+        target = target.elements[1].value
+    parts = _loader_parts(iterable, sc)
+    consumed = []
+    if parts is not None:
+        loader, device, consumed = parts
+    elif isinstance(iterable, cst.Name) and (id(sc.scope), iterable.value) in plans.loader_vars:
+        device = sc.file.loader_vars.get((id(sc.scope), iterable.value))
+        if device is None:
+            sc.needs_manual(
+                "TPU040",
+                f"move the batches of `{iterable.value}` to the device: the loader is "
+                "assigned after this loop",
+                where=(sc.info.node.lineno, sc.info.node.col_offset + 1),
+            )
+            return stmt, []
+        loader = iterable
+    else:
+        return stmt, []
+    if not _move_target_ok(target):
+        return stmt, []  # left for the expression rules: reported as manual
+    if consumed:
+        # The device argument leaves the header: rewrite `xm.xla_device()` in it here.
+        device = expr_rewriter.rewrite(device)
+        if not _movable_device(device, sc):
+            return stmt, []
+    move = _move_statement(target, device, sc)
+    for qualname in consumed:
+        sc.fixed("TPU040", qualname)
+    if not consumed:
+        sc.fixed("TPU040", where=(sc.info.node.lineno, sc.info.node.col_offset + 1))
+    new_iter = loader
+    if wrapped is not None:
+        new_iter = wrapped.with_changes(args=[wrapped.args[0].with_changes(value=loader), *wrapped.args[1:]])
+    return stmt.with_changes(iter=new_iter), [move]
+
+
+def device_loader(call, qualname, sc: StatementContext, rule):
+    """A device loader outside a `for` header: fine only when assigned to a loop-only variable."""
+    node = sc.info.node
+    plans = sc.file.plans
+    if (
+        qualname == MP_DEVICE_LOADER
+        and isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and (id(sc.scope), node.targets[0].id) in plans.loader_vars
+    ):
+        parts = _loader_parts(call, sc)
+        if parts is not None:
+            loader, device, _ = parts
+            if _movable_device(device, sc):
+                sc.file.loader_vars[(id(sc.scope), node.targets[0].id)] = device
+                sc.fixed(rule.code, qualname)
+                return loader
+    sc.needs_manual(
+        rule.code,
+        "replace the device loader with the plain DataLoader and move each batch with "
+        ".to(device) in the loop; without the move the batches stay on the CPU",
+        qualname,
+    )
+    return call
