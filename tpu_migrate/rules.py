@@ -2,7 +2,7 @@
 
 Rules are data: codes, names, matched qualified names, templates and explanations live in TOML so
 they can be reviewed and extended without reading the engine. A rule that needs code names a
-transform function; the engine looks it up in tpu_migrate/rewrite/transforms.py.
+transform function; the engine looks it up in tpu_migrate/rewrite/transforms/.
 """
 
 from __future__ import annotations

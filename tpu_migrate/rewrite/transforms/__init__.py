@@ -1,4 +1,6 @@
-"""The rules that need code, one module per family, and the dispatch tables. Each function is named by a rule's `transform` in rules/*.toml.
+"""The rules that need code: one module per rule family, and here the dispatch tables.
+
+Each function is named by a rule's `transform` in rules/*.toml.
 
 Expression rules take the (already rewritten) call and return its replacement, or the call
 unchanged after recording a manual finding. Statement rules take the call of an expression
