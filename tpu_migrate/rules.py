@@ -7,6 +7,7 @@ transform function; the engine looks it up in tpu_migrate/rewrite/transforms/.
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -86,7 +87,14 @@ class Catalog:
 
 
 def rules_dir() -> Path:
-    """rules/ next to the package in a checkout, or the copy packed into the wheel."""
+    """rules/ next to the package in a checkout, or the copy packed into the wheel.
+
+    TPU_MIGRATE_RULES_DIR points elsewhere: for developing rules, and for the tests that
+    mutate a rule to prove the differential harness catches it.
+    """
+    override = os.environ.get("TPU_MIGRATE_RULES_DIR")
+    if override:
+        return Path(override)
     checkout = Path(__file__).resolve().parent.parent / "rules"
     if (checkout / "core.toml").is_file():
         return checkout

@@ -70,16 +70,19 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
     bound = bind(call, params) or {}
     plan = sc.file.plan
     nprocs = bound.get("nprocs")
+    every_device = plan.fill(
+        "{torch}.accelerator.device_count()"
+        if sc.file.target == "tpu"
+        else "max({torch}.accelerator.device_count(), 1)"
+    )
     if launch and literal_bool(bound.get("debug_single_process"), False):
         count = "1"
     elif nprocs is None or (isinstance(nprocs.value, cst.Name) and nprocs.value.value == "None"):
-        count = plan.fill(
-            "{torch}.accelerator.device_count()"
-            if sc.file.target == "tpu"
-            else "max({torch}.accelerator.device_count(), 1)"
-        )
+        count = every_device
+    elif isinstance(nprocs.value, cst.Integer):
+        count = nprocs.value.value
     else:
-        count = code(nprocs.value)
+        count = f"({code(nprocs.value)} or {every_device})"  # xmp.spawn took None: every device
     sc.fixed(rule.code, qualname)
     fn = code(bound["fn"].value)
     args = f", args={code(bound['args'].value)}" if "args" in bound else ""
@@ -92,7 +95,15 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
     if sc.file.target == "tpu":
         lines.append(plan.fill("{torch}.tpu.distributed.set_tpu_launch_env") + f"(nproc_per_node={count})")
     lines.append(plan.fill("{torch}.multiprocessing.spawn") + f"({fn}{args}, nprocs={count})")
-    return [parse_stmt(line + "\n") for line in lines]
+    if not launch:
+        return [parse_stmt(line + "\n") for line in lines]
+    # torch_xla.launch under torchrun called fn(LOCAL_RANK, *args) in the current process.
+    call_args = f", *{code(bound['args'].value)}" if "args" in bound else ""
+    direct = f'{fn}(int({os_name}.environ["LOCAL_RANK"]){call_args})'
+    spawn = "\n".join("    " + line for line in lines)
+    return [parse_stmt(
+        plan.fill("if {dist}.is_torchelastic_launched():") + f"\n    {direct}\nelse:\n{spawn}\n"
+    )]
 
 
 def setup_worker(func: cst.FunctionDef, node: ast.FunctionDef, file) -> cst.FunctionDef:
