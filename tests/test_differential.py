@@ -8,12 +8,12 @@ import ast
 import re
 import shutil
 import sys
-from pathlib import Path
 
 import pytest
 
 import differential as harness
 from conftest import ROOT
+from test_realistic import unmarked_references
 
 PROGRAMS = sorted(harness.PROGRAMS.glob("p*.py"))
 
@@ -83,13 +83,8 @@ def test_tpu_target_output_is_torchtpu_code(program, tmp_path):
     text = copy.read_text()
     tree = ast.parse(text)
     assert not FORBIDDEN.search(text)
+    assert unmarked_references(text) == [], program.name
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-            for name in names:
-                if name.startswith("torch_xla"):
-                    line = text.splitlines()[node.lineno - 2] if node.lineno > 1 else ""
-                    assert "TODO(tpu-migrate)" in line, f"{program.name}: import {name} left unmarked"
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "init_process_group":
             backend = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "backend"), None)
             assert isinstance(backend, ast.Constant) and backend.value == "tpu_dist", program.name
