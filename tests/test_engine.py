@@ -176,3 +176,10 @@ def test_walker_round_trips_real_code_when_every_statement_is_visited(monkeypatc
         result = engine.rewrite_bytes(data, str(path), Options())
         assert result.error is None, (path, result.error)
         assert not result.changed, path
+
+
+def test_user_conditional_expression_statements_are_not_restructured():
+    source = 'import torch\nprint("xla device") if verbose else None\nx = torch.ones(1).to("xla")\n'
+    out = run(source.encode()).output.decode()
+    assert 'print("xla device") if verbose else None\n' in out
+    assert 'x = torch.ones(1).to("tpu")' in out

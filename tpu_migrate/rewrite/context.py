@@ -124,7 +124,6 @@ class StatementContext:
         self._unconsumed: list[Ref] = list(info.refs)
         self._strings = list(info.xla_strings)
         self.todos: list[Manual] = []
-        self.changed = False
         # ids of call nodes a statement-level rule already dealt with (fixed or reported).
         self.handled: set[int] = set()
 
@@ -199,7 +198,6 @@ class StatementContext:
             else:
                 where = (self.info.node.lineno, self.info.node.col_offset + 1)
         self.file.fixes.append(Fix(code, *where))
-        self.changed = True
         return where
 
     def needs_manual(

@@ -400,7 +400,7 @@ class ModuleRewriter:
                 if replaced is not None:
                     result = replaced
         self.report_leftovers(sc)
-        if isinstance(result, cst.Expr) and _is_conditional_call(result.value):
+        if result is not small and isinstance(result, cst.Expr) and _is_conditional_call(result.value):
             # `f() if cond else None` as a statement reads better as an `if` block.
             test, body = result.value.test, result.value.body
             return [

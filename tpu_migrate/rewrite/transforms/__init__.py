@@ -71,6 +71,7 @@ from tpu_migrate.rewrite.transforms.loaders import (
     device_loader_loop,
 )
 from tpu_migrate.rewrite.transforms.steps import (
+    step_closure,
     is_master_ordinal,
     master_print,
     master_print_statement,
@@ -84,6 +85,7 @@ from tpu_migrate.rewrite.transforms.steps import (
 
 
 CALL = {
+    "step_closure": step_closure,
     "xla_autocast": xla_autocast,
     "xla_compile": xla_compile,
     "matmul_precision": matmul_precision,
@@ -199,11 +201,13 @@ def apply_statement_rule(rule, qualname, call, sc: StatementContext, plans, assi
     return STATEMENT[rule.transform](call, qualname, sc, rule, plans)
 
 
-__all__ = ["cst_dotted"]
+__all__ = [
+    "step_closure","cst_dotted"]
 
 
 # The transformer reaches every transform through this package.
 __all__ = [
+    "step_closure",
     "LOOSE",
     "atom",
     "all_gather_statement",

@@ -6,6 +6,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.transforms.common import (
+    atom,
     GLOBAL_RANK,
     GLOBAL_MASTER,
     LOCAL_MASTER,
@@ -162,3 +163,22 @@ def unwrap_step_context(stmt: cst.With, sc: StatementContext):
     if lead and statements:
         statements[0] = statements[0].with_changes(leading_lines=[*lead, *statements[0].leading_lines])
     return statements
+
+
+def step_closure(call, qualname, sc: StatementContext, rule):
+    """`xm.add_step_closure(fn, args=(a, b))` -> `fn(a, b)`: TorchTPU has no step to defer to."""
+    bound = bind(call, ["closure", "args", "run_async"])
+    if bound is None or "closure" not in bound:
+        sc.needs_manual(rule.code, "cannot read the arguments of xm.add_step_closure", qualname)
+        return call
+    arguments = bound.get("args")
+    if arguments is None:
+        passed = ""
+    elif isinstance(arguments.value, cst.Tuple) and all(
+        isinstance(e, cst.Element) for e in arguments.value.elements
+    ):
+        passed = ", ".join(code(e.value) for e in arguments.value.elements)
+    else:
+        passed = "*" + atom(arguments.value)
+    sc.fixed(rule.code, qualname)
+    return parse_expr(f"{atom(bound['closure'].value)}({passed})")
