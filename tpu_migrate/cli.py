@@ -164,3 +164,64 @@ def explain(code) -> None:
     except KeyError:
         raise click.UsageError(f"unknown rule '{code}' (see `tpu-migrate rules`)") from None
     explain_report.print_explanation(rule, Console(highlight=False, soft_wrap=True))
+
+
+FAIL_KINDS = ("recompile", "sync", "dynamic-shape", "fallback")
+
+
+def _fail_kinds(ctx, param, value):
+    if value is None:
+        return frozenset()
+    kinds = {k.strip() for k in value.split(",") if k.strip()}
+    if "any" in kinds:
+        return frozenset(FAIL_KINDS)
+    unknown = kinds - set(FAIL_KINDS)
+    if unknown:
+        raise click.BadParameter(f"unknown kind(s) {', '.join(sorted(unknown))}; use {', '.join(FAIL_KINDS)} or any")
+    return frozenset(kinds)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-m", "module", metavar="MODULE", help="Run a module, like `python -m MODULE`.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Compiles before the end of this step are expected, not findings.")
+@click.option("--fail-on", callback=_fail_kinds, metavar="KINDS",
+              help="Exit 1 when a finding of these kinds exists: recompile,sync,dynamic-shape,fallback or any.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
+              show_default=True, help="json: the report on stdout after the program ends (its stdout goes to stderr).")
+@click.option("--output", type=click.Path(dir_okay=False, writable=True), help="Also write the JSON report here.")
+@click.argument("target", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def diagnose(module, warmup_steps, fail_on, output_format, output, target, args) -> None:
+    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the torch_xla tracer and report
+    recompilations, host syncs, data-dependent shapes and CPU fallbacks at your own lines."""
+    import importlib.util
+    import os
+
+    from tpu_migrate.diagnose import analysis, report, runner
+
+    if module is None and target is None:
+        raise click.UsageError("give a SCRIPT or -m MODULE")
+    if module is not None:
+        args = (target, *args) if target is not None else args
+        target = module
+        if importlib.util.find_spec(module.split(".")[0]) is None and not os.path.exists(module.split(".")[0]):
+            raise click.UsageError(f"no module named '{module}'")
+    elif not os.path.isfile(target):
+        raise click.UsageError(f"no such script: {target}")
+    if importlib.util.find_spec("torch_xla") is None:
+        raise click.UsageError("torch_xla is not installed: pip install 'tpu-migrate[xla]' (torch 2.9.0 + torch-xla 2.9.0)")
+    stdout = sys.stderr if output_format == "json" else None
+    evidence = runner.run(target, list(args), module is not None, stdout=stdout)
+    findings, steps = analysis.analyze(evidence, warmup_steps)
+    script = os.path.abspath(target) if module is None else target
+    document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings)
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(document + "\n")
+    report.print_report(Console(stderr=True, soft_wrap=True), script, steps, warmup_steps, findings)
+    if output_format == "json":
+        sys.stdout.write(document + "\n")
+    if fail_on and any(f.kind in fail_on for f in findings):
+        sys.exit(1)
+    sys.exit(evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code)

@@ -1,0 +1,125 @@
+"""`tpu-migrate diagnose` on real torch_xla programs (XLA:CPU), through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+PROGRAMS = ROOT / "fixtures" / "diagnose"
+
+
+def diagnose(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
+    return subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", *args],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+
+
+def findings_of(program: str, *options: str):
+    result = diagnose("--format", "json", *options, str(PROGRAMS / program))
+    document = json.loads(result.stdout)
+    return result, document, [
+        (f["kind"], Path(f["file"]).name, f["line"], f["count"], f["first_step"], f["op"])
+        for f in document["findings"]
+    ]
+
+
+def test_recompile_after_warmup_at_the_step_line():
+    result, doc, found = findings_of("recompile_last_batch.py")
+    assert found == [("recompile", "recompile_last_batch.py", 16, 1, 4, None)]
+    assert doc["steps"] == 7 and doc["warmup_steps"] == 2 and doc["exit_code"] == 0
+    assert "drop_last=True" in doc["findings"][0]["explanation"]
+    assert Path(doc["findings"][0]["file"]).is_absolute()
+
+
+def test_host_sync_inside_the_step_loop():
+    _, _, found = findings_of("host_sync_item.py")
+    assert found == [("sync", "host_sync_item.py", 15, 6, 1, "item")]
+
+
+def test_dynamic_shapes_and_cpu_fallback():
+    _, _, found = findings_of("dynamic_and_fallback.py")
+    assert found == [
+        ("dynamic-shape", "dynamic_and_fallback.py", 8, 4, 0, "nonzero"),
+        ("dynamic-shape", "dynamic_and_fallback.py", 9, 4, 0, "boolean mask indexing"),
+        ("fallback", "dynamic_and_fallback.py", 11, 4, 0, "aten::linalg_eig"),
+    ]
+
+
+def test_clean_program_has_no_findings():
+    result, doc, found = findings_of("clean.py")
+    assert found == [] and doc["steps"] == 6
+    assert "final loss" in result.stderr  # the program's stdout went to stderr with --format json
+
+
+def test_spawned_worker_is_traced_with_its_rank():
+    _, doc, found = findings_of("spawn_worker_sync.py")
+    assert found == [("sync", "spawn_worker_sync.py", 13, 5, 1, "item")]
+    assert doc["findings"][0]["rank"] == 0
+
+
+def test_warmup_steps_option():
+    # The shorter batch first compiles in step 4: inside a 5-step warm-up it is expected, and its
+    # second occurrence (step 6) hits the compile cache.
+    _, _, found = findings_of("recompile_last_batch.py", "--warmup-steps", "5")
+    assert found == []
+
+
+def test_fail_on_and_exit_codes(tmp_path):
+    assert diagnose("--fail-on", "sync", str(PROGRAMS / "host_sync_item.py")).returncode == 1
+    assert diagnose("--fail-on", "recompile", str(PROGRAMS / "host_sync_item.py")).returncode == 0
+    assert diagnose("--fail-on", "any", str(PROGRAMS / "clean.py")).returncode == 0
+    script = tmp_path / "exits.py"
+    script.write_text("import sys\nimport torch_xla\nprint(sys.argv[1:], __name__)\nsys.exit(3)\n")
+    result = diagnose(str(script), "--flag", "value")
+    assert result.returncode == 3
+    assert "['--flag', 'value'] __main__" in result.stdout
+
+
+def test_program_exception_is_printed_and_the_report_still_produced(tmp_path):
+    script = tmp_path / "boom.py"
+    script.write_text(
+        "import torch, torch_xla\n"
+        "d = torch_xla.device()\n"
+        "for step in range(4):\n"
+        "    torch_xla.sync()\n"
+        "    print((torch.ones(2, device=d) * step).sum().item())\n"
+        "raise ValueError('boom')\n"
+    )
+    result = diagnose("--format", "json", str(script))
+    assert result.returncode == 1  # the program's status
+    doc = json.loads(result.stdout)
+    assert doc["exit_code"] == 1
+    assert 'File "' + str(script) + '", line 6, in <module>' in result.stderr
+    assert "ValueError: boom" in result.stderr
+    assert "bootstrap" not in result.stderr.split("Traceback")[1].split("ValueError")[0]
+    # `* step` bakes a changing Python number into the graph: it recompiles, and reads every step.
+    assert sorted((f["kind"], f["line"]) for f in doc["findings"]) == [("recompile", 5), ("sync", 5)]
+
+
+def test_output_file_and_module_mode(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "train.py").write_text((PROGRAMS / "host_sync_item.py").read_text())
+    report = tmp_path / "report.json"
+    result = diagnose("--output", str(report), "-m", "pkg.train", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    doc = json.loads(report.read_text())
+    assert doc["script"] == "pkg.train"
+    assert [(Path(f["file"]).name, f["line"]) for f in doc["findings"]] == [("train.py", 15)]
+
+
+def test_clear_errors(tmp_path):
+    missing = diagnose(str(tmp_path / "nope.py"))
+    assert missing.returncode == 2 and "no such script" in missing.stderr
+    module = diagnose("-m", "no_such_module_here")
+    assert module.returncode == 2 and "no module named 'no_such_module_here'" in module.stderr
+    bad = diagnose("--fail-on", "slowness", str(PROGRAMS / "clean.py"))
+    assert bad.returncode == 2 and "unknown kind" in bad.stderr

@@ -1,0 +1,1 @@
+"""`tpu-migrate diagnose`: run a program under a tracer and report what would make it slow on a TPU."""

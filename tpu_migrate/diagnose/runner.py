@@ -1,0 +1,78 @@
+"""The parent half of `diagnose`: start the program under the tracer, wait, collect the evidence.
+
+The program runs in a child interpreter (tpu_migrate.diagnose.bootstrap) with torch_xla's own
+compile analysis switched on (PT_XLA_DEBUG_LEVEL=1, measured at no overhead, written to a file)
+and a sitecustomize on PYTHONPATH, so worker processes started by xmp.spawn / torch_xla.launch /
+torch.multiprocessing are traced too. Everything lives in a temporary directory that is removed
+afterwards.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from tpu_migrate.diagnose.tracer import ENV_DEBUG_FILE, ENV_DIR
+
+SITECUSTOMIZE = '''# Written by tpu-migrate diagnose: trace every Python process of the diagnosed program.
+try:
+    from tpu_migrate.diagnose import tracer as _tpu_migrate_tracer
+    _tpu_migrate_tracer.install()
+except Exception:  # never break the program being diagnosed
+    pass
+'''
+
+
+@dataclass
+class Evidence:
+    exit_code: int
+    events: dict[int, list[dict]] = field(default_factory=dict)  # pid -> events in order
+    debug_log: bytes = b""  # torch_xla's PT_XLA_DEBUG_FILE (byte offsets matter)
+
+
+def run(target: str, args: list[str], module: bool, stdout=None) -> Evidence:
+    """Run the program to completion (Ctrl-C stops the program, not the report)."""
+    workdir = tempfile.mkdtemp(prefix="tpu-migrate-diagnose-")
+    try:
+        site = os.path.join(workdir, "site")
+        os.mkdir(site)
+        with open(os.path.join(site, "sitecustomize.py"), "w", encoding="utf-8") as handle:
+            handle.write(SITECUSTOMIZE)
+        debug_file = os.path.join(workdir, "xla_debug.txt")
+        python_path = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+        env = {
+            **os.environ,
+            ENV_DIR: workdir,
+            ENV_DEBUG_FILE: debug_file,
+            "PT_XLA_DEBUG_LEVEL": "1",
+            "PYTHONPATH": python_path,
+        }
+        command = [sys.executable, "-m", "tpu_migrate.diagnose.bootstrap",
+                   "module" if module else "script", target, *args]
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal signals the child
+        try:
+            process = subprocess.Popen(command, env=env, stdout=stdout)
+            try:
+                exit_code = process.wait()
+            except KeyboardInterrupt:
+                exit_code = process.wait()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        evidence = Evidence(exit_code=exit_code)
+        for path in sorted(glob.glob(os.path.join(workdir, "events.*.jsonl"))):
+            pid = int(path.rsplit(".", 2)[1])
+            with open(path, encoding="utf-8") as handle:
+                evidence.events[pid] = [json.loads(line) for line in handle if line.strip()]
+        if os.path.exists(debug_file):
+            with open(debug_file, "rb") as handle:
+                evidence.debug_log = handle.read()
+        return evidence
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

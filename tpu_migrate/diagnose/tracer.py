@@ -1,0 +1,300 @@
+"""The in-process half of `diagnose`: hooks installed in the traced program (and its workers).
+
+It records events as JSON lines in $TPU_MIGRATE_DIAGNOSE/events.<pid>.jsonl:
+
+- `step`: a step boundary (torch_xla.sync / xm.mark_step, each MpDeviceLoader batch, the end of
+  `with torch_xla.step()`), with the size of torch_xla's PT_XLA_DEBUG_FILE at that moment so the
+  parent can place each compilation in its step;
+- `opt_step`: an optimizer step (the step count when the program has no XLA step marker);
+- `sync`: a host read of a device tensor (`.item()`, `.tolist()`, `.cpu()`, `.numpy()`, `bool()`,
+  `int()`, `float()`, `print`/format);
+- `dynamic`: an op with a data-dependent output shape (`nonzero`, `masked_select`, `unique`,
+  boolean-mask indexing);
+- `fallback`: `aten::*` counters (ops torch_xla ran on the CPU) that moved during a step.
+
+Hooks are installed when the program imports torch_xla (a meta-path finder), never before: the
+program's own environment set-up (PJRT_DEVICE, ...) must run first. Each event carries the first
+frame of the user's code. Cost: a wrapper call per host read and per step; the counters are read
+once per step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import threading
+
+ENV_DIR = "TPU_MIGRATE_DIAGNOSE"
+ENV_DEBUG_FILE = "PT_XLA_DEBUG_FILE"
+
+# Frames in these paths are never "the user's line".
+_LIBRARY_MARKERS = (
+    os.sep + "site-packages" + os.sep,
+    os.sep + "dist-packages" + os.sep,
+    os.sep + "torch" + os.sep,
+    os.sep + "torch_xla" + os.sep,
+    os.sep + "tpu_migrate" + os.sep,
+    "<frozen",
+    os.sep + "runpy.py",
+    os.sep + "multiprocessing" + os.sep,
+    os.sep + "threading.py",
+)
+SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__",
+                "__repr__", "__format__")
+DYNAMIC_FUNCTIONS = ("nonzero", "masked_select", "unique", "argwhere")
+EXPECTED_ATEN = {"aten::_local_scalar_dense": "sync", "aten::nonzero": "dynamic",
+                 "aten::masked_select": "dynamic", "aten::_unique2": "dynamic",
+                 "aten::unique_consecutive": "dynamic", "aten::unique_dim": "dynamic"}
+
+
+def is_library(filename: str) -> bool:
+    return filename.startswith("<") or any(marker in filename for marker in _LIBRARY_MARKERS)
+
+
+def user_frame(start_depth: int = 2):
+    """(file, line) of the first frame outside torch, torch_xla, site-packages and the tool."""
+    frame = sys._getframe(start_depth)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not is_library(filename):
+            return os.path.abspath(filename), frame.f_lineno
+        frame = frame.f_back
+    return None, None
+
+
+class Recorder:
+    """Collects events and appends them to this process's JSON-lines file."""
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, f"events.{os.getpid()}.jsonl")
+        self.debug_file = os.environ.get(ENV_DEBUG_FILE)
+        self.lock = threading.Lock()
+        self.buffer: list[str] = []
+        self.steps = 0
+        self.local = threading.local()
+        self.aten: dict[str, int] = {}
+        self.metrics = None
+
+    # Re-entrancy: printing a tensor calls .tolist()/.item() internally; count the outer call only.
+    def busy(self) -> bool:
+        return getattr(self.local, "busy", False)
+
+    def emit(self, event: dict) -> None:
+        event["step"] = self.steps
+        with self.lock:
+            self.buffer.append(json.dumps(event))
+            if len(self.buffer) >= 256:
+                self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if self.buffer:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write("\n".join(self.buffer) + "\n")
+            self.buffer.clear()
+
+    def flush(self) -> None:
+        with self.lock:
+            self._flush_locked()
+
+    def at_user_line(self, kind: str, op: str, depth: int = 3) -> None:
+        filename, line = user_frame(depth)
+        if filename is not None:
+            self.emit({"kind": kind, "op": op, "file": filename, "line": line})
+
+    def step_boundary(self, marker: str) -> None:
+        self.read_fallbacks()
+        filename, line = user_frame(3)
+        offset = os.path.getsize(self.debug_file) if self.debug_file and os.path.exists(self.debug_file) else 0
+        self.emit({"kind": "step", "op": marker, "file": filename, "line": line, "debug_offset": offset})
+        self.steps += 1
+        self.flush()
+
+    def read_fallbacks(self) -> None:
+        """aten:: counters that moved since the last step: ops that ran on the CPU."""
+        if self.metrics is None:
+            return
+        current = {name: self.metrics.counter_value(name)
+                   for name in self.metrics.counter_names() if name.startswith("aten::")}
+        filename, line = user_frame(4)
+        for name, value in current.items():
+            delta = value - self.aten.get(name, 0)
+            if delta > 0 and name not in EXPECTED_ATEN:
+                self.emit({"kind": "fallback", "op": name, "file": filename, "line": line, "count": delta})
+        self.aten = current
+
+    def finish(self) -> None:
+        try:
+            self.read_fallbacks()
+        except Exception:  # noqa: BLE001 - the runtime may already be shutting down
+            pass
+        rank = os.environ.get("RANK") or os.environ.get("PJRT_LOCAL_PROCESS_RANK")
+        self.emit({"kind": "end", "op": None, "file": None, "line": None,
+                   "rank": int(rank) if rank is not None and rank.isdigit() else None})
+        self.flush()
+
+
+RECORDER: Recorder | None = None
+
+
+def _sync_wrapper(original, name):
+    @functools.wraps(original)
+    def wrapper(self, *args, **kwargs):
+        recorder = RECORDER
+        if recorder is None or recorder.busy() or getattr(self, "device", None) is None or self.device.type != "xla":
+            return original(self, *args, **kwargs)
+        recorder.local.busy = True
+        try:
+            recorder.at_user_line("sync", name)
+            return original(self, *args, **kwargs)
+        finally:
+            recorder.local.busy = False
+    return wrapper
+
+
+def _dynamic_wrapper(original, name):
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        recorder = RECORDER
+        first = args[0] if args else None
+        if recorder is not None and not recorder.busy() and getattr(getattr(first, "device", None), "type", None) == "xla":
+            recorder.at_user_line("dynamic", name)
+        return original(*args, **kwargs)
+    return wrapper
+
+
+def _getitem_wrapper(original):
+    import torch
+
+    @functools.wraps(original)
+    def wrapper(self, index):
+        recorder = RECORDER
+        if (
+            recorder is not None
+            and isinstance(index, torch.Tensor)
+            and index.dtype == torch.bool
+            and self.device.type == "xla"
+            and not recorder.busy()
+        ):
+            recorder.at_user_line("dynamic", "boolean mask indexing")
+        return original(self, index)
+    return wrapper
+
+
+def _step_wrapper(original, marker):
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        recorder = RECORDER
+        if recorder is None or getattr(recorder.local, "in_step_context", False):
+            return original(*args, **kwargs)
+        result = original(*args, **kwargs)
+        recorder.step_boundary(marker)
+        return result
+    return wrapper
+
+
+class _StepContext:
+    """`with torch_xla.step():` syncs on entry and exit; it is one step, ending at exit."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __enter__(self):
+        RECORDER.local.in_step_context = True
+        try:
+            return self.inner.__enter__()
+        finally:
+            RECORDER.local.in_step_context = False
+
+    def __exit__(self, *exc):
+        RECORDER.local.in_step_context = True
+        try:
+            result = self.inner.__exit__(*exc)
+        finally:
+            RECORDER.local.in_step_context = False
+        RECORDER.step_boundary("torch_xla.step")
+        return result
+
+
+def install_torch_xla_hooks() -> None:
+    import torch
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    recorder = RECORDER
+    recorder.metrics = met
+    for name in SYNC_METHODS:
+        original = getattr(torch.Tensor, name, None)
+        if original is not None:
+            setattr(torch.Tensor, name, _sync_wrapper(original, name))
+    for name in DYNAMIC_FUNCTIONS:
+        for owner in (torch, torch.Tensor):
+            original = getattr(owner, name, None)
+            if original is not None:
+                setattr(owner, name, _dynamic_wrapper(original, name))
+    torch.Tensor.__getitem__ = _getitem_wrapper(torch.Tensor.__getitem__)
+    sync = _step_wrapper(torch_xla.sync, "torch_xla.sync")
+    torch_xla.sync = sync
+    if hasattr(torch_xla, "torch_xla"):
+        torch_xla.torch_xla.sync = sync
+    original_step = torch_xla.step
+
+    @functools.wraps(original_step)
+    def step(*args, **kwargs):
+        return _StepContext(original_step(*args, **kwargs))
+
+    torch_xla.step = step
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(
+        lambda optimizer, args, kwargs: recorder.emit(
+            {"kind": "opt_step", "op": None, "file": None, "line": None})
+    )
+
+
+class _TorchXlaFinder(importlib.abc.MetaPathFinder):
+    """Installs the hooks right after `import torch_xla` finishes."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "torch_xla":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original_exec = loader.exec_module
+
+        def exec_module(module):
+            original_exec(module)
+            sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchXlaFinder)]
+            _install_safely()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _install_safely() -> None:
+    """The tracer must never break the program it diagnoses: a failure is one line on stderr."""
+    try:
+        install_torch_xla_hooks()
+    except Exception as exc:  # noqa: BLE001
+        sys.stderr.write(f"tpu-migrate diagnose: tracing disabled: {type(exc).__name__}: {exc}\n")
+
+
+def install() -> bool:
+    """Start recording in this process when the diagnose environment is set."""
+    global RECORDER
+    directory = os.environ.get(ENV_DIR)
+    if not directory or RECORDER is not None:
+        return False
+    RECORDER = Recorder(directory)
+    atexit.register(RECORDER.finish)
+    if "torch_xla" in sys.modules:
+        _install_safely()
+    else:
+        sys.meta_path.insert(0, _TorchXlaFinder())
+    return True
