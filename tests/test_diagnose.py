@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from conftest import ROOT
 
@@ -123,3 +122,67 @@ def test_clear_errors(tmp_path):
     assert module.returncode == 2 and "no module named 'no_such_module_here'" in module.stderr
     bad = diagnose("--fail-on", "slowness", str(PROGRAMS / "clean.py"))
     assert bad.returncode == 2 and "unknown kind" in bad.stderr
+
+
+def test_explain_says_what_changed_and_where_fallbacks_run():
+    _, doc, found = findings_of("recompile_last_batch.py", "--explain")
+    assert found == [("recompile", "recompile_last_batch.py", 16, 1, 4, None)]
+    assert "input f32[8,16] -> f32[5,16] (created at recompile_last_batch.py:11)" in doc["findings"][0]["message"]
+    _, _, found = findings_of("dynamic_and_fallback.py", "--explain")
+    assert ("fallback", "dynamic_and_fallback.py", 10, 4, 0, "aten::linalg_eig") in found
+
+
+def test_torchrun_ranks_write_reports_that_merge(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_port", "29641", "-m", "tpu_migrate", "diagnose", "--output",
+               str(tmp_path / "report.json"), str(PROGRAMS / "host_sync_item.py")]
+    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.rank0.json", "report.rank1.json"]
+    merged = subprocess.run(
+        [sys.executable, "-m", "tpu_migrate", "report", "merge", "--format", "json", str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    document = json.loads(merged.stdout)
+    assert document["ranks"] == [0, 1]
+    assert sorted((f["rank"], f["kind"], f["line"]) for f in document["findings"]) == [
+        (0, "sync", 15), (1, "sync", 15)
+    ]
+
+
+def test_ctrl_c_stops_the_program_and_still_reports(tmp_path):
+    import signal
+    import time
+
+    script = tmp_path / "forever.py"
+    script.write_text(
+        "import torch, torch_xla\n"
+        "d = torch_xla.device()\n"
+        "step = 0\n"
+        "while True:\n"
+        "    torch_xla.sync()\n"
+        "    value = torch.ones(2, device=d).sum().item()\n"
+        "    step += 1\n"
+        "    if step == 3:\n"
+        "        print('ready', flush=True)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpu_migrate", "diagnose", "--format", "json", str(script)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )
+    deadline = time.time() + 120
+    stderr_lines = []
+    while time.time() < deadline:
+        line = process.stderr.readline()
+        stderr_lines.append(line)
+        if "ready" in line:
+            break
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    out, err = process.communicate(timeout=120)
+    document = json.loads(out)
+    assert "KeyboardInterrupt" in err
+    assert document["exit_code"] != 0
+    assert [(f["kind"], f["line"]) for f in document["findings"]] == [("sync", 6)]
+    assert not list(tmp_path.glob("tpu-migrate-diagnose*"))

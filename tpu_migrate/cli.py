@@ -190,9 +190,11 @@ def _fail_kinds(ctx, param, value):
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
               show_default=True, help="json: the report on stdout after the program ends (its stdout goes to stderr).")
 @click.option("--output", type=click.Path(dir_okay=False, writable=True), help="Also write the JSON report here.")
+@click.option("--explain", is_flag=True,
+              help="Record every graph's IR to say what changed between two compiles of a line (slower).")
 @click.argument("target", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def diagnose(module, warmup_steps, fail_on, output_format, output, target, args) -> None:
+def diagnose(module, warmup_steps, fail_on, output_format, output, explain, target, args) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the torch_xla tracer and report
     recompilations, host syncs, data-dependent shapes and CPU fallbacks at your own lines."""
     import importlib.util
@@ -212,16 +214,70 @@ def diagnose(module, warmup_steps, fail_on, output_format, output, target, args)
     if importlib.util.find_spec("torch_xla") is None:
         raise click.UsageError("torch_xla is not installed: pip install 'tpu-migrate[xla]' (torch 2.9.0 + torch-xla 2.9.0)")
     stdout = sys.stderr if output_format == "json" else None
-    evidence = runner.run(target, list(args), module is not None, stdout=stdout)
+    evidence = runner.run(target, list(args), module is not None, stdout=stdout, explain=explain)
     findings, steps = analysis.analyze(evidence, warmup_steps)
     script = os.path.abspath(target) if module is None else target
-    document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings)
+    rank = _torchrun_rank()
+    if rank is not None:  # started by torchrun: this process is one rank of the job
+        for finding in findings:
+            finding.rank = rank if finding.rank is None else finding.rank
+        root, extension = os.path.splitext(output or "tpu-migrate-diagnose.json")
+        output = f"{root}.rank{rank}{extension or '.json'}"
+    document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings, rank)
     if output:
         with open(output, "w", encoding="utf-8") as handle:
             handle.write(document + "\n")
-    report.print_report(Console(stderr=True, soft_wrap=True), script, steps, warmup_steps, findings)
+    report.print_report(Console(stderr=True, soft_wrap=True), script, steps, warmup_steps, findings,
+                        analysis.timeline(evidence, steps))
     if output_format == "json":
         sys.stdout.write(document + "\n")
     if fail_on and any(f.kind in fail_on for f in findings):
         sys.exit(1)
     sys.exit(evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code)
+
+
+def _torchrun_rank() -> int | None:
+    import os
+
+    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "").isdigit():
+        return int(os.environ["RANK"])
+    return None
+
+
+@main.group()
+def report() -> None:
+    """Work with diagnose reports."""
+
+
+@report.command("merge")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--output", type=click.Path(dir_okay=False, writable=True), help="Write the merged JSON here.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def report_merge(directory, output, output_format) -> None:
+    """Merge the per-rank JSON reports that `diagnose` wrote under torchrun in DIRECTORY."""
+    import glob
+    import json as json_module
+    import os
+
+    from tpu_migrate.diagnose import report as diagnose_report
+
+    documents = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                document = json_module.load(handle)
+        except (OSError, ValueError) as exc:
+            raise click.UsageError(f"{path}: not a diagnose report: {exc}") from None
+        if isinstance(document, dict) and "findings" in document and "version" in document:
+            documents.append(document)
+    if not documents:
+        raise click.UsageError(f"{directory}: no diagnose report (*.json) found")
+    merged = diagnose_report.merge_documents(documents)
+    text = json_module.dumps(merged, indent=2)
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+    if output_format == "json":
+        sys.stdout.write(text + "\n")
+    else:
+        diagnose_report.print_merged(Console(soft_wrap=True), merged)

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tpu_migrate.diagnose.runner import Evidence
-from tpu_migrate.diagnose.tracer import is_library
+from tpu_migrate.diagnose.tracer import EXPECTED_ATEN, is_library
 
 KINDS = ("recompile", "sync", "dynamic-shape", "fallback", "compile")
 FRAME = re.compile(r"^\s+(?P<fn>.+?) \((?P<file>.+):(?P<line>\d+)\)$")
@@ -41,6 +40,8 @@ class Finding:
     message: str
     explanation: str | None = None
     steps: set = field(default_factory=set, repr=False)
+    changed: str | None = field(default=None, repr=False)  # --explain: what changed in the graph
+    exact: bool = field(default=False, repr=False)  # a fallback at its own line (--explain)
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "file": self.file, "line": self.line, "count": self.count,
@@ -73,6 +74,30 @@ def parse_compiles(log: bytes) -> list[Compile]:
     return compiles
 
 
+FALLBACK_OP = re.compile(rb"at::_ops::(\w+?)(?:_out)?::")
+
+
+def parse_fallbacks(log: bytes) -> list[tuple[int, str, str, int]]:
+    """(offset, aten op, file, line) per CPU-fallback call in an XLA_FNTRACKER_FILE (--explain).
+    The record's tag is always `xla_fallback`; the op is in its C++ frames."""
+    calls = []
+    marker = b"[TAG xla_fallback"
+    start = log.find(marker)
+    while start != -1:
+        end = log.find(marker, start + 1)
+        block = log[start : end if end != -1 else len(log)]
+        op_match = FALLBACK_OP.search(block)
+        op = f"aten::{op_match[1].decode()}" if op_match else "aten::?"
+        for text in block.decode("utf-8", "replace").splitlines():
+            match = FRAME.match(text)
+            if match and not is_library(match["file"]):
+                if op not in EXPECTED_ATEN:
+                    calls.append((start, op, os.path.abspath(match["file"]), int(match["line"])))
+                break
+        start = end
+    return calls
+
+
 def _process_steps(events: list[dict]) -> tuple[int, list[int]]:
     """Steps the process ran, and the debug-log offsets at which its steps ended."""
     boundaries = [e for e in events if e["kind"] == "step"]
@@ -88,6 +113,24 @@ def _rank(events: list[dict], fallback: int | None) -> int | None:
     return fallback
 
 
+def timeline(evidence: Evidence, steps: int) -> str:
+    """One character per step: C compile, s host sync, d dynamic shape, f fallback, . nothing."""
+    marks = [set() for _ in range(steps + 1)]
+    offsets = []
+    for events in evidence.events.values():
+        offsets = [e.get("debug_offset", 0) for e in events if e["kind"] == "step"] or offsets
+        for event in events:
+            letter = {"sync": "s", "dynamic": "d", "fallback": "f"}.get(event["kind"])
+            if letter and event["step"] <= steps:
+                marks[event["step"]].add(letter)
+    for compile_ in parse_compiles(evidence.debug_log) if evidence.debug_log else []:
+        step = sum(1 for offset in offsets if offset <= compile_.offset)
+        if step <= steps:
+            marks[step].add("C")
+    order = "Cdfs"
+    return "".join(next((c for c in order if c in m), ".") for m in marks[:steps])
+
+
 def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
     """Findings (worst first) and the number of steps (of the process that ran the most)."""
     findings: dict[tuple, Finding] = {}
@@ -95,6 +138,7 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
     multi = len(processes) > 1
     main_steps = 0
     compile_process = None
+    exact_fallbacks = bool(evidence.fallback_log)
     for index, (pid, events) in enumerate(processes):
         steps, offsets = _process_steps(events)
         main_steps = max(main_steps, steps)  # spawned workers run the steps
@@ -103,13 +147,20 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
         rank = _rank(events, index if multi else None)
         for event in events:
             kind = {"sync": "sync", "dynamic": "dynamic-shape", "fallback": "fallback"}.get(event["kind"])
-            if kind is None or event.get("file") is None:
+            if kind is None or event.get("file") is None or (kind == "fallback" and exact_fallbacks):
                 continue
             _add(findings, kind, event["file"], event["line"], event["op"], event["step"], rank,
                  event.get("count", 1))
     if evidence.debug_log:
         offsets = compile_process[1] if compile_process else []
-        _add_compiles(findings, parse_compiles(evidence.debug_log), offsets, warmup_steps)
+        graphs = parse_graphs(evidence.graphs) if evidence.graphs else {}
+        _add_compiles(findings, parse_compiles(evidence.debug_log), offsets, warmup_steps, graphs)
+    if exact_fallbacks:
+        boundaries = [e.get("fallback_offset", 0) for events in evidence.events.values()
+                      for e in events if e["kind"] == "step" and e.get("fallback_offset")]
+        for offset, op, file, line in parse_fallbacks(evidence.fallback_log):
+            step = sum(1 for b in boundaries if b <= offset)
+            _add(findings, "fallback", file, line, op, step, None).exact = True
     result = [f for f in findings.values() if _reportable(f)]
     for finding in result:
         finding.message, finding.explanation = describe(finding)
@@ -126,22 +177,81 @@ def _add(findings, kind, file, line, op, step, rank, count=1):
     finding.count += count
     finding.first_step = min(finding.first_step, step)
     finding.steps.add(step)
+    return finding
 
 
-def _add_compiles(findings, compiles: list[Compile], offsets: list[int], warmup_steps: int) -> None:
+def _add_compiles(findings, compiles: list[Compile], offsets: list[int], warmup_steps: int,
+                  graphs: dict[str, str]) -> None:
     """A site that compiled before and compiles again after warm-up recompiles; a first compile
     of a new site after warm-up is reported as information (kind "compile")."""
-    seen: dict[tuple, int] = defaultdict(int)
+    previous: dict[tuple, str | None] = {}
     for compile_ in compiles:
         compile_.step = sum(1 for offset in offsets if offset <= compile_.offset)
         if compile_.file is None:
             continue
         site = (compile_.file, compile_.line)
         if compile_.step >= warmup_steps:
-            kind = "recompile" if seen[site] else "compile"
+            kind = "recompile" if site in previous else "compile"
             op = "host read" if compile_.cause.startswith(HOST_READ_CAUSE) else None
-            _add(findings, kind, compile_.file, compile_.line, op, compile_.step, None)
-        seen[site] += 1
+            finding = _add(findings, kind, compile_.file, compile_.line, op, compile_.step, None)
+            if kind == "recompile" and finding.changed is None and graphs:
+                finding.changed = graph_change(graphs.get(previous[site] or ""), graphs.get(compile_.graph_hash or ""))
+        previous[site] = compile_.graph_hash
+
+
+IR_NODE = re.compile(r"^\s*%\d+ = \S+ (?P<op>[\w:.]+)\(.*?\)(?P<attrs>.*)$")
+LAYOUT = re.compile(r"\{[\d,]*\}")
+
+
+def parse_graphs(text: str) -> dict[str, str]:
+    """Graph hash -> IR text, from an XLA_SAVE_TENSORS_FILE."""
+    graphs = {}
+    for chunk in text.split("## BEGIN_GRAPH")[1:]:
+        body, _, rest = chunk.partition("## END_GRAPH")
+        match = re.search(r"Graph Hash: (\w+)", body)
+        if match:
+            graphs.setdefault(match[1], body)
+    return graphs
+
+
+def _nodes(ir: str) -> list[tuple[str, str, str]]:
+    nodes = []
+    for line in ir.splitlines():
+        match = IR_NODE.match(line)
+        if not match:
+            continue
+        attrs = dict(
+            part.strip().split("=", 1) for part in match["attrs"].split(", ") if "=" in part
+        )
+        shape = LAYOUT.sub("", attrs.get("xla_shape", "")).strip()
+        location = attrs.get("location", "").strip()
+        nodes.append((match["op"], location, shape))
+    return nodes
+
+
+def graph_change(old_ir: str | None, new_ir: str | None) -> str | None:
+    """What differs between two graphs of one line: input shapes first, else the first op."""
+    if not old_ir or not new_ir:
+        return None
+    old, new = _nodes(old_ir), _nodes(new_ir)
+    old_inputs = [n for n in old if n[0] == "xla::device_data"]
+    new_inputs = [n for n in new if n[0] == "xla::device_data"]
+    changes = [
+        f"input {a[2]} -> {b[2]}" + (f" (created at {_short(b[1])})" if b[1] else "")
+        for a, b in zip(old_inputs, new_inputs) if a[2] != b[2]
+    ]
+    if changes:
+        return "; ".join(changes[:3])
+    for a, b in zip(old, new):
+        if a != b:
+            return f"{a[0]} {a[2]} -> {b[0]} {b[2]}" + (f" at {_short(b[1])}" if b[1] else "")
+    if len(old) != len(new):
+        return f"the graph has {len(new)} operations instead of {len(old)}"
+    return None
+
+
+def _short(location: str) -> str:
+    return location.split("@", 1)[1] if "@" in location else location
 
 
 def _reportable(finding: Finding) -> bool:
@@ -154,6 +264,8 @@ def describe(f: Finding) -> tuple[str, str]:
     where = f"{f.file}:{f.line}"
     if f.kind == "recompile":
         message = f"recompiled {f.count} time(s) after warm-up at {where} (first in step {f.first_step})"
+        if f.changed:
+            message += f": {f.changed}"
         if f.op == "host read":
             return message, ("A host read of a tensor before the step's sync (.item(), print, bool()) "
                              "cuts the lazy graph here, and the cut moves with pending work: read the "
@@ -178,6 +290,7 @@ def describe(f: Finding) -> tuple[str, str]:
                 "runs on the CPU with a device round trip, and shapes that differ recompile. "
                 "Prefer fixed-shape forms: torch.where(mask, x, 0), masked sums, padding to a "
                 "maximum size.")
-    return (f"`{f.op}` fell back to the CPU {f.count} time(s) in the step ending at {where}",
+    place = f"at {where}" if f.exact else f"in the step ending at {where} (--explain gives the line)"
+    return (f"`{f.op}` fell back to the CPU {f.count} time(s) {place}",
             f"{f.op} has no XLA lowering: it ran on the CPU, with a copy to the host and back. "
             "Replace it with an op that has one, or move it out of the training step.")

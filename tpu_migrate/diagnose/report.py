@@ -13,8 +13,8 @@ JSON_VERSION = 1
 
 
 def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
-                  findings: list[Finding]) -> str:
-    return json.dumps({
+                  findings: list[Finding], rank: int | None = None) -> str:
+    document = {
         "version": JSON_VERSION,
         "script": script,
         "backend": "xla",
@@ -22,13 +22,22 @@ def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
         "steps": steps,
         "warmup_steps": warmup_steps,
         "findings": [f.to_json() for f in findings],
-    }, indent=2)
+    }
+    if rank is not None:
+        document["rank"] = rank
+    return json.dumps(document, indent=2)
 
 
 def print_report(console: Console, script: str, steps: int, warmup_steps: int,
-                 findings: list[Finding]) -> None:
+                 findings: list[Finding], timeline: str = "") -> None:
     console.print(f"tpu-migrate diagnose: {script} (backend xla, {steps} steps, "
                   f"{warmup_steps} warm-up)", style="bold", markup=False, highlight=False)
+    if timeline:
+        shown = timeline[:warmup_steps].lower() + "|" + timeline[warmup_steps:]
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        console.print(f"steps: {shown}   (C compile, d dynamic shape, f fallback, s host sync; "
+                      "warm-up before |)", markup=False, highlight=False)
     if not findings:
         console.print("no recompilation, host sync, dynamic shape or CPU fallback after warm-up",
                       markup=False)
@@ -48,3 +57,33 @@ def print_report(console: Console, script: str, steps: int, warmup_steps: int,
         table.add_row(f.kind, f"{f.file}:{f.line}{rank}", str(f.count), str(f.first_step),
                       f"{f.message}\n{f.explanation or ''}")
     console.print(table)
+
+
+def merge_documents(documents: list[dict]) -> dict:
+    """One report from the per-rank reports of a torchrun job (`tpu-migrate report merge`)."""
+    findings = []
+    for document in documents:
+        findings.extend(document["findings"])
+    order = {"recompile": 0, "sync": 1, "dynamic-shape": 2, "fallback": 3, "compile": 4}
+    findings.sort(key=lambda f: (order.get(f["kind"], 9), f["rank"] if f["rank"] is not None else -1,
+                                 -f["count"], f["file"], f["line"]))
+    codes = [d["exit_code"] for d in documents]
+    return {
+        "version": JSON_VERSION,
+        "script": documents[0]["script"],
+        "backend": documents[0]["backend"],
+        "exit_code": next((c for c in codes if c != 0), 0),
+        "steps": max(d["steps"] for d in documents),
+        "warmup_steps": documents[0]["warmup_steps"],
+        "ranks": sorted({f["rank"] for f in findings if f["rank"] is not None}
+                        | {d.get("rank") for d in documents if d.get("rank") is not None}),
+        "findings": findings,
+    }
+
+
+def print_merged(console: Console, document: dict) -> None:
+    console.print(f"tpu-migrate diagnose (merged, ranks {document['ranks']}): {document['script']}",
+                  style="bold", markup=False, highlight=False)
+    for f in document["findings"]:
+        console.print(f"{f['file']}:{f['line']}: {f['kind']} rank {f['rank']}: {f['message']}",
+                      markup=False, highlight=False)

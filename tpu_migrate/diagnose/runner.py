@@ -35,10 +35,17 @@ class Evidence:
     exit_code: int
     events: dict[int, list[dict]] = field(default_factory=dict)  # pid -> events in order
     debug_log: bytes = b""  # torch_xla's PT_XLA_DEBUG_FILE (byte offsets matter)
+    graphs: str = ""  # --explain: XLA_SAVE_TENSORS_FILE, every synced graph's IR
+    fallback_log: bytes = b""  # --explain: XLA_FNTRACKER_FILE, one record per CPU-fallback call
 
 
-def run(target: str, args: list[str], module: bool, stdout=None) -> Evidence:
-    """Run the program to completion (Ctrl-C stops the program, not the report)."""
+def run(target: str, args: list[str], module: bool, stdout=None, explain: bool = False) -> Evidence:
+    """Run the program to completion (Ctrl-C stops the program, not the report).
+
+    `explain` also records the IR of every graph with the Python line of each node
+    (XLA_IR_DEBUG + XLA_SAVE_TENSORS_FILE): what changed between two compiles of a line. It
+    costs about 2-3x, so it is opt-in.
+    """
     workdir = tempfile.mkdtemp(prefix="tpu-migrate-diagnose-")
     try:
         site = os.path.join(workdir, "site")
@@ -54,11 +61,19 @@ def run(target: str, args: list[str], module: bool, stdout=None) -> Evidence:
             "PT_XLA_DEBUG_LEVEL": "1",
             "PYTHONPATH": python_path,
         }
+        graphs_file = os.path.join(workdir, "graphs.txt")
+        fallback_file = os.path.join(workdir, "fallbacks.txt")
+        if explain:
+            env.update({"XLA_IR_DEBUG": "1", "XLA_SAVE_TENSORS_FILE": graphs_file,
+                        "XLA_SAVE_TENSORS_FMT": "text",
+                        "XLA_FNTRACKER_FILE": fallback_file, "XLA_FNTRACKER_LEVEL": "3"})
         command = [sys.executable, "-m", "tpu_migrate.diagnose.bootstrap",
                    "module" if module else "script", target, *args]
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal signals the child
+        process = subprocess.Popen(command, env=env, stdout=stdout)
+        # Ignore Ctrl-C here only now: an ignored SIGINT would be inherited by the program. The
+        # terminal signals the whole process group; the program stops, and we still report.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            process = subprocess.Popen(command, env=env, stdout=stdout)
             try:
                 exit_code = process.wait()
             except KeyboardInterrupt:
@@ -70,9 +85,15 @@ def run(target: str, args: list[str], module: bool, stdout=None) -> Evidence:
             pid = int(path.rsplit(".", 2)[1])
             with open(path, encoding="utf-8") as handle:
                 evidence.events[pid] = [json.loads(line) for line in handle if line.strip()]
+        for path in sorted(glob.glob(graphs_file + "*")):  # torch_xla appends .<ordinal>
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                evidence.graphs += handle.read()
         if os.path.exists(debug_file):
             with open(debug_file, "rb") as handle:
                 evidence.debug_log = handle.read()
+        if os.path.exists(fallback_file):
+            with open(fallback_file, "rb") as handle:
+                evidence.fallback_log = handle.read()
         return evidence
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -73,6 +73,7 @@ class Recorder:
     def __init__(self, directory: str):
         self.path = os.path.join(directory, f"events.{os.getpid()}.jsonl")
         self.debug_file = os.environ.get(ENV_DEBUG_FILE)
+        self.fallback_file = os.environ.get("XLA_FNTRACKER_FILE")  # --explain
         self.lock = threading.Lock()
         self.buffer: list[str] = []
         self.steps = 0
@@ -109,8 +110,8 @@ class Recorder:
     def step_boundary(self, marker: str) -> None:
         self.read_fallbacks()
         filename, line = user_frame(3)
-        offset = os.path.getsize(self.debug_file) if self.debug_file and os.path.exists(self.debug_file) else 0
-        self.emit({"kind": "step", "op": marker, "file": filename, "line": line, "debug_offset": offset})
+        self.emit({"kind": "step", "op": marker, "file": filename, "line": line,
+                   "debug_offset": _size(self.debug_file), "fallback_offset": _size(self.fallback_file)})
         self.steps += 1
         self.flush()
 
@@ -139,6 +140,11 @@ class Recorder:
 
 
 RECORDER: Recorder | None = None
+
+
+def _size(path: str | None) -> int:
+    """Bytes torch_xla has written to one of its logs: where the current step starts in it."""
+    return os.path.getsize(path) if path and os.path.exists(path) else 0
 
 
 def _sync_wrapper(original, name):
