@@ -29,6 +29,17 @@ def findings_of(program: str, *options: str):
     ]
 
 
+def test_json_schema():
+    _, doc, _ = findings_of("host_sync_item.py")
+    assert set(doc) == {"version", "script", "backend", "exit_code", "steps", "warmup_steps", "findings"}
+    assert doc["version"] == 1 and doc["backend"] == "xla"
+    assert doc["script"] == str(PROGRAMS / "host_sync_item.py")
+    for finding in doc["findings"]:
+        assert set(finding) == {"kind", "file", "line", "count", "first_step", "op", "rank",
+                                "message", "explanation"}
+        assert isinstance(finding["line"], int) and isinstance(finding["count"], int)
+
+
 def test_recompile_after_warmup_at_the_step_line():
     result, doc, found = findings_of("recompile_last_batch.py")
     assert found == [("recompile", "recompile_last_batch.py", 16, 1, 4, None)]

@@ -142,9 +142,9 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
     for index, (pid, events) in enumerate(processes):
         steps, offsets = _process_steps(events)
         main_steps = max(main_steps, steps)  # spawned workers run the steps
-        if offsets and any(offsets) and compile_process is None:
-            compile_process = (pid, offsets)
         rank = _rank(events, index if multi else None)
+        if offsets and any(offsets) and compile_process is None:
+            compile_process = (rank, offsets)
         for event in events:
             kind = {"sync": "sync", "dynamic": "dynamic-shape", "fallback": "fallback"}.get(event["kind"])
             if kind is None or event.get("file") is None or (kind == "fallback" and exact_fallbacks):
@@ -152,9 +152,11 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
             _add(findings, kind, event["file"], event["line"], event["op"], event["step"], rank,
                  event.get("count", 1))
     if evidence.debug_log:
-        offsets = compile_process[1] if compile_process else []
+        # torch_xla writes its compile analysis from one process (the local master).
+        rank, offsets = compile_process if compile_process else (None, [])
         graphs = parse_graphs(evidence.graphs) if evidence.graphs else {}
-        _add_compiles(findings, parse_compiles(evidence.debug_log), offsets, warmup_steps, graphs)
+        _add_compiles(findings, parse_compiles(evidence.debug_log), offsets, warmup_steps, graphs,
+                      rank if multi else None)
     if exact_fallbacks:
         boundaries = [e.get("fallback_offset", 0) for events in evidence.events.values()
                       for e in events if e["kind"] == "step" and e.get("fallback_offset")]
@@ -181,7 +183,7 @@ def _add(findings, kind, file, line, op, step, rank, count=1):
 
 
 def _add_compiles(findings, compiles: list[Compile], offsets: list[int], warmup_steps: int,
-                  graphs: dict[str, str]) -> None:
+                  graphs: dict[str, str], rank: int | None) -> None:
     """A site that compiled before and compiles again after warm-up recompiles; a first compile
     of a new site after warm-up is reported as information (kind "compile")."""
     previous: dict[tuple, str | None] = {}
@@ -193,7 +195,7 @@ def _add_compiles(findings, compiles: list[Compile], offsets: list[int], warmup_
         if compile_.step >= warmup_steps:
             kind = "recompile" if site in previous else "compile"
             op = "host read" if compile_.cause.startswith(HOST_READ_CAUSE) else None
-            finding = _add(findings, kind, compile_.file, compile_.line, op, compile_.step, None)
+            finding = _add(findings, kind, compile_.file, compile_.line, op, compile_.step, rank)
             if kind == "recompile" and finding.changed is None and graphs:
                 finding.changed = graph_change(graphs.get(previous[site] or ""), graphs.get(compile_.graph_hash or ""))
         previous[site] = compile_.graph_hash
