@@ -197,3 +197,15 @@ def test_ctrl_c_stops_the_program_and_still_reports(tmp_path):
     assert document["exit_code"] != 0
     assert [(f["kind"], f["line"]) for f in document["findings"]] == [("sync", 6)]
     assert not list(tmp_path.glob("tpu-migrate-diagnose*"))
+
+
+def test_optimizer_steps_are_the_steps_without_a_step_marker():
+    """Reading the loss every step without torch_xla.sync() also recompiles every step: the
+    pending graph is cut at the read (diagnose-anchors finding 6)."""
+    _, doc, found = findings_of("optimizer_steps_only.py")
+    assert doc["steps"] == 5
+    assert found == [
+        ("recompile", "optimizer_steps_only.py", 14, 4, 2, "host read"),
+        ("sync", "optimizer_steps_only.py", 14, 5, 1, "__float__"),
+    ]
+    assert "host read" in doc["findings"][0]["explanation"]

@@ -99,11 +99,14 @@ def parse_fallbacks(log: bytes) -> list[tuple[int, str, str, int]]:
 
 
 def _process_steps(events: list[dict]) -> tuple[int, list[int]]:
-    """Steps the process ran, and the debug-log offsets at which its steps ended."""
+    """Steps the process ran, and the debug-log offsets at which its steps ended. Without an
+    XLA step marker, optimizer steps are the steps (and events are renumbered by them)."""
     boundaries = [e for e in events if e["kind"] == "step"]
-    if boundaries:
-        return len(boundaries), [e.get("debug_offset", 0) for e in boundaries]
-    return sum(1 for e in events if e["kind"] == "opt_step"), []
+    if not boundaries:
+        boundaries = [e for e in events if e["kind"] == "opt_step"]
+        for event in events:
+            event["step"] = event.get("ostep", 0)
+    return len(boundaries), [e.get("debug_offset", 0) for e in boundaries]
 
 
 def _rank(events: list[dict], fallback: int | None) -> int | None:
@@ -159,7 +162,7 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
                       rank if multi else None)
     if exact_fallbacks:
         boundaries = [e.get("fallback_offset", 0) for events in evidence.events.values()
-                      for e in events if e["kind"] == "step" and e.get("fallback_offset")]
+                      for e in events if e["kind"] in ("step", "opt_step") and e.get("fallback_offset")]
         for offset, op, file, line in parse_fallbacks(evidence.fallback_log):
             step = sum(1 for b in boundaries if b <= offset)
             _add(findings, "fallback", file, line, op, step, None).exact = True

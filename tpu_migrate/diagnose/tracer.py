@@ -77,6 +77,7 @@ class Recorder:
         self.lock = threading.Lock()
         self.buffer: list[str] = []
         self.steps = 0
+        self.optimizer_steps = 0  # the step count of programs without an XLA step marker
         self.local = threading.local()
         self.aten: dict[str, int] = {}
         self.metrics = None
@@ -87,6 +88,7 @@ class Recorder:
 
     def emit(self, event: dict) -> None:
         event["step"] = self.steps
+        event["ostep"] = self.optimizer_steps
         with self.lock:
             self.buffer.append(json.dumps(event))
             if len(self.buffer) >= 256:
@@ -256,10 +258,13 @@ def install_torch_xla_hooks() -> None:
     torch_xla.step = step
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    register_optimizer_step_post_hook(
-        lambda optimizer, args, kwargs: recorder.emit(
-            {"kind": "opt_step", "op": None, "file": None, "line": None})
-    )
+    def optimizer_step(optimizer, args, kwargs):
+        recorder.emit({"kind": "opt_step", "op": None, "file": None, "line": None,
+                       "debug_offset": _size(recorder.debug_file),
+                       "fallback_offset": _size(recorder.fallback_file)})
+        recorder.optimizer_steps += 1
+
+    register_optimizer_step_post_hook(optimizer_step)
 
 
 class _TorchXlaFinder(importlib.abc.MetaPathFinder):
