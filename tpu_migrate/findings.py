@@ -12,6 +12,7 @@ class Fix:
     code: str
     line: int
     col: int = 1
+    cell: int | None = None  # notebooks: the code cell; `line` is then within the cell
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Manual:
     # The source text of the reference (`met.metrics_report`): where the TODO goes when a
     # rule rebuilt the statement around it. Not part of the finding's identity or output.
     anchor: str | None = field(default=None, compare=False, repr=False)
+    cell: int | None = None  # notebooks: the code cell; `line` is then within the cell
 
 
 @dataclass
@@ -37,15 +39,24 @@ class FileResult:
     # Set when `changed`; never serialised (the CLI writes or diffs it).
     original: bytes | None = None
     output: bytes | None = None
+    # Notebooks: cell index -> (old source, new source) of the cells that changed.
+    cell_diffs: dict[int, tuple[str, str]] | None = None
 
     def to_json(self) -> dict:
         return {
             "path": self.path,
             "changed": self.changed,
             "error": self.error,
-            "fixes": [{"code": f.code, "line": f.line, "col": f.col} for f in self.fixes],
+            "fixes": [_with_cell({"code": f.code, "line": f.line, "col": f.col}, f.cell)
+                      for f in self.fixes],
             "manual": [
-                {"code": m.code, "line": m.line, "col": m.col, "message": m.message}
+                _with_cell({"code": m.code, "line": m.line, "col": m.col, "message": m.message}, m.cell)
                 for m in self.manual
             ],
         }
+
+
+def _with_cell(entry: dict, cell: int | None) -> dict:
+    if cell is not None:
+        entry["cell"] = cell
+    return entry

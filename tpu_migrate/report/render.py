@@ -46,17 +46,27 @@ class Summary:
 
 
 def unified_diff(result: FileResult) -> str:
-    """The diff of one changed file; line endings are shown as they are in the file."""
+    """The diff of one changed file; line endings are shown as they are in the file. For a
+    notebook, one diff per changed code cell, named `path:cell N`."""
     assert result.original is not None and result.output is not None
+    if result.cell_diffs is not None:
+        return "".join(
+            "".join(difflib.unified_diff(
+                (old + "\n").splitlines(keepends=True), (new + "\n").splitlines(keepends=True),
+                *_diff_names(f"{result.path}:cell {cell}"),
+            ))
+            for cell, (old, new) in sorted(result.cell_diffs.items())
+        )
     old = _decode_for_diff(result.original).splitlines(keepends=True)
     new = _decode_for_diff(result.output).splitlines(keepends=True)
-    if os.path.isabs(result.path):
-        before = after = result.path
-    else:
-        before, after = f"a/{result.path}", f"b/{result.path}"
-    lines = difflib.unified_diff(old, new, before, after)
+    lines = difflib.unified_diff(old, new, *_diff_names(result.path))
     text = "".join(line if line.endswith(("\n", "\r")) else line + "\n\\ No newline at end of file\n" for line in lines)
     return text
+
+
+def _diff_names(path: str) -> tuple[str, str]:
+    """`a/x`, `b/x` for relative paths (git style); absolute paths as they are."""
+    return (path, path) if os.path.isabs(path) else (f"a/{path}", f"b/{path}")
 
 
 def _decode_for_diff(data: bytes) -> str:
@@ -64,7 +74,10 @@ def _decode_for_diff(data: bytes) -> str:
 
 
 def finding_lines(result: FileResult) -> list[str]:
-    return [f"{result.path}:{m.line}:{m.col} {m.code} {m.message}" for m in result.manual]
+    return [
+        f"{result.path}:{'' if m.cell is None else f'cell {m.cell}:'}{m.line}:{m.col} {m.code} {m.message}"
+        for m in result.manual
+    ]
 
 
 def error_line(result: FileResult) -> str:

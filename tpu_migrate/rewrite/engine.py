@@ -122,6 +122,10 @@ def rewrite_path(path: str, options: Options) -> FileResult:
     except OSError as exc:
         return FileResult(path, error=f"cannot read: {exc.strerror or exc}")
     try:
+        if path.endswith(".ipynb"):
+            from tpu_migrate.rewrite.notebooks import rewrite_notebook
+
+            return rewrite_notebook(data, path, options)
         return rewrite_bytes(data, path, options)
     except Exception as exc:  # noqa: BLE001 - one file's bug must not stop the run
         return FileResult(path, error=f"internal error: {type(exc).__name__}: {exc}")

@@ -33,7 +33,8 @@ def prefilter(data: bytes) -> bool:
 def discover(paths: Iterable[str], exclude: Iterable[str] = ()) -> Iterator[tuple[str, str | None]]:
     """Yield (path, error) for every Python file under `paths`, in a stable order.
 
-    Explicitly named files are taken whatever their suffix; directories are searched for *.py,
+    Explicitly named files are taken whatever their suffix; directories are searched for *.py and
+    *.ipynb,
     skipping virtual environments, build output and VCS folders. `exclude` globs match a
     path's name or its whole relative path.
     """
@@ -57,7 +58,7 @@ def discover(paths: Iterable[str], exclude: Iterable[str] = ()) -> Iterator[tupl
                 )
                 for name in sorted(files):
                     path = os.path.join(root, name)
-                    if name.endswith(".py") and not excluded(path) and path not in seen:
+                    if name.endswith((".py", ".ipynb")) and not excluded(path) and path not in seen:
                         seen.add(path)
                         yield path, None
         elif not excluded(raw) and raw not in seen:

@@ -98,9 +98,25 @@ def _leading_imports_end(body: list[cst.BaseStatement]) -> int:
         index = 1
     while index < len(body) and _is_future(body[index]):
         index += 1
-    while index < len(body) and _is_import_line(body[index]):
+    start = index
+    while index < len(body) and _is_notebook_magic(body[index]):
+        index += 1  # a notebook's `!pip install` cell before its imports
+    if index == len(body) or not _is_import_line(body[index]):
+        return start
+    while index < len(body) and (_is_import_line(body[index]) or _is_notebook_magic(body[index])):
         index += 1
     return index
+
+
+def _is_notebook_magic(stmt: cst.BaseStatement) -> bool:
+    """The placeholder notebooks.py puts where a line magic or shell line was."""
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Pass)
+        and stmt.trailing_whitespace.comment is not None
+        and stmt.trailing_whitespace.comment.value.startswith("# tpu-migrate-magic")
+    )
 
 
 def _availability_check(file: FileContext) -> cst.BaseStatement:
