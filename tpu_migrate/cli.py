@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from tpu_migrate import __version__
 from tpu_migrate.findings import FileResult
 from tpu_migrate.config import ConfigError, load_config
+from tpu_migrate.report import ci_formats
 from tpu_migrate.report import explain as explain_report
 from tpu_migrate.report import render
 from tpu_migrate.rewrite.context import Options
@@ -61,8 +62,10 @@ def main() -> None:
 @click.option("--ignore", metavar="CODES", help="Skip these rules.")
 @click.option("--fix-level", type=click.Choice(["safe", "unsafe"]), default=None,
               help="safe: apply only safe fixes (unsafe ones are reported). unsafe (default): both.")
-@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="json: one JSON document on stdout, nothing else.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "sarif", "github"]),
+              default="text", show_default=True,
+              help="json / sarif (SARIF 2.1.0): one document on stdout, nothing else; "
+                   "github: workflow annotations.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
               help="Worker processes (default: number of CPUs).")
 @click.option("--exclude", multiple=True, metavar="GLOB",
@@ -124,6 +127,10 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
 
     if output_format == "json":
         sys.stdout.write(render.json_document(results, summary, target, diffs=mode == "diff") + "\n")
+    elif output_format == "sarif":
+        sys.stdout.write(ci_formats.rewrite_sarif(results, catalog) + "\n")
+    elif output_format == "github":
+        sys.stdout.write(ci_formats.rewrite_github(results, catalog))
     else:
         for result in results:
             if result.changed and mode == "diff":
@@ -187,8 +194,9 @@ def _fail_kinds(ctx, param, value):
               help="Compiles before the end of this step are expected, not findings.")
 @click.option("--fail-on", callback=_fail_kinds, metavar="KINDS",
               help="Exit 1 when a finding of these kinds exists: recompile,sync,dynamic-shape,fallback or any.")
-@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text",
-              show_default=True, help="json: the report on stdout after the program ends (its stdout goes to stderr).")
+@click.option("--format", "output_format", type=click.Choice(["text", "json", "sarif", "github"]), default="text",
+              show_default=True,
+              help="json / sarif / github: the report on stdout after the program ends (its stdout goes to stderr).")
 @click.option("--output", type=click.Path(dir_okay=False, writable=True), help="Also write the JSON report here.")
 @click.option("--explain", is_flag=True,
               help="Record every graph's IR to say what changed between two compiles of a line (slower).")
@@ -213,7 +221,7 @@ def diagnose(module, warmup_steps, fail_on, output_format, output, explain, targ
         raise click.UsageError(f"no such script: {target}")
     if importlib.util.find_spec("torch_xla") is None:
         raise click.UsageError("torch_xla is not installed: pip install 'tpu-migrate[xla]' (torch 2.9.0 + torch-xla 2.9.0)")
-    stdout = sys.stderr if output_format == "json" else None
+    stdout = sys.stderr if output_format != "text" else None
     evidence = runner.run(target, list(args), module is not None, stdout=stdout, explain=explain)
     findings, steps = analysis.analyze(evidence, warmup_steps)
     script = os.path.abspath(target) if module is None else target
@@ -231,6 +239,10 @@ def diagnose(module, warmup_steps, fail_on, output_format, output, explain, targ
                         analysis.timeline(evidence, steps))
     if output_format == "json":
         sys.stdout.write(document + "\n")
+    elif output_format in ("sarif", "github"):
+        found = [f.to_json() for f in findings]
+        sys.stdout.write(ci_formats.diagnose_sarif(found) + "\n" if output_format == "sarif"
+                         else ci_formats.diagnose_github(found))
     if fail_on and any(f.kind in fail_on for f in findings):
         sys.exit(1)
     sys.exit(evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code)
