@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 
-from conftest import ROOT
+from conftest import ROOT, free_port
 
 PROGRAMS = ROOT / "fixtures" / "diagnose"
 
@@ -146,7 +146,7 @@ def test_explain_says_what_changed_and_where_fallbacks_run():
 def test_torchrun_ranks_write_reports_that_merge(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", "29641", "-m", "tpu_migrate", "diagnose", "--output",
+               "--master_port", str(free_port()), "-m", "tpu_migrate", "diagnose", "--output",
                str(tmp_path / "report.json"), str(PROGRAMS / "host_sync_item.py")]
     run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

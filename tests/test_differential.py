@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import differential as harness
-from conftest import ROOT
+from conftest import ROOT, free_port
 from test_realistic import unmarked_references
 
 PROGRAMS = sorted(harness.PROGRAMS.glob("p*.py"))
@@ -42,7 +42,7 @@ def test_spawn_collectives_with_two_processes(tmp_path):
     on both ranks and the control sum is 1 + 2."""
     program = harness.PROGRAMS / "p11_spawn_collectives.py"
     copy = harness.migrate(program, tmp_path)
-    run = harness.run_migrated(copy, tmp_path, ["--nprocs", "2"], extra_env={"MASTER_PORT": "29611"})
+    run = harness.run_migrated(copy, tmp_path, ["--nprocs", "2"], extra_env={"MASTER_PORT": str(free_port())})
     assert run.returncode == 0, run.output[-3000:]
     steps = _records_by_rank(run)
     assert sorted(steps) == [0, 1]
@@ -53,7 +53,7 @@ def test_spawn_collectives_with_two_processes(tmp_path):
     finals = _records_by_rank(run, "@final")
     assert finals[0][0]["weight_mean"] == pytest.approx(finals[1][0]["weight_mean"], rel=1e-6)
     # One process reproduces the torch_xla run (compared in the parametrized test) and its sum.
-    single = harness.run_migrated(copy, tmp_path, ["--nprocs", "1"], extra_env={"MASTER_PORT": "29612"})
+    single = harness.run_migrated(copy, tmp_path, ["--nprocs", "1"], extra_env={"MASTER_PORT": str(free_port())})
     assert {r["control"] for r in single.records if r["@"] == "@step"} == {1.0}
 
 
@@ -62,7 +62,7 @@ def test_launch_program_under_torchrun_with_two_processes(tmp_path):
     program = harness.PROGRAMS / "p12_launch_process_group.py"
     copy = harness.migrate(program, tmp_path)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_port", "29613"]
+                "--master_port", str(free_port())]
     run = harness.run_migrated(copy, tmp_path, launcher=torchrun)
     assert run.returncode == 0, run.output[-3000:]
     steps = _records_by_rank(run)

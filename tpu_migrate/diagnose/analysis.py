@@ -154,6 +154,8 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
                 continue
             _add(findings, kind, event["file"], event["line"], event["op"], event["step"], rank,
                  event.get("count", 1))
+    if not evidence.debug_log:
+        _add_counted_compiles(findings, processes, warmup_steps)
     if evidence.debug_log:
         # torch_xla writes its compile analysis from one process (the local master).
         rank, offsets = compile_process if compile_process else (None, [])
@@ -202,6 +204,17 @@ def _add_compiles(findings, compiles: list[Compile], offsets: list[int], warmup_
             if kind == "recompile" and finding.changed is None and graphs:
                 finding.changed = graph_change(graphs.get(previous[site] or ""), graphs.get(compile_.graph_hash or ""))
         previous[site] = compile_.graph_hash
+
+
+def _add_counted_compiles(findings, processes, warmup_steps: int) -> None:
+    """Without torch_xla's compile analysis (in-process tracing): a step after warm-up whose
+    UncachedCompile counter moved recompiled, at the line where the step ended."""
+    for _, events in processes:
+        boundaries = [e for e in events if e["kind"] == "step" and "compiles" in e]
+        for previous, current in zip(boundaries, boundaries[1:]):
+            delta = current["compiles"] - previous["compiles"]
+            if delta > 0 and current["step"] >= warmup_steps and current.get("file"):
+                _add(findings, "recompile", current["file"], current["line"], None, current["step"], None, delta)
 
 
 IR_NODE = re.compile(r"^\s*%\d+ = \S+ (?P<op>[\w:.]+)\(.*?\)(?P<attrs>.*)$")

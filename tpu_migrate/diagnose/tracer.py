@@ -112,8 +112,10 @@ class Recorder:
     def step_boundary(self, marker: str) -> None:
         self.read_fallbacks()
         filename, line = user_frame(3)
+        compiles = self.metrics.counter_value("UncachedCompile") or 0 if self.metrics else 0
         self.emit({"kind": "step", "op": marker, "file": filename, "line": line,
-                   "debug_offset": _size(self.debug_file), "fallback_offset": _size(self.fallback_file)})
+                   "debug_offset": _size(self.debug_file), "fallback_offset": _size(self.fallback_file),
+                   "compiles": compiles})
         self.steps += 1
         self.flush()
 
@@ -228,13 +230,21 @@ class _StepContext:
         return result
 
 
+_HOOKED = False
+
+
 def install_torch_xla_hooks() -> None:
-    import torch
-    import torch_xla
+    """Wrap torch / torch_xla once per process; the wrappers pass through while RECORDER is None."""
+    global _HOOKED
     import torch_xla.debug.metrics as met
 
-    recorder = RECORDER
-    recorder.metrics = met
+    RECORDER.metrics = met
+    if _HOOKED:
+        return
+    _HOOKED = True
+    import torch
+    import torch_xla
+
     for name in SYNC_METHODS:
         original = getattr(torch.Tensor, name, None)
         if original is not None:
@@ -259,6 +269,9 @@ def install_torch_xla_hooks() -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     def optimizer_step(optimizer, args, kwargs):
+        recorder = RECORDER
+        if recorder is None:
+            return
         recorder.emit({"kind": "opt_step", "op": None, "file": None, "line": None,
                        "debug_offset": _size(recorder.debug_file),
                        "fallback_offset": _size(recorder.fallback_file)})
@@ -309,3 +322,28 @@ def install() -> bool:
     else:
         sys.meta_path.insert(0, _TorchXlaFinder())
     return True
+
+
+class InProcess:
+    """Trace a block of code in this process (the pytest plugin): no child process, no
+    PT_XLA_DEBUG file; compiles are counted per step from torch_xla's counters instead."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+
+    def __enter__(self) -> "InProcess":
+        global RECORDER
+        RECORDER = Recorder(self.directory)
+        RECORDER.debug_file = RECORDER.fallback_file = None
+        if "torch_xla" in sys.modules:
+            install_torch_xla_hooks()
+            RECORDER.aten = {name: RECORDER.metrics.counter_value(name)
+                             for name in RECORDER.metrics.counter_names() if name.startswith("aten::")}
+        elif not any(isinstance(f, _TorchXlaFinder) for f in sys.meta_path):
+            sys.meta_path.insert(0, _TorchXlaFinder())  # hooks once the test imports torch_xla
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global RECORDER
+        recorder, RECORDER = RECORDER, None
+        recorder.flush()

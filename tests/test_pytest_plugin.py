@@ -1,0 +1,98 @@
+"""The pytest plugin, through pytester: a real inner pytest run that loads the plugin through its
+installed `pytest11` entry point."""
+
+from __future__ import annotations
+
+pytest_plugins = ["pytester"]
+
+HEADER = '''
+import pytest
+import torch
+import torch_xla
+
+device = torch_xla.device()
+'''
+
+
+def run(pytester, body: str):
+    pytester.makepyfile(test_training=HEADER + body)
+    return pytester.runpytest_subprocess("-q")
+
+
+def test_sync_in_the_loop_fails_the_test_with_the_finding(pytester, monkeypatch):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    result = run(pytester, '''
+@pytest.mark.tpu_diagnose(fail_on=("sync",))
+def test_logs_every_step():
+    w = torch.ones(4, device=device)
+    for step in range(4):
+        w = w * 0.5
+        torch_xla.sync()
+        print(w.sum().item())  # line 13 of the generated file
+''')
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*tpu-migrate diagnose: 1 finding(s)*",
+                                 "*test_training.py:13: sync: host sync `item`*"])
+
+
+def test_recompile_after_warmup_fails(pytester, monkeypatch):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    result = run(pytester, '''
+@pytest.mark.tpu_diagnose(fail_on=("recompile",), warmup_steps=2)
+def test_shapes_change():
+    for size in (8, 8, 8, 5):
+        x = torch.ones(size, 4, device=device) * 2
+        torch_xla.sync()  # line 11 of the generated file
+''')
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*test_training.py:11: recompile: recompiled 1 time(s)*"])
+
+
+def test_clean_loop_and_unmarked_tests_pass(pytester, monkeypatch):
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    result = run(pytester, '''
+@pytest.mark.tpu_diagnose
+def test_stays_on_device():
+    w = torch.ones(4, device=device)
+    for step in range(5):
+        w = w * 0.5
+        torch_xla.sync()
+    assert w.sum().item() > 0  # one read after the loop is fine
+
+
+def test_unmarked_may_sync():
+    for step in range(3):
+        torch_xla.sync()
+        torch.ones(2, device=device).sum().item()
+''')
+    result.assert_outcomes(passed=2)
+
+
+def test_native_eager_code_is_not_affected(pytester):
+    """Without torch_xla tensors there is nothing for the torch_xla tracer to report."""
+    pytester.makepyfile(test_eager='''
+import pytest
+import torch
+
+@pytest.mark.tpu_diagnose
+def test_eager_cpu():
+    x = torch.ones(3)
+    for _ in range(3):
+        x = x * 2
+        float(x.sum())
+''')
+    result = pytester.runpytest_subprocess("-q")
+    result.assert_outcomes(passed=1)
+
+
+def test_unknown_kind_is_a_usage_error(pytester):
+    pytester.makepyfile(test_bad='''
+import pytest
+
+@pytest.mark.tpu_diagnose(fail_on=("slowness",))
+def test_x():
+    pass
+''')
+    result = pytester.runpytest_subprocess("-q")
+    assert result.ret != 0
+    assert "unknown kind(s) ['slowness']" in "\n".join(result.stdout.lines + result.stderr.lines)

@@ -1,0 +1,69 @@
+"""pytest plugin: guard a test's TPU performance with `@pytest.mark.tpu_diagnose`.
+
+    @pytest.mark.tpu_diagnose(fail_on=("recompile", "sync"), warmup_steps=2)
+    def test_training_loop_stays_on_device():
+        train(steps=10)
+
+The test body runs under the diagnose tracer (in the test's own process, for torch_xla code) and
+the test fails when it recompiles after warm-up, syncs the host step after step, has
+data-dependent shapes or falls back to the CPU, whichever `fail_on` names (default: all four).
+The findings are in the failure message. Installed with tpu-migrate (entry point `pytest11`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+
+KINDS = ("recompile", "sync", "dynamic-shape", "fallback")
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "tpu_diagnose(fail_on=('recompile', 'sync', 'dynamic-shape', 'fallback'), warmup_steps=2): "
+        "fail the test when tpu-migrate diagnose finds these in its body",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    marker = item.get_closest_marker("tpu_diagnose")
+    if marker is None:
+        return (yield)
+    from tpu_migrate.diagnose import analysis, tracer
+    from tpu_migrate.diagnose.runner import Evidence
+
+    fail_on = tuple(marker.kwargs.get("fail_on", KINDS))
+    unknown = set(fail_on) - set(KINDS)
+    if unknown:
+        raise pytest.UsageError(f"tpu_diagnose: unknown kind(s) {sorted(unknown)}; use {KINDS}")
+    warmup_steps = int(marker.kwargs.get("warmup_steps", 2))
+    directory = tempfile.mkdtemp(prefix="tpu-migrate-pytest-")
+    try:
+        with tracer.InProcess(directory) as traced:
+            result = yield
+        evidence = Evidence(exit_code=0, events=_read(traced.directory))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    findings, steps = analysis.analyze(evidence, warmup_steps)
+    failing = [f for f in findings if f.kind in fail_on]
+    if failing:
+        lines = [f"tpu-migrate diagnose: {len(failing)} finding(s) in {steps} steps (warm-up {warmup_steps}):"]
+        lines += [f"  {f.file}:{f.line}: {f.kind}: {f.message}" for f in failing]
+        pytest.fail("\n".join(lines), pytrace=False)
+    return result
+
+
+def _read(directory: str) -> dict[int, list[dict]]:
+    import glob
+    import json
+    import os
+
+    events = {}
+    for path in glob.glob(os.path.join(directory, "events.*.jsonl")):
+        with open(path, encoding="utf-8") as handle:
+            events[int(path.rsplit(".", 2)[1])] = [json.loads(line) for line in handle if line.strip()]
+    return events
