@@ -200,9 +200,11 @@ def _fail_kinds(ctx, param, value):
 @click.option("--output", type=click.Path(dir_okay=False, writable=True), help="Also write the JSON report here.")
 @click.option("--explain", is_flag=True,
               help="Record every graph's IR to say what changed between two compiles of a line (slower).")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True),
+              help="Write a self-contained HTML report (findings and a per-step timeline) here.")
 @click.argument("target", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def diagnose(module, warmup_steps, fail_on, output_format, output, explain, target, args) -> None:
+def diagnose(module, warmup_steps, fail_on, output_format, output, explain, html_file, target, args) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the torch_xla tracer and report
     recompilations, host syncs, data-dependent shapes and CPU fallbacks at your own lines."""
     import importlib.util
@@ -235,6 +237,12 @@ def diagnose(module, warmup_steps, fail_on, output_format, output, explain, targ
     if output:
         with open(output, "w", encoding="utf-8") as handle:
             handle.write(document + "\n")
+    if html_file:
+        from tpu_migrate.diagnose import html
+
+        with open(html_file, "w", encoding="utf-8") as handle:
+            handle.write(html.render(script, analysis.step_records(evidence), warmup_steps, findings,
+                                     evidence.exit_code))
     report.print_report(Console(stderr=True, soft_wrap=True), script, steps, warmup_steps, findings,
                         analysis.timeline(evidence, steps))
     if output_format == "json":

@@ -116,6 +116,45 @@ def _rank(events: list[dict], fallback: int | None) -> int | None:
     return fallback
 
 
+@dataclass
+class StepRecord:
+    """One step of the busiest process, for the HTML timeline."""
+
+    index: int
+    seconds: float
+    compiles: int = 0
+    syncs: int = 0
+    dynamic: int = 0
+    fallbacks: int = 0
+
+
+def step_records(evidence: Evidence) -> list[StepRecord]:
+    events = max(evidence.events.values(), key=lambda e: sum(1 for x in e if x["kind"] == "step"), default=[])
+    boundaries = [e for e in events if e["kind"] == "step"]
+    records = []
+    previous = None
+    for index, boundary in enumerate(boundaries):
+        now = boundary.get("time")
+        seconds = (now - previous) if (now is not None and previous is not None) else 0.0
+        records.append(StepRecord(index, max(seconds, 0.0)))
+        previous = now
+    for event in events:
+        step = event.get("step", 0)
+        if step < len(records):
+            if event["kind"] == "sync":
+                records[step].syncs += 1
+            elif event["kind"] == "dynamic":
+                records[step].dynamic += 1
+            elif event["kind"] == "fallback":
+                records[step].fallbacks += event.get("count", 1)
+    offsets = [b.get("debug_offset", 0) for b in boundaries]
+    for compile_ in parse_compiles(evidence.debug_log) if evidence.debug_log else []:
+        step = sum(1 for offset in offsets if offset <= compile_.offset)
+        if step < len(records):
+            records[step].compiles += 1
+    return records
+
+
 def timeline(evidence: Evidence, steps: int) -> str:
     """One character per step: C compile, s host sync, d dynamic shape, f fallback, . nothing."""
     marks = [set() for _ in range(steps + 1)]

@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 ENV_DIR = "TPU_MIGRATE_DIAGNOSE"
 ENV_DEBUG_FILE = "PT_XLA_DEBUG_FILE"
@@ -72,6 +73,7 @@ class Recorder:
 
     def __init__(self, directory: str):
         self.path = os.path.join(directory, f"events.{os.getpid()}.jsonl")
+        self.started = time.perf_counter()
         self.debug_file = os.environ.get(ENV_DEBUG_FILE)
         self.fallback_file = os.environ.get("XLA_FNTRACKER_FILE")  # --explain
         self.lock = threading.Lock()
@@ -115,7 +117,7 @@ class Recorder:
         compiles = self.metrics.counter_value("UncachedCompile") or 0 if self.metrics else 0
         self.emit({"kind": "step", "op": marker, "file": filename, "line": line,
                    "debug_offset": _size(self.debug_file), "fallback_offset": _size(self.fallback_file),
-                   "compiles": compiles})
+                   "compiles": compiles, "time": time.perf_counter()})
         self.steps += 1
         self.flush()
 

@@ -1,0 +1,75 @@
+"""`diagnose --html`: a self-contained page with the findings and an inline-SVG timeline."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pytest
+
+from conftest import ROOT
+
+PROGRAM = ROOT / "fixtures" / "diagnose" / "recompile_last_batch.py"
+
+
+class Collector(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("html") / "report.html"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
+    result = subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", "--html", str(out), str(PROGRAM)],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
+def test_structure(report):
+    text = report.read_text()
+    parser = Collector()
+    parser.feed(text)
+    tags = parser.tags
+    rows = [a for t, a in tags if t == "tr" and a.get("class") == "finding"]
+    assert len(rows) == 1 and "recompile_last_batch.py:16" in text
+    steps = [a for t, a in tags if t == "rect" and a.get("class") == "step"]
+    assert [int(a["data-step"]) for a in steps] == list(range(7))
+    warmup = [a for t, a in tags if t == "rect" and a.get("class") == "warmup"]
+    assert len(warmup) == 1 and float(warmup[0]["width"]) > 0  # 2 warm-up steps shaded
+    compiles = [a for t, a in tags if t == "circle" and "compiles" in a.get("class", "")]
+    assert len(compiles) == 2  # step 0 (warm-up) and the recompile in step 4
+
+
+def test_self_contained(report):
+    text = report.read_text()
+    parser = Collector()
+    parser.feed(text)
+    for tag, attrs in parser.tags:
+        for name in ("src", "href"):
+            assert name not in attrs, (tag, attrs)
+    assert "<script" not in text and "@import" not in text
+    assert text.count("http") == text.count('xmlns="http://www.w3.org/2000/svg"')
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium is not installed (apt-get install chromium)")
+def test_opens_in_headless_chromium(report, tmp_path):
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run(["chromium", *flags, "--dump-dom", f"file://{report}"],
+                         capture_output=True, text=True, timeout=120)
+    assert 'id="findings"' in dom.stdout and 'id="timeline"' in dom.stdout
+    assert dom.stdout.count('class="step"') == 7
+    shot = tmp_path / "report.png"
+    subprocess.run(["chromium", *flags, f"--screenshot={shot}", "--window-size=1000,900", f"file://{report}"],
+                   capture_output=True, timeout=120)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000

@@ -1,0 +1,97 @@
+"""`diagnose --html FILE`: one self-contained page, no network and no external assets.
+
+It holds the findings table and a per-step timeline drawn as inline SVG: a bar per step for its
+wall time, marks for compiles, host syncs, dynamic shapes and fallbacks, and the warm-up steps
+shaded.
+"""
+
+from __future__ import annotations
+
+import html
+
+from tpu_migrate.diagnose.analysis import Finding, StepRecord
+
+MARKS = (("compiles", "#d62728", "compile"), ("syncs", "#1f77b4", "host sync"),
+         ("dynamic", "#9467bd", "dynamic shape"), ("fallbacks", "#ff7f0e", "fallback"))
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
+h1 { font-size: 1.3rem; } h2 { font-size: 1.1rem; margin-top: 2rem; }
+table { border-collapse: collapse; width: 100%; table-layout: fixed; }
+th, td { border: 1px solid #ccc; padding: .4rem; vertical-align: top; text-align: left; overflow-wrap: anywhere; }
+th:nth-child(1) { width: 8rem; } th:nth-child(3), th:nth-child(4) { width: 4.5rem; } th:nth-child(2) { width: 30%; }
+th { background: #f3f3f3; } td.count { text-align: right; } .explanation { color: #555; font-size: .9rem; }
+.kind-recompile { color: #d62728; font-weight: bold; } .kind-sync { color: #1f77b4; font-weight: bold; }
+.kind-fallback { color: #ff7f0e; font-weight: bold; } .kind-dynamic-shape { color: #9467bd; font-weight: bold; }
+.legend span { margin-right: 1.2rem; } .none { color: #2ca02c; }
+"""
+
+
+def _duration(step: StepRecord) -> str:
+    # The first step has no previous boundary to measure from.
+    return "wall time n/a" if step.index == 0 else f"{step.seconds * 1000:.1f} ms"
+
+
+def timeline_svg(steps: list[StepRecord], warmup_steps: int) -> str:
+    width, height, left, bottom, top = 900, 260, 50, 40, 20
+    if not steps:
+        return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="60" role="img" aria-label="no steps"><text x="10" y="30">no steps</text></svg>'
+    plot_w, plot_h = width - left - 10, height - top - bottom
+    slot = plot_w / len(steps)
+    longest = max(s.seconds for s in steps) or 1.0
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             f'viewBox="0 0 {width} {height}" role="img" aria-label="per-step timeline" id="timeline">']
+    warm = min(warmup_steps, len(steps))
+    if warm:
+        parts.append(f'<rect class="warmup" x="{left}" y="{top}" width="{slot * warm:.1f}" height="{plot_h}" '
+                     f'fill="#eeeeee"><title>warm-up ({warm} steps)</title></rect>')
+    for s in steps:
+        x = left + s.index * slot
+        bar_h = plot_h * 0.75 * (s.seconds / longest)
+        parts.append(
+            f'<rect class="step" data-step="{s.index}" x="{x + slot * 0.15:.1f}" y="{top + plot_h - bar_h:.1f}" '
+            f'width="{max(slot * 0.7, 1):.1f}" height="{bar_h:.1f}" fill="#9aa7b1">'
+            f'<title>step {s.index}: {_duration(s)}, {s.compiles} compile(s), {s.syncs} sync(s), '
+            f'{s.dynamic} dynamic, {s.fallbacks} fallback(s)</title></rect>'
+        )
+        for row, (field, color, label) in enumerate(MARKS):
+            count = getattr(s, field)
+            if count:
+                cy = top + 8 + row * 12
+                parts.append(f'<circle class="mark {field}" cx="{x + slot / 2:.1f}" cy="{cy}" r="4" fill="{color}">'
+                             f'<title>step {s.index}: {count} {label}(s)</title></circle>')
+    parts.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#333"/>')
+    parts.append(f'<text x="{left}" y="{height - 12}" font-size="12">step 0</text>')
+    parts.append(f'<text x="{left + plot_w - 60}" y="{height - 12}" font-size="12">step {len(steps) - 1}</text>')
+    parts.append(f'<text x="4" y="{top + 12}" font-size="11">{longest * 1000:.0f} ms</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: list[Finding], exit_code: int) -> str:
+    rows = "\n".join(
+        f'<tr class="finding"><td class="kind-{html.escape(f.kind)}">{html.escape(f.kind)}</td>'
+        f"<td>{html.escape(f.file)}:{f.line}{'' if f.rank is None else f' (rank {f.rank})'}</td>"
+        f'<td class="count">{f.count}</td><td class="count">{f.first_step}</td>'
+        f'<td>{html.escape(f.message)}<div class="explanation">{html.escape(f.explanation or "")}</div></td></tr>'
+        for f in findings
+    )
+    table = (
+        '<table id="findings"><thead><tr><th>kind</th><th>where</th><th>count</th><th>first step</th>'
+        f"<th>what and what to do</th></tr></thead><tbody>{rows}</tbody></table>"
+        if findings else '<p class="none" id="findings">No recompilation, host sync, dynamic shape or CPU fallback after warm-up.</p>'
+    )
+    legend = "".join(f'<span style="color:{color}">&#9679; {label}</span>' for _, color, label in MARKS)
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>tpu-migrate diagnose: {html.escape(script)}</title>
+<style>{STYLE}</style></head>
+<body>
+<h1>tpu-migrate diagnose: {html.escape(script)}</h1>
+<p>backend xla &middot; {len(steps)} steps &middot; {warmup_steps} warm-up steps (shaded) &middot; exit status {exit_code}</p>
+<h2>Findings</h2>
+{table}
+<h2>Per-step timeline</h2>
+<p class="legend">bars: step wall time &middot; {legend}</p>
+{timeline_svg(steps, warmup_steps)}
+</body></html>
+"""
