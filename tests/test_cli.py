@@ -190,52 +190,34 @@ def test_dangling_symlink_and_directory_named_like_a_file(cli, tmp_path):
 
 def test_terminal_output_is_a_table(tmp_path):
     """On a terminal the summary is a rich table (run in a real pseudo-terminal)."""
-    import pty
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
     (tmp_path / "t.py").write_text(XLA)
-    leader, follower = pty.openpty()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120", "TERM": "xterm"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tpu_migrate", "rewrite", "--check", str(tmp_path)],
-        stdout=follower, stderr=follower, env=env, timeout=120,
-    )
-    os.close(follower)
-    output = b""
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
-    os.close(leader)
-    assert proc.returncode == 1
-    text = output.decode(errors="replace")
+    status, text = run_in_terminal(["rewrite", "--check", str(tmp_path)])
+    assert status == 1
     assert "files scanned" in text and "TPU001 xla-device" in text
     assert "┃" in text or "│" in text  # box drawing: the table, not the plain summary
 
 
 def test_progress_bar_on_a_terminal_for_many_files(tmp_path):
     """More than 50 files on a terminal: a progress bar (rich, on stderr) while rewriting."""
+    for i in range(60):
+        (tmp_path / f"m{i}.py").write_text(XLA)
+    status, text = run_in_terminal(["rewrite", "--check", "--jobs", "1", str(tmp_path)])
+    assert status == 1
+    assert "rewriting" in text and "/60" in text
+
+
+def run_in_terminal(args: list[str]) -> tuple[int, str]:
+    """Run the CLI with a real pseudo-terminal as stdout and stderr; (status, screen text)."""
     import pty
     import subprocess
     import sys
 
     from conftest import ROOT
 
-    for i in range(60):
-        (tmp_path / f"m{i}.py").write_text(XLA)
     leader, follower = pty.openpty()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120", "TERM": "xterm"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tpu_migrate", "rewrite", "--check", "--jobs", "1", str(tmp_path)],
-        stdout=follower, stderr=follower, env=env, timeout=300,
-    )
+    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", *args],
+                          stdout=follower, stderr=follower, env=env, timeout=300)
     os.close(follower)
     output = b""
     while True:
@@ -247,5 +229,4 @@ def test_progress_bar_on_a_terminal_for_many_files(tmp_path):
             break
         output += chunk
     os.close(leader)
-    assert proc.returncode == 1
-    assert b"rewriting" in output and b"/60" in output
+    return proc.returncode, output.decode(errors="replace")

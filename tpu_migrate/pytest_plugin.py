@@ -34,7 +34,7 @@ def pytest_runtest_call(item):
     if marker is None:
         return (yield)
     from tpu_migrate.diagnose import analysis, tracer
-    from tpu_migrate.diagnose.runner import Evidence
+    from tpu_migrate.diagnose.runner import Evidence, read_events
 
     fail_on = tuple(marker.kwargs.get("fail_on", KINDS))
     unknown = set(fail_on) - set(KINDS)
@@ -45,7 +45,7 @@ def pytest_runtest_call(item):
     try:
         with tracer.InProcess(directory) as traced:
             result = yield
-        evidence = Evidence(exit_code=0, events=_read(traced.directory))
+        evidence = Evidence(exit_code=0, events=read_events(traced.directory))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     findings, steps = analysis.analyze(evidence, warmup_steps)
@@ -55,15 +55,3 @@ def pytest_runtest_call(item):
         lines += [f"  {f.file}:{f.line}: {f.kind}: {f.message}" for f in failing]
         pytest.fail("\n".join(lines), pytrace=False)
     return result
-
-
-def _read(directory: str) -> dict[int, list[dict]]:
-    import glob
-    import json
-    import os
-
-    events = {}
-    for path in glob.glob(os.path.join(directory, "events.*.jsonl")):
-        with open(path, encoding="utf-8") as handle:
-            events[int(path.rsplit(".", 2)[1])] = [json.loads(line) for line in handle if line.strip()]
-    return events

@@ -80,11 +80,7 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
                 exit_code = process.wait()
         finally:
             signal.signal(signal.SIGINT, previous)
-        evidence = Evidence(exit_code=exit_code)
-        for path in sorted(glob.glob(os.path.join(workdir, "events.*.jsonl"))):
-            pid = int(path.rsplit(".", 2)[1])
-            with open(path, encoding="utf-8") as handle:
-                evidence.events[pid] = [json.loads(line) for line in handle if line.strip()]
+        evidence = Evidence(exit_code=exit_code, events=read_events(workdir))
         for path in sorted(glob.glob(graphs_file + "*")):  # torch_xla appends .<ordinal>
             with open(path, encoding="utf-8", errors="replace") as handle:
                 evidence.graphs += handle.read()
@@ -97,3 +93,13 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
         return evidence
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def read_events(directory: str) -> dict[int, list[dict]]:
+    """The events every traced process wrote, by process id, in order."""
+    events = {}
+    for path in sorted(glob.glob(os.path.join(directory, "events.*.jsonl"))):
+        pid = int(path.rsplit(".", 2)[1])
+        with open(path, encoding="utf-8") as handle:
+            events[pid] = [json.loads(line) for line in handle if line.strip()]
+    return events
