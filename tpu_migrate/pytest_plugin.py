@@ -28,8 +28,12 @@ def pytest_configure(config) -> None:
     )
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
+# New-style hook wrappers need pytest >= 8. Installing tpu-migrate must never break an older
+# pytest: there, the marker is registered but does nothing.
+_ACTIVE = int(pytest.__version__.split(".")[0]) >= 8
+
+
+def _runtest_call(item):
     marker = item.get_closest_marker("tpu_diagnose")
     if marker is None:
         return (yield)
@@ -55,3 +59,7 @@ def pytest_runtest_call(item):
         lines += [f"  {f.file}:{f.line}: {f.kind}: {f.message}" for f in failing]
         pytest.fail("\n".join(lines), pytrace=False)
     return result
+
+
+if _ACTIVE:
+    pytest_runtest_call = pytest.hookimpl(wrapper=True)(_runtest_call)
