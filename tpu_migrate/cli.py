@@ -207,61 +207,22 @@ def _fail_kinds(ctx, param, value):
 def diagnose(module, warmup_steps, fail_on, output_format, output, explain, html_file, target, args) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the torch_xla tracer and report
     recompilations, host syncs, data-dependent shapes and CPU fallbacks at your own lines."""
-    import importlib.util
-    import os
+    from tpu_migrate.diagnose.command import DiagnoseError, run_diagnose
 
-    from tpu_migrate.diagnose import analysis, report, runner
-
-    if module is None and target is None:
-        raise click.UsageError("give a SCRIPT or -m MODULE")
-    if module is not None:
-        args = (target, *args) if target is not None else args
-        target = module
-        if importlib.util.find_spec(module.split(".")[0]) is None and not os.path.exists(module.split(".")[0]):
-            raise click.UsageError(f"no module named '{module}'")
-    elif not os.path.isfile(target):
-        raise click.UsageError(f"no such script: {target}")
-    if importlib.util.find_spec("torch_xla") is None:
-        raise click.UsageError("torch_xla is not installed: pip install 'tpu-migrate[xla]' (torch 2.9.0 + torch-xla 2.9.0)")
-    stdout = sys.stderr if output_format != "text" else None
-    evidence = runner.run(target, list(args), module is not None, stdout=stdout, explain=explain)
-    findings, steps = analysis.analyze(evidence, warmup_steps)
-    script = os.path.abspath(target) if module is None else target
-    rank = _torchrun_rank()
-    if rank is not None:  # started by torchrun: this process is one rank of the job
-        for finding in findings:
-            finding.rank = rank if finding.rank is None else finding.rank
-        root, extension = os.path.splitext(output or "tpu-migrate-diagnose.json")
-        output = f"{root}.rank{rank}{extension or '.json'}"
-    document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings, rank)
-    if output:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.write(document + "\n")
-    if html_file:
-        from tpu_migrate.diagnose import html
-
-        with open(html_file, "w", encoding="utf-8") as handle:
-            handle.write(html.render(script, analysis.step_records(evidence), warmup_steps, findings,
-                                     evidence.exit_code))
-    report.print_report(Console(stderr=True, soft_wrap=True), script, steps, warmup_steps, findings,
-                        analysis.timeline(evidence, steps))
+    try:
+        status, document, findings = run_diagnose(target, list(args), module, warmup_steps,
+                                                  output_format, output, explain, html_file)
+    except DiagnoseError as exc:
+        raise click.UsageError(str(exc)) from None
     if output_format == "json":
         sys.stdout.write(document + "\n")
-    elif output_format in ("sarif", "github"):
-        found = [f.to_json() for f in findings]
-        sys.stdout.write(ci_formats.diagnose_sarif(found) + "\n" if output_format == "sarif"
-                         else ci_formats.diagnose_github(found))
+    elif output_format == "sarif":
+        sys.stdout.write(ci_formats.diagnose_sarif([f.to_json() for f in findings]) + "\n")
+    elif output_format == "github":
+        sys.stdout.write(ci_formats.diagnose_github([f.to_json() for f in findings]))
     if fail_on and any(f.kind in fail_on for f in findings):
         sys.exit(1)
-    sys.exit(evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code)
-
-
-def _torchrun_rank() -> int | None:
-    import os
-
-    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "").isdigit():
-        return int(os.environ["RANK"])
-    return None
+    sys.exit(status)
 
 
 @main.group()
@@ -275,29 +236,9 @@ def report() -> None:
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def report_merge(directory, output, output_format) -> None:
     """Merge the per-rank JSON reports that `diagnose` wrote under torchrun in DIRECTORY."""
-    import glob
-    import json as json_module
-    import os
+    from tpu_migrate.diagnose.command import DiagnoseError, merge_reports
 
-    from tpu_migrate.diagnose import report as diagnose_report
-
-    documents = []
-    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
-        try:
-            with open(path, encoding="utf-8") as handle:
-                document = json_module.load(handle)
-        except (OSError, ValueError) as exc:
-            raise click.UsageError(f"{path}: not a diagnose report: {exc}") from None
-        if isinstance(document, dict) and "findings" in document and "version" in document:
-            documents.append(document)
-    if not documents:
-        raise click.UsageError(f"{directory}: no diagnose report (*.json) found")
-    merged = diagnose_report.merge_documents(documents)
-    text = json_module.dumps(merged, indent=2)
-    if output:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-    if output_format == "json":
-        sys.stdout.write(text + "\n")
-    else:
-        diagnose_report.print_merged(Console(soft_wrap=True), merged)
+    try:
+        merge_reports(directory, output, output_format)
+    except DiagnoseError as exc:
+        raise click.UsageError(str(exc)) from None

@@ -1,0 +1,93 @@
+"""`tpu-migrate diagnose` and `tpu-migrate report merge`, behind the click face in cli.py.
+
+The machine formats (JSON on stdout, SARIF, GitHub annotations) are printed by the cli, which
+owns the report package; this module returns what they need.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import sys
+
+from rich.console import Console
+
+from tpu_migrate.diagnose import analysis, report, runner
+
+
+class DiagnoseError(Exception):
+    """A usage problem, reported in one line with exit status 2."""
+
+
+def run_diagnose(target, args, module, warmup_steps, output_format, output, explain,
+                 html_file) -> tuple[int, str, list[analysis.Finding]]:
+    """Run the program under the tracer and print the text report; returns the program's exit
+    status (shell convention), the JSON document and the findings."""
+    if module is None and target is None:
+        raise DiagnoseError("give a SCRIPT or -m MODULE")
+    if module is not None:
+        args = [target, *args] if target is not None else args
+        target = module
+        if importlib.util.find_spec(module.split(".")[0]) is None and not os.path.exists(module.split(".")[0]):
+            raise DiagnoseError(f"no module named '{module}'")
+    elif not os.path.isfile(target):
+        raise DiagnoseError(f"no such script: {target}")
+    if importlib.util.find_spec("torch_xla") is None:
+        raise DiagnoseError("torch_xla is not installed: pip install 'tpu-migrate[xla]' (torch 2.9.0 + torch-xla 2.9.0)")
+    stdout = sys.stderr if output_format != "text" else None  # machine output owns stdout
+    evidence = runner.run(target, list(args), module is not None, stdout=stdout, explain=explain)
+    findings, steps = analysis.analyze(evidence, warmup_steps)
+    script = os.path.abspath(target) if module is None else target
+    rank = torchrun_rank()
+    if rank is not None:  # started by torchrun: this process is one rank of the job
+        for finding in findings:
+            finding.rank = rank if finding.rank is None else finding.rank
+        root, extension = os.path.splitext(output or "tpu-migrate-diagnose.json")
+        output = f"{root}.rank{rank}{extension or '.json'}"
+    document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings, rank)
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(document + "\n")
+    if html_file:
+        from tpu_migrate.diagnose import html
+
+        with open(html_file, "w", encoding="utf-8") as handle:
+            handle.write(html.render(script, analysis.step_records(evidence), warmup_steps, findings,
+                                     evidence.exit_code))
+    report.print_report(Console(stderr=True, soft_wrap=True), script, steps, warmup_steps, findings,
+                        analysis.timeline(evidence, steps))
+    # A program killed by a signal reports -N; the shell convention is 128 + N.
+    status = evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code
+    return status, document, findings
+
+
+def torchrun_rank() -> int | None:
+    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("RANK", "").isdigit():
+        return int(os.environ["RANK"])
+    return None
+
+
+def merge_reports(directory: str, output: str | None, output_format: str) -> None:
+    """Merge the per-rank JSON reports `diagnose` wrote under torchrun."""
+    documents = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                document = json.load(handle)
+        except (OSError, ValueError) as exc:
+            raise DiagnoseError(f"{path}: not a diagnose report: {exc}") from None
+        if isinstance(document, dict) and "findings" in document and "version" in document:
+            documents.append(document)
+    if not documents:
+        raise DiagnoseError(f"{directory}: no diagnose report (*.json) found")
+    merged = report.merge_documents(documents)
+    text = json.dumps(merged, indent=2)
+    if output:
+        with open(output, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+    if output_format == "json":
+        sys.stdout.write(text + "\n")
+    else:
+        report.print_merged(Console(soft_wrap=True), merged)
