@@ -22,6 +22,12 @@ def test_crlf_line_endings_are_preserved():
     assert result.output == b'import torch\r\n\r\ndevice = torch.device("tpu")  # here\r\n'
 
 
+def test_cr_only_line_endings_are_preserved():
+    result = run(SOURCE.replace("\n", "\r").encode())
+    assert result.output == b'import torch\r\rdevice = torch.device("tpu")  # here\r'
+    assert run(result.output).changed is False
+
+
 def test_bom_is_preserved():
     result = run(b"\xef\xbb\xbf" + SOURCE.encode())
     assert result.output.startswith(b"\xef\xbb\xbfimport torch\n")
@@ -183,3 +189,23 @@ def test_user_conditional_expression_statements_are_not_restructured():
     out = run(source.encode()).output.decode()
     assert 'print("xla device") if verbose else None\n' in out
     assert 'x = torch.ones(1).to("tpu")' in out
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"import torch_xla\nx = 1\x00\n", "cannot parse: source code string cannot contain null bytes"),
+        (b"import torch_xla\nprint 'hello'\n", "syntax error at line 2: Missing parentheses"),
+        (b"import torch_xla\nx = " + b"(" * 300 + b"1" + b")" * 300 + b"\n", "syntax error at line 2: too many nested"),
+        (b"import torch_xla\nif True:\n\tx = 1\n        y = 2\n", "syntax error at line 4: inconsistent use of tabs"),
+    ],
+    ids=["nul-bytes", "python2", "deep-nesting", "mixed-tabs"],
+)
+def test_hostile_inputs_are_one_line_errors(data, message):
+    result = run(data)
+    assert result.error.startswith(message), result.error
+    assert not result.changed and result.output is None
+
+
+def test_empty_file_is_fine():
+    assert run(b"").error is None and not run(b"").changed

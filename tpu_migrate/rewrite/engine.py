@@ -36,11 +36,19 @@ def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | N
     except DecodeError as exc:
         result.error = str(exc)
         return result
+    # Classic-Mac files (CR only): libcst drops a final lone "\r", so rewrite with "\n" and
+    # put the CRs back.
+    cr_only = "\r" in source.text and "\n" not in source.text
+    text = source.text.replace("\r", "\n") if cr_only else source.text
     try:
-        new_text = rewrite_text(source.text, path, options, catalog or load_catalog(), result)
+        new_text = rewrite_text(text, path, options, catalog or load_catalog(), result)
+        if cr_only and new_text is not None:
+            new_text = new_text.replace("\n", "\r")
     except SyntaxError as exc:
-        where = f"line {exc.lineno}" if exc.lineno else "unknown line"
-        result.error = f"syntax error at {where}: {exc.msg}"
+        if exc.lineno:
+            result.error = f"syntax error at line {exc.lineno}: {exc.msg}"
+        else:  # e.g. NUL bytes: the parser names no line
+            result.error = f"cannot parse: {exc.msg}"
         return result
     except cst.ParserSyntaxError as exc:
         result.error = f"syntax error at line {exc.raw_line}: {exc.message}"
