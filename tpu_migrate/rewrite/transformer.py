@@ -95,6 +95,23 @@ def _child_fields(cls: type) -> tuple[str, ...]:
     return names
 
 
+def map_children(node: cst.CSTNode, fn) -> cst.CSTNode:
+    """`node` with `fn` applied to each child node (whitespace and tokens skipped), rebuilt only
+    when a child changed."""
+    changes = {}
+    for name in _child_fields(type(node)):
+        value = getattr(node, name)
+        if type(value) in _NODE_TYPES:
+            new = fn(value)
+            if new is not value:
+                changes[name] = new
+        elif type(value) in (list, tuple) and value and type(value[0]) in _NODE_TYPES:
+            items = [fn(item) for item in value]
+            if any(a is not b for a, b in zip(items, value)):
+                changes[name] = items
+    return node.with_changes(**changes) if changes else node
+
+
 class ExprRewriter:
     """Applies expression-level rules inside one statement (or one compound header).
 
@@ -124,18 +141,7 @@ class ExprRewriter:
             return node  # an `elif` is a statement of its own
         if kind is cst.Call:
             self.call_funcs.add(id(node.func))
-        changes = {}
-        for name in _child_fields(kind):
-            value = getattr(node, name)
-            if type(value) in _NODE_TYPES:
-                new = self.rewrite(value)
-                if new is not value:
-                    changes[name] = new
-            elif type(value) in (list, tuple) and value and type(value[0]) in _NODE_TYPES:
-                new_items = [self.rewrite(item) for item in value]
-                if any(a is not b for a, b in zip(new_items, value)):
-                    changes[name] = new_items
-        updated = node.with_changes(**changes) if changes else node
+        updated = map_children(node, self.rewrite)
         leave = getattr(self, "leave_" + type(node).__name__, None)
         return leave(node, updated) if leave is not None else updated
 
@@ -534,18 +540,7 @@ def _requote(node, quote: str, other: str):
         return node
     if type(node) in _LEAF_TYPES:
         return node
-    changes = {}
-    for name in _child_fields(type(node)):
-        value = getattr(node, name)
-        if type(value) in _NODE_TYPES:
-            new = _requote(value, quote, other)
-            if new is not value:
-                changes[name] = new
-        elif type(value) in (list, tuple) and value and type(value[0]) in _NODE_TYPES:
-            items = [_requote(v, quote, other) for v in value]
-            if any(a is not b for a, b in zip(items, value)):
-                changes[name] = items
-    return node.with_changes(**changes) if changes else node
+    return map_children(node, lambda child: _requote(child, quote, other))
 
 
 def _is_conditional_call(node: cst.BaseExpression) -> bool:
