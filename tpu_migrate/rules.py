@@ -34,7 +34,6 @@ class Rule:
     replace: dict[str, str] = field(default_factory=dict)
     rename: dict[str, str] = field(default_factory=dict)
     params: tuple[str, ...] = ()
-    defaults: dict[str, str] = field(default_factory=dict)  # template values of omitted params
     transform: str | None = None
     source: str = ""
 
@@ -165,7 +164,6 @@ def _rule_from_table(table: dict, path: Path) -> Rule:
         replace=dict(replace),
         rename=dict(rename),
         params=tuple(table.get("params", ())),
-        defaults=dict(table.get("defaults", {})),
         transform=table.get("transform"),
         source=path.name,
     )

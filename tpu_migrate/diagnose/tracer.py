@@ -73,7 +73,6 @@ class Recorder:
 
     def __init__(self, directory: str):
         self.path = os.path.join(directory, f"events.{os.getpid()}.jsonl")
-        self.started = time.perf_counter()
         self.debug_file = os.environ.get(ENV_DEBUG_FILE)
         self.fallback_file = os.environ.get("XLA_FNTRACKER_FILE")  # --explain
         self.lock = threading.Lock()

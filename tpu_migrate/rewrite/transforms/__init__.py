@@ -138,12 +138,9 @@ def template_values(rule, call: cst.Call | None, sc: StatementContext, qualname:
         bound = bind(call, list(rule.params))
         if bound is None:
             return None
-        values.update(rule.defaults)
         for key, arg in bound.items():
             values[key] = code(arg.value)
             values[f"{key}_atom"] = atom(arg.value)  # for callees and attribute bases
-        for key, default in rule.defaults.items():
-            values.setdefault(f"{key}_atom", default)
     return values
 
 
