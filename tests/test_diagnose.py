@@ -209,3 +209,8 @@ def test_optimizer_steps_are_the_steps_without_a_step_marker():
         ("sync", "optimizer_steps_only.py", 14, 5, 1, "__float__"),
     ]
     assert "host read" in doc["findings"][0]["explanation"]
+
+
+def test_terminal_timeline_marks_each_step():
+    result = diagnose(str(PROGRAMS / "recompile_last_batch.py"))
+    assert "steps: c.|..C.." in result.stderr  # warm-up compile, then the recompile in step 4

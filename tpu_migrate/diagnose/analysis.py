@@ -118,7 +118,7 @@ def _rank(events: list[dict], fallback: int | None) -> int | None:
 
 @dataclass
 class StepRecord:
-    """One step of the busiest process, for the HTML timeline."""
+    """One step of the busiest process, for the timelines (terminal and HTML)."""
 
     index: int
     seconds: float
@@ -155,22 +155,12 @@ def step_records(evidence: Evidence) -> list[StepRecord]:
     return records
 
 
-def timeline(evidence: Evidence, steps: int) -> str:
-    """One character per step: C compile, s host sync, d dynamic shape, f fallback, . nothing."""
-    marks = [set() for _ in range(steps + 1)]
-    offsets = []
-    for events in evidence.events.values():
-        offsets = [e.get("debug_offset", 0) for e in events if e["kind"] == "step"] or offsets
-        for event in events:
-            letter = {"sync": "s", "dynamic": "d", "fallback": "f"}.get(event["kind"])
-            if letter and event["step"] <= steps:
-                marks[event["step"]].add(letter)
-    for compile_ in parse_compiles(evidence.debug_log) if evidence.debug_log else []:
-        step = sum(1 for offset in offsets if offset <= compile_.offset)
-        if step <= steps:
-            marks[step].add("C")
-    order = "Cdfs"
-    return "".join(next((c for c in order if c in m), ".") for m in marks[:steps])
+def timeline(records: list[StepRecord]) -> str:
+    """One character per step: C compile, d dynamic shape, f fallback, s host sync, . nothing."""
+    def mark(r: StepRecord) -> str:
+        return "C" if r.compiles else "d" if r.dynamic else "f" if r.fallbacks else "s" if r.syncs else "."
+
+    return "".join(mark(r) for r in records)
 
 
 def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:

@@ -50,14 +50,14 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
     if output:
         with open(output, "w", encoding="utf-8") as handle:
             handle.write(document + "\n")
+    records = analysis.step_records(evidence)
     if html_file:
         from tpu_migrate.diagnose import html
 
         with open(html_file, "w", encoding="utf-8") as handle:
-            handle.write(html.render(script, analysis.step_records(evidence), warmup_steps, findings,
-                                     evidence.exit_code))
+            handle.write(html.render(script, records, warmup_steps, findings, evidence.exit_code))
     report.print_report(Console(stderr=True, soft_wrap=True), script, steps, warmup_steps, findings,
-                        analysis.timeline(evidence, steps))
+                        analysis.timeline(records))
     # A program killed by a signal reports -N; the shell convention is 128 + N.
     status = evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code
     return status, document, findings
