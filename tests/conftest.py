@@ -30,15 +30,6 @@ def run_cli(*args: str, cwd: Path | None = None, input: bytes | None = None) -> 
     )
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now: concurrent runs must not share a rendezvous port."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def cli():
     return run_cli

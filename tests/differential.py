@@ -86,7 +86,7 @@ def run_original(path: Path, args: list[str] = ()) -> Run:
     return run_program(path, _env({"PJRT_DEVICE": "CPU"}), args)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """Process groups rendezvous on a port: never share one with a concurrent run."""
     import socket
 
@@ -117,7 +117,7 @@ def migrate(path: Path, workdir: Path, target: str = "portable") -> Path:
 
 def run_migrated(copy: Path, workdir: Path, args: list[str] = (), launcher: list[str] | None = None,
                  extra_env: dict[str, str] | None = None) -> Run:
-    env = _env({"PYTHONPATH": str(blocker_dir(workdir)), "MASTER_PORT": str(_free_port()),
+    env = _env({"PYTHONPATH": str(blocker_dir(workdir)), "MASTER_PORT": str(free_port()),
                 **(extra_env or {})})
     return run_program(copy, env, args, launcher)
 

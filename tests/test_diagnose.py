@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 
-from conftest import ROOT, free_port
+from conftest import ROOT
+from differential import free_port
 
 PROGRAMS = ROOT / "fixtures" / "diagnose"
 

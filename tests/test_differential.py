@@ -12,7 +12,8 @@ import sys
 import pytest
 
 import differential as harness
-from conftest import ROOT, free_port
+from conftest import ROOT
+from differential import free_port
 from test_realistic import unmarked_references
 
 PROGRAMS = sorted(harness.PROGRAMS.glob("p*.py"))
