@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 import traceback
 
 from tpu_migrate.diagnose import tracer
 
+# The signals the tool blocked before it started this process (runner._block_signals).
+ENV_UNBLOCK = "TPU_MIGRATE_DIAGNOSE_UNBLOCK"
+
 
 def main() -> None:
     mode, target, *args = sys.argv[1:]
+    # The program starts with the tool's caller's signal mask; one that arrived while they were
+    # blocked is delivered now.
+    unblock = os.environ.pop(ENV_UNBLOCK, "")
+    if unblock:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {int(s) for s in unblock.split(",")})
     tracer.install()
     if mode == "script":
         sys.argv = [target, *args]

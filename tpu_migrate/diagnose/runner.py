@@ -4,7 +4,16 @@ The program runs in a child interpreter (tpu_migrate.diagnose.bootstrap) with to
 compile analysis switched on (PT_XLA_DEBUG_LEVEL=1, measured at no overhead, written to a file)
 and a sitecustomize on PYTHONPATH, so worker processes started by xmp.spawn / torch_xla.launch /
 torch.multiprocessing are traced too. Everything lives in a temporary directory that is removed
-afterwards.
+afterwards, however the program or the tool ends (see _wait for signals).
+
+The program runs in the tool's own process group and session, not a new one: a terminal's Ctrl-C
+(and hang-up) reaches both, the program can read the terminal (a background process group is
+stopped by SIGTTIN when it reads it) and job control (Ctrl-Z, fg) works on the whole. What it
+leaves running is found another way: on Linux the tool is a child subreaper while it runs, so the
+program's orphans (the workers of a killed parent, their children) become the tool's children,
+and they are stopped after the program ends. A process group would miss workers that start their
+own session, and killing ours would hit the rest of a shell pipeline (`echo data | tpu-migrate
+...`).
 """
 
 from __future__ import annotations
@@ -17,9 +26,20 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, field
 
-from tpu_migrate.diagnose.tracer import ENV_DEBUG_FILE, ENV_DIR
+from tpu_migrate.diagnose.bootstrap import ENV_UNBLOCK
+from tpu_migrate.diagnose.tracer import ENV_BACKEND, ENV_DEBUG_FILE, ENV_DIR, ENV_WARMUP
+
+# Signals the tool takes while the program runs (blocked, then read with sigtimedwait), and how
+# long one that some process sent to the tool waits before it is relayed to a program that
+# handles it (a torch_xla program takes about 2 s to exit after Ctrl-C).
+RELAYED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                if hasattr(signal, name))
+RELAY_GRACE_S = 5.0
+SI_KERNEL = 0x80  # si_code of a signal the kernel sent: a terminal's Ctrl-C, Ctrl-\ or hang-up
 
 SITECUSTOMIZE = '''# Written by tpu-migrate diagnose: trace every Python process of the diagnosed program.
 try:
@@ -39,14 +59,20 @@ class Evidence:
     fallback_log: bytes = b""  # --explain: XLA_FNTRACKER_FILE, one record per CPU-fallback call
 
 
-def run(target: str, args: list[str], module: bool, stdout=None, explain: bool = False) -> Evidence:
+def run(target: str, args: list[str], module: bool, stdout=None, explain: bool = False,
+        backend: str = "xla", warmup_steps: int = 2) -> Evidence:
     """Run the program to completion (Ctrl-C stops the program, not the report).
 
     `explain` also records the IR of every graph with the Python line of each node
     (XLA_IR_DEBUG + XLA_SAVE_TENSORS_FILE): what changed between two compiles of a line. It
     costs about 2-3x, so it is opt-in.
     """
+    # Signals wait in line from here on, so the temporary directory is always removed. The
+    # program unblocks them in its bootstrap: it starts with the caller's signal mask.
+    waited = _block_signals()
+    subreaper = _set_subreaper(True)
     workdir = tempfile.mkdtemp(prefix="tpu-migrate-diagnose-")
+    process = None
     try:
         site = os.path.join(workdir, "site")
         os.mkdir(site)
@@ -57,6 +83,8 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
         env = {
             **os.environ,
             ENV_DIR: workdir,
+            ENV_BACKEND: backend,
+            ENV_WARMUP: str(warmup_steps),
             ENV_DEBUG_FILE: debug_file,
             "PT_XLA_DEBUG_LEVEL": "1",
             "PYTHONPATH": python_path,
@@ -69,17 +97,14 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
                         "XLA_FNTRACKER_FILE": fallback_file, "XLA_FNTRACKER_LEVEL": "3"})
         command = [sys.executable, "-m", "tpu_migrate.diagnose.bootstrap",
                    "module" if module else "script", target, *args]
+        if waited:
+            env[ENV_UNBLOCK] = ",".join(str(int(s)) for s in waited)
         process = subprocess.Popen(command, env=env, stdout=stdout)
-        # Ignore Ctrl-C here only now: an ignored SIGINT would be inherited by the program. The
-        # terminal signals the whole process group; the program stops, and we still report.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            try:
-                exit_code = process.wait()
-            except KeyboardInterrupt:
-                exit_code = process.wait()
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        exit_code = _wait(process, waited, subreaper) if waited is not None else _wait_plain(process)
+        stopped = _stop_leftovers() if subreaper else 0
+        if stopped:
+            sys.stderr.write(f"tpu-migrate diagnose: stopped {stopped} process(es) that the program "
+                             "left running\n")
         evidence = Evidence(exit_code=exit_code, events=read_events(workdir))
         for path in sorted(glob.glob(graphs_file + "*")):  # torch_xla appends .<ordinal>
             with open(path, encoding="utf-8", errors="replace") as handle:
@@ -92,7 +117,160 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
                 evidence.fallback_log = handle.read()
         return evidence
     finally:
+        if process is not None and process.poll() is None:  # the tool failed while it waited
+            process.kill()
+            process.wait()
+        if subreaper:
+            _stop_leftovers()
         shutil.rmtree(workdir, ignore_errors=True)
+        if subreaper:
+            _set_subreaper(False)
+        if waited:  # what arrived after the program ended was for it: taken, not delivered
+            while signal.sigtimedwait(waited, 0) is not None:
+                pass
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, waited)
+
+
+def _block_signals() -> set | None:
+    """Block the relayed signals and SIGCHLD (the wake-up) in this thread; returns those this
+    call blocked, or None where signals cannot be taken this way (not Linux, not the main
+    thread), and _wait_plain is used."""
+    if not hasattr(signal, "sigtimedwait") or threading.current_thread() is not threading.main_thread():
+        return None
+    wanted = {*RELAYED, signal.SIGCHLD}
+    return wanted - signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+
+
+def _wait(process: subprocess.Popen, waited: set, subreaper: bool) -> int:
+    """Wait for the program while taking the tool's signals (RELAYED).
+
+    A signal the terminal sent (Ctrl-C, Ctrl-\\, hang-up) went to the whole foreground process
+    group, the program included: it is not relayed. A signal a process sent (`kill TOOL`,
+    `timeout`, a job scheduler, or `kill -INT -PGID`, which cannot be told apart from `kill -INT
+    TOOL`) is relayed: at once where the program does not handle it (a second SIGTERM to a dying
+    program changes nothing), else if the program is still running RELAY_GRACE_S later, so that
+    a program that got the signal itself is not interrupted again while it acts on it
+    (KeyboardInterrupt, a checkpoint on SIGTERM). The tool then reports, and exits with the
+    program's status.
+    """
+    relay: list[tuple[float, int]] = []  # (when, signal)
+    while process.poll() is None:
+        info = signal.sigtimedwait(waited, 0.25)
+        now = time.monotonic()
+        if info is not None and info.si_signo != signal.SIGCHLD and info.si_code != SI_KERNEL:
+            grace = RELAY_GRACE_S if _handles(process.pid, info.si_signo) else 0.0
+            relay.append((now + grace, info.si_signo))
+        elif info is not None and info.si_signo == signal.SIGCHLD and subreaper:
+            _reap_orphans(process.pid)
+        for entry in [r for r in relay if r[0] <= now]:
+            relay.remove(entry)
+            if process.poll() is None:
+                process.send_signal(entry[1])
+    return process.returncode
+
+
+def _handles(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for the signal (SigCgt in /proc/PID/status)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return True
+
+
+def _wait_plain(process: subprocess.Popen) -> int:
+    # Ignore Ctrl-C here only now: an ignored SIGINT would be inherited by the program. The
+    # terminal signals the whole process group; the program stops, and we still report.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        try:
+            return process.wait()
+        except KeyboardInterrupt:
+            return process.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _set_subreaper(on: bool) -> bool:
+    """PR_SET_CHILD_SUBREAPER (Linux): the program's orphans become this process's children."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> list[int]:
+    """This process's children, from /proc."""
+    me = str(os.getpid()).encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as handle:
+                    stat = handle.read()
+            except OSError:
+                continue
+            if stat[stat.rfind(b")") + 2 :].split()[1:2] == [me]:
+                pids.append(int(entry))
+    return pids
+
+
+def _reap_orphans(program: int) -> None:
+    """Reap the orphans that ended while the program runs (zombies otherwise), never the program."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None or info.si_pid == program:
+            return
+        os.waitpid(info.si_pid, 0)
+
+
+def _reap(pids: list[int], timeout: float) -> list[int]:
+    """Reap those of pids that end within timeout seconds; returns the ones still running."""
+    deadline = time.monotonic() + timeout
+    live = list(pids)
+    while True:
+        for pid in list(live):
+            try:
+                done = os.waitpid(pid, os.WNOHANG)[0]
+            except ChildProcessError:
+                done = pid
+            if done:
+                live.remove(pid)
+        if not live or time.monotonic() >= deadline:
+            return live
+        time.sleep(0.02)
+
+
+def _stop_leftovers() -> int:
+    """Stop the processes the program left running (orphans reparented to this subreaper): a
+    moment to end by themselves (a resource tracker whose pipe closed), then SIGTERM, then
+    SIGKILL 2 s later; their children are the next round. Returns how many were signalled."""
+    signalled: set[int] = set()
+    for _ in range(32):
+        live = [pid for pid in _reap(_children(), 0.5) if pid not in signalled]  # not one stuck in D
+        if not live:
+            break
+        signalled.update(live)
+        for signum, timeout in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
+            for pid in live:
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
+            live = _reap(live, timeout)
+            if not live:
+                break
+    return len(signalled)
 
 
 def read_events(directory: str) -> dict[int, list[dict]]:
@@ -100,6 +278,11 @@ def read_events(directory: str) -> dict[int, list[dict]]:
     events = {}
     for path in sorted(glob.glob(os.path.join(directory, "events.*.jsonl"))):
         pid = int(path.rsplit(".", 2)[1])
-        with open(path, encoding="utf-8") as handle:
-            events[pid] = [json.loads(line) for line in handle if line.strip()]
+        events[pid] = []
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    events[pid].append(json.loads(line))
+                except ValueError:  # a line cut short by SIGKILL
+                    continue
     return events

@@ -1,0 +1,193 @@
+"""`tpu-migrate diagnose` on programs that end badly, through the real CLI (XLA:CPU).
+
+Each case checks the exit status, the finding recorded before the trouble (at its known line),
+that the tool's temporary directory is gone (TMPDIR points into tmp_path) and that no process of
+the program is left running (the programs write their pids and their workers' pids to a file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+STRESS = ROOT / "fixtures" / "diagnose" / "stress"
+
+
+def environment(tmp_path: Path) -> dict:
+    temp = tmp_path / "tmp"
+    temp.mkdir(exist_ok=True)
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU", "TMPDIR": str(temp)}
+
+
+def command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tpu_migrate", "diagnose", *args]
+
+
+def diagnose(tmp_path: Path, *args: str, input: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(command(*args), input=input, capture_output=True,
+                          env=environment(tmp_path), timeout=300)
+
+
+def findings(document: dict) -> list[tuple]:
+    return [(f["kind"], Path(f["file"]).name, f["line"], f["count"]) for f in document["findings"]]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
+def assert_cleaned_up(tmp_path: Path, pids_file: Path | None = None) -> None:
+    assert not list((tmp_path / "tmp").glob("tpu-migrate-diagnose-*"))
+    if pids_file is None:
+        return
+    pids = [int(pid) for pid in pids_file.read_text().split()]
+    assert pids
+    left = [pid for pid in pids if alive(pid)]
+    for pid in left:  # not for the next test to find
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
+def sync_count(document: dict, program: str, line: int) -> int:
+    [finding] = [f for f in findings(document) if f[:3] == ("sync", program, line)]
+    return finding[3]
+
+
+def test_os_exit_writes_the_last_events_and_forked_children_their_own(tmp_path):
+    pids = tmp_path / "pids"
+    result = diagnose(tmp_path, "--format", "json", str(STRESS / "exit_abruptly.py"), str(pids))
+    assert result.returncode == 7, result.stderr[-3000:]
+    document = json.loads(result.stdout)
+    assert document["exit_code"] == 7
+    # 4 reads: the last one came after the last step boundary (written at os._exit), and the
+    # forked child, which inherited it unwritten, did not write it a second time.
+    assert findings(document) == [("sync", "exit_abruptly.py", 16, 4)]
+    assert b"total" in result.stderr
+    assert_cleaned_up(tmp_path, pids)
+
+
+def test_a_raising_spawn_worker_does_not_hang_the_report(tmp_path):
+    pids = tmp_path / "pids"
+    result = diagnose(tmp_path, "--format", "json", str(STRESS / "worker_raises.py"), str(pids))
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert b"RuntimeError: worker 1 failed" in result.stderr
+    document = json.loads(result.stdout)
+    assert document["exit_code"] == 1
+    assert sync_count(document, "worker_raises.py", 29) >= 2  # worker 0, stopped by the parent
+    assert b"process(es) that the program left running" in result.stderr  # worker 0's sleeper
+    assert_cleaned_up(tmp_path, pids)
+
+
+def test_threads_reading_device_values(tmp_path):
+    report = tmp_path / "report.json"
+    result = diagnose(tmp_path, "--output", str(report), str(STRESS / "thread_reads.py"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout == b"done\n"
+    # 3 steps x 4 threads x 5 reads, each at the thread's own line.
+    assert findings(json.loads(report.read_text())) == [("sync", "thread_reads.py", 13, 60)]
+    assert_cleaned_up(tmp_path)
+
+
+def test_megabytes_of_output_and_stdin(tmp_path):
+    result = diagnose(tmp_path, "--format", "json", str(STRESS / "loud_stdin.py"), input=b"data\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads(result.stdout)  # stdout holds the JSON alone
+    assert b"stdin: 'data'\n" in result.stderr  # the program's stdout went to stderr
+    assert result.stderr.count(b"x" * 1023 + b"\n") == 20 * 1024
+    assert b"\nend\n" in result.stderr
+    assert findings(document) == [("sync", "loud_stdin.py", 15, 4)]
+    assert_cleaned_up(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["KILL", "TERM"])
+def test_killed_by_a_signal_from_inside(tmp_path, name):
+    pids = tmp_path / "pids"
+    number = getattr(signal, "SIG" + name)
+    result = diagnose(tmp_path, "--format", "json", str(STRESS / "killed.py"), name, str(pids))
+    assert result.returncode == 128 + number, result.stderr[-3000:]
+    document = json.loads(result.stdout)
+    assert document["exit_code"] == -number
+    # Killed in step 3: the reads of steps 1 and 2 were written at the step boundaries.
+    assert sync_count(document, "killed.py", 21) >= 2
+    assert b"process(es) that the program left running" in result.stderr  # the sleeper
+    assert_cleaned_up(tmp_path, pids)
+
+
+def start_waiting_program(tmp_path: Path, pids: Path, **popen) -> subprocess.Popen:
+    return subprocess.Popen(command("--format", "json", str(STRESS / "killed.py"), "wait", str(pids)),
+                            env=environment(tmp_path), start_new_session=True, **popen)
+
+
+@pytest.mark.parametrize("name", ["TERM", "INT"])
+def test_the_tool_itself_signalled(tmp_path, name):
+    """`kill -TERM TOOL` is relayed at once (the program does not handle SIGTERM); `kill -INT
+    TOOL` after the grace period (Python handles SIGINT), and the program gets it once."""
+    pids = tmp_path / "pids"
+    number = getattr(signal, "SIG" + name)
+    tool = start_waiting_program(tmp_path, pids, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stderr = b""
+    while b"ready" not in stderr:  # the program's stdout goes to stderr with --format json
+        line = tool.stderr.readline()
+        assert line, stderr.decode()[-3000:]
+        stderr += line
+    tool.send_signal(number)  # to the tool alone
+    out, err = tool.communicate(timeout=120)
+    assert tool.returncode == 128 + number, err.decode()[-3000:]
+    document = json.loads(out)
+    assert document["exit_code"] == -number
+    assert sync_count(document, "killed.py", 21) >= 2
+    assert err.count(b"KeyboardInterrupt") == (1 if name == "INT" else 0)
+    assert_cleaned_up(tmp_path, pids)
+
+
+def test_ctrl_c_at_a_terminal(tmp_path):
+    """The tool and the program share the terminal's foreground process group: Ctrl-C reaches
+    both (and the program's children), the tool does not relay it, and still reports."""
+    import fcntl
+    import pty
+    import termios
+
+    pids = tmp_path / "pids"
+    report = tmp_path / "report.json"
+    master, slave = pty.openpty()
+    tool = subprocess.Popen(
+        command("--output", str(report), str(STRESS / "killed.py"), "wait", str(pids)),
+        env=environment(tmp_path), stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # the terminal is the tool's
+    )
+    os.close(slave)
+    output = b""
+    deadline = time.monotonic() + 180
+    interrupted = False
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every holder of the terminal has closed it
+                break
+            if not chunk:
+                break
+            output += chunk
+        if not interrupted and b"ready" in output:
+            os.write(master, b"\x03")  # Ctrl-C: the kernel signals the foreground group
+            interrupted = True
+    os.close(master)
+    assert tool.wait(timeout=60) == 128 + signal.SIGINT, output.decode(errors="replace")[-3000:]
+    document = json.loads(report.read_text())
+    assert sync_count(document, "killed.py", 21) >= 2
+    assert b"left running" not in output  # the sleeper got the Ctrl-C too
+    assert_cleaned_up(tmp_path, pids)
