@@ -68,21 +68,53 @@ def test_unmarked_may_sync():
     result.assert_outcomes(passed=2)
 
 
-def test_native_eager_code_is_not_affected(pytester):
-    """Without torch_xla tensors there is nothing for the torch_xla tracer to report."""
+def test_native_eager_sync_every_step_fails(pytester):
+    """Without torch_xla the native backend traces the test: the CPU stands in for the TPU."""
     pytester.makepyfile(test_eager='''
 import pytest
 import torch
 
-@pytest.mark.tpu_diagnose
+@pytest.mark.tpu_diagnose(fail_on=("sync",))
 def test_eager_cpu():
-    x = torch.ones(3)
-    for _ in range(3):
-        x = x * 2
-        float(x.sum())
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(4):
+        loss = model(torch.ones(2, 3)).sum()
+        loss.backward()
+        optimizer.step()
+        print(float(loss))  # line 12 of the generated file
+
+
+@pytest.mark.tpu_diagnose
+def test_clean_eager_loop_passes():
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    for _ in range(4):
+        model(torch.ones(2, 3)).sum().backward()
+        optimizer.step()
 ''')
     result = pytester.runpytest_subprocess("-q")
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["*test_eager.py:12: sync: host sync `float`*"])
+
+
+def test_native_compiled_recompile_after_warmup_fails(pytester):
+    pytester.makepyfile(test_compiled='''
+import pytest
+import torch
+
+@pytest.mark.tpu_diagnose(fail_on=("recompile",), warmup_steps=2)
+def test_compiled_shapes_change():
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    forward = torch.compile(model)
+    for batch in (8, 8, 8, 5):
+        forward(torch.ones(batch, 4)).sum().backward()
+        optimizer.step()
+''')
+    result = pytester.runpytest_subprocess("-q")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*test_compiled.py:10: recompile: torch.compile recompiled the compiled code called here*size mismatch at index 0. expected 8, actual 5*"])
 
 
 def test_unknown_kind_is_a_usage_error(pytester):

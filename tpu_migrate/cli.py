@@ -173,7 +173,8 @@ def explain(code) -> None:
     explain_report.print_explanation(rule, Console(highlight=False, soft_wrap=True))
 
 
-FAIL_KINDS = ("recompile", "sync", "dynamic-shape", "fallback")
+FAIL_KINDS = ("recompile", "recompile-limit", "graph-break", "sync", "dynamic-shape", "fallback",
+              "unsupported-op", "tpu-incompatible")
 
 
 def _fail_kinds(ctx, param, value):
@@ -193,7 +194,11 @@ def _fail_kinds(ctx, param, value):
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True,
               help="Compiles before the end of this step are expected, not findings.")
 @click.option("--fail-on", callback=_fail_kinds, metavar="KINDS",
-              help="Exit 1 when a finding of these kinds exists: recompile,sync,dynamic-shape,fallback or any.")
+              help="Exit 1 when a finding of these kinds exists (comma-separated): " + ",".join(FAIL_KINDS)
+              + " or any.")
+@click.option("--backend", type=click.Choice(["auto", "xla", "native"]), default="auto", show_default=True,
+              help="xla: torch_xla programs; native: eager and torch.compile programs on tpu/cuda/cpu; "
+                   "auto: xla when the program imports torch_xla.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "sarif", "github"]), default="text",
               show_default=True,
               help="json / sarif / github: the report on stdout after the program ends (its stdout goes to stderr).")
@@ -204,14 +209,16 @@ def _fail_kinds(ctx, param, value):
               help="Write a self-contained HTML report (findings and a per-step timeline) here.")
 @click.argument("target", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def diagnose(module, warmup_steps, fail_on, output_format, output, explain, html_file, target, args) -> None:
-    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under the torch_xla tracer and report
-    recompilations, host syncs, data-dependent shapes and CPU fallbacks at your own lines."""
+def diagnose(module, warmup_steps, fail_on, backend, output_format, output, explain, html_file, target,
+             args) -> None:
+    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under a tracer and report, at your own
+    lines, recompilations, host syncs, data-dependent shapes and CPU fallbacks (torch_xla), and
+    for native PyTorch also graph breaks, unsupported TorchTPU ops and calls that raise there."""
     from tpu_migrate.diagnose.command import DiagnoseError, run_diagnose
 
     try:
         status, document, findings = run_diagnose(target, list(args), module, warmup_steps,
-                                                  output_format, output, explain, html_file)
+                                                  output_format, output, explain, html_file, backend)
     except DiagnoseError as exc:
         raise click.UsageError(str(exc)) from None
     if output_format == "json":

@@ -4,9 +4,11 @@
     def test_training_loop_stays_on_device():
         train(steps=10)
 
-The test body runs under the diagnose tracer (in the test's own process, for torch_xla code) and
-the test fails when it recompiles after warm-up, syncs the host step after step, has
-data-dependent shapes or falls back to the CPU, whichever `fail_on` names (default: all four).
+The test body runs under the diagnose tracer, in the test's own process: the torch_xla backend
+for torch_xla code, the native one (eager and torch.compile) otherwise. The test fails when it
+has findings of the kinds `fail_on` names (default: all of them): recompiles after warm-up,
+host syncs step after step, data-dependent shapes, CPU fallbacks, and for native code graph
+breaks, a hit recompile limit, ops TorchTPU cannot run and calls that raise on TorchTPU.
 The findings are in the failure message. Installed with tpu-migrate (entry point `pytest11`).
 """
 
@@ -17,13 +19,14 @@ import tempfile
 
 import pytest
 
-KINDS = ("recompile", "sync", "dynamic-shape", "fallback")
+KINDS = ("recompile", "recompile-limit", "graph-break", "sync", "dynamic-shape", "fallback",
+         "unsupported-op", "tpu-incompatible")
 
 
 def pytest_configure(config) -> None:
     config.addinivalue_line(
         "markers",
-        "tpu_diagnose(fail_on=('recompile', 'sync', 'dynamic-shape', 'fallback'), warmup_steps=2): "
+        "tpu_diagnose(fail_on=('recompile', 'graph-break', 'sync', ...), warmup_steps=2): "
         "fail the test when tpu-migrate diagnose finds these in its body",
     )
 
@@ -47,7 +50,7 @@ def _runtest_call(item):
     warmup_steps = int(marker.kwargs.get("warmup_steps", 2))
     directory = tempfile.mkdtemp(prefix="tpu-migrate-pytest-")
     try:
-        with tracer.InProcess(directory) as traced:
+        with tracer.InProcess(directory, warmup_steps) as traced:
             result = yield
         evidence = Evidence(exit_code=0, events=read_events(traced.directory))
     finally:

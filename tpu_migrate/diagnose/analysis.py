@@ -13,7 +13,14 @@ from dataclasses import dataclass, field
 from tpu_migrate.diagnose.runner import Evidence
 from tpu_migrate.diagnose.tracer import EXPECTED_ATEN, is_library
 
-KINDS = ("recompile", "sync", "dynamic-shape", "fallback", "compile")
+KINDS = ("recompile", "recompile-limit", "graph-break", "sync", "dynamic-shape", "fallback",
+         "unsupported-op", "tpu-incompatible", "compile")
+# Recorded event kind -> finding kind. Recompiles of the native backend come with Dynamo's
+# reason; those of the xla backend come from torch_xla's compile log (parse_compiles).
+EVENT_KINDS = {"sync": "sync", "dynamic": "dynamic-shape", "fallback": "fallback",
+               "unsupported": "unsupported-op", "incompatible": "tpu-incompatible",
+               "graph_break": "graph-break", "recompile_limit": "recompile-limit",
+               "recompile": "recompile"}
 FRAME = re.compile(r"^\s+(?P<fn>.+?) \((?P<file>.+):(?P<line>\d+)\)$")
 HOST_READ_CAUSE = "most likely user code trying to access tensor value"
 
@@ -109,6 +116,12 @@ def _process_steps(events: list[dict]) -> tuple[int, list[int]]:
     return len(boundaries), [e.get("debug_offset", 0) for e in boundaries]
 
 
+def _traced_something(events: list[dict]) -> bool:
+    """Helper processes that ran no step and read nothing (torch.compile's compile workers, say)
+    are not ranks of the program."""
+    return any(e["kind"] not in ("backend", "end") for e in events)
+
+
 def _rank(events: list[dict], fallback: int | None) -> int | None:
     ends = [e for e in events if e["kind"] == "end"]
     if ends and ends[-1].get("rank") is not None:
@@ -128,9 +141,25 @@ class StepRecord:
     fallbacks: int = 0
 
 
+def backend(evidence: Evidence) -> tuple[str, str | None]:
+    """The backend that traced the program, and the device of a native run (cpu: no
+    accelerator, the CPU stood in for the TPU)."""
+    chosen = ("xla", None)
+    for events in evidence.events.values():
+        for event in events:
+            if event["kind"] == "backend":
+                chosen = (event["op"], event.get("device"))
+    return chosen
+
+
 def step_records(evidence: Evidence) -> list[StepRecord]:
-    events = max(evidence.events.values(), key=lambda e: sum(1 for x in e if x["kind"] == "step"), default=[])
-    boundaries = [e for e in events if e["kind"] == "step"]
+    def boundaries_of(events):
+        steps = [e for e in events if e["kind"] == "step"]
+        return steps or [e for e in events if e["kind"] == "opt_step"]
+
+    events = max(evidence.events.values(), key=lambda e: len(boundaries_of(e)), default=[])
+    boundaries = boundaries_of(events)
+    by_optimizer = bool(boundaries) and boundaries[0]["kind"] == "opt_step"
     records = []
     previous = None
     for index, boundary in enumerate(boundaries):
@@ -139,9 +168,11 @@ def step_records(evidence: Evidence) -> list[StepRecord]:
         records.append(StepRecord(index, max(seconds, 0.0)))
         previous = now
     for event in events:
-        step = event.get("step", 0)
+        step = event.get("ostep", 0) if by_optimizer else event.get("step", 0)
         if step < len(records):
-            if event["kind"] == "sync":
+            if event["kind"] == "compile":
+                records[step].compiles += 1
+            elif event["kind"] == "sync":
                 records[step].syncs += 1
             elif event["kind"] == "dynamic":
                 records[step].dynamic += 1
@@ -166,7 +197,7 @@ def timeline(records: list[StepRecord]) -> str:
 def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
     """Findings (worst first) and the number of steps (of the process that ran the most)."""
     findings: dict[tuple, Finding] = {}
-    processes = sorted(evidence.events.items())
+    processes = [(pid, events) for pid, events in sorted(evidence.events.items()) if _traced_something(events)]
     multi = len(processes) > 1
     main_steps = 0
     compile_process = None
@@ -178,12 +209,15 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
         if offsets and any(offsets) and compile_process is None:
             compile_process = (rank, offsets)
         for event in events:
-            kind = {"sync": "sync", "dynamic": "dynamic-shape", "fallback": "fallback"}.get(event["kind"])
+            kind = EVENT_KINDS.get(event["kind"])
             if kind is None or event.get("file") is None or (kind == "fallback" and exact_fallbacks):
                 continue
-            _add(findings, kind, event["file"], event["line"], event["op"], event["step"], rank,
-                 event.get("count", 1))
-    if not evidence.debug_log:
+            if kind == "recompile" and event["step"] < warmup_steps:
+                continue
+            finding = _add(findings, kind, event["file"], event["line"], event["op"], event["step"],
+                           None if event.get("static") else rank, event.get("count", 1))
+            finding.changed = finding.changed or event.get("reason") or event.get("gb")
+    if not evidence.debug_log and backend(evidence)[0] == "xla":
         _add_counted_compiles(findings, processes, warmup_steps)
     if evidence.debug_log:
         # torch_xla writes its compile analysis from one process (the local master).
@@ -198,8 +232,9 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
             step = sum(1 for b in boundaries if b <= offset)
             _add(findings, "fallback", file, line, op, step, None).exact = True
     result = [f for f in findings.values() if _reportable(f)]
+    backend_name = backend(evidence)[0]
     for finding in result:
-        finding.message, finding.explanation = describe(finding)
+        finding.message, finding.explanation = describe(finding, backend_name)
     order = {kind: i for i, kind in enumerate(KINDS)}
     result.sort(key=lambda f: (order[f.kind], -f.count, f.file, f.line))
     return result, main_steps
@@ -307,8 +342,16 @@ def _reportable(finding: Finding) -> bool:
     return True
 
 
-def describe(f: Finding) -> tuple[str, str]:
+def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
     where = f"{f.file}:{f.line}"
+    if f.kind == "recompile" and f.op not in (None, "host read"):  # native: Dynamo's reason
+        what = "the compiled code called here" if f.op == "(called here)" else f"`{f.op}`"
+        return (f"torch.compile recompiled {what} {f.count} time(s) after warm-up at {where} "
+                f"(first in step {f.first_step}): {f.changed}",
+                "A guard of the compiled code failed, so Dynamo traced and compiled it again. A "
+                "size mismatch: give the input a fixed shape (DataLoader(drop_last=True), pad or "
+                "bucket lengths) or mark the dimension dynamic with torch._dynamo.mark_dynamic. A "
+                "changing Python number: pass it as a tensor.")
     if f.kind == "recompile":
         message = f"recompiled {f.count} time(s) after warm-up at {where} (first in step {f.first_step})"
         if f.changed:
@@ -321,6 +364,19 @@ def describe(f: Finding) -> tuple[str, str]:
                          "input whose shape changes (a shorter last batch: DataLoader(drop_last=True); "
                          "variable sequence lengths: pad or bucket them), or a Python number that "
                          "changes every step and is baked into the graph (pass it as a tensor).")
+    if f.kind in NATIVE_DESCRIPTIONS:
+        return NATIVE_DESCRIPTIONS[f.kind](f, where)
+    if backend_name == "native" and f.kind == "sync":
+        return (f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) in {len(f.steps)} steps",
+                "The host waits for the TPU to finish all queued work before it can read the value, "
+                "every step (and in TorchTPU's fused eager mode it also cuts the fused graph). Log "
+                "less often: accumulate on the device and read every N steps, or copy with "
+                ".to('cpu', non_blocking=True) and read it a step later.")
+    if backend_name == "native" and f.kind == "dynamic-shape":
+        return (f"data-dependent shape `{f.op}` at {where}: {f.count} time(s)",
+                "The output's shape depends on the values: the host waits for the device to learn "
+                "it, and under torch.compile it breaks the graph or recompiles per shape. Prefer "
+                "fixed-shape forms: torch.where(mask, x, 0), masked sums, padding to a maximum size.")
     if f.kind == "compile":
         return (f"first compile of a new graph after warm-up at {where} (step {f.first_step})",
                 "Information: a graph first seen after warm-up, such as an evaluation step. "
@@ -341,3 +397,58 @@ def describe(f: Finding) -> tuple[str, str]:
     return (f"`{f.op}` fell back to the CPU {f.count} time(s) {place}",
             f"{f.op} has no XLA lowering: it ran on the CPU, with a copy to the host and back. "
             "Replace it with an op that has one, or move it out of the training step.")
+
+
+def _graph_break(f: Finding, where: str) -> tuple[str, str]:
+    gb = f" ({f.changed}: https://meta-pytorch.github.io/compile-graph-break-site/gb/{f.changed.lower()}.html)" \
+        if f.changed else ""
+    return (f"graph break at {where}: {f.op}{gb}; traced {f.count} time(s)",
+            "torch.compile splits the function here: the code before and after compiles as "
+            "separate graphs and this line runs in Python between them, every call. A host read "
+            "(.item(), print, `if tensor`) also waits for the device. Keep it out of the compiled "
+            "function, or use the fix the Dynamo hint names.")
+
+
+def _recompile_limit(f: Finding, where: str) -> tuple[str, str]:
+    return (f"torch.compile gave up on the function at {where}: it hit {f.op} "
+            f"(last reason: {f.changed})",
+            "Dynamo recompiled this function until its limit and now runs it eagerly, silently: "
+            "it is no longer compiled. Remove the cause of the recompiles (see the recompile "
+            "findings) rather than raising the limit.")
+
+
+def _unsupported_op(f: Finding, where: str) -> tuple[str, str]:
+    return (f"`{f.op}` has no TorchTPU kernel: called {f.count} time(s) at {where} "
+            f"(in the sampled warm-up steps)",
+            f"TorchTPU 0.2.0 has no kernel for {f.op} on the tpu device and no composite kernel "
+            "covers it (rules/torchtpu-ops.json): it raises \"operator ... is not implemented for "
+            "TPU\", or with enable_cpu_fallback runs on the CPU with a copy each way. Replace it "
+            "with a supported op, or compute it on CPU tensors outside the step.")
+
+
+def _tpu_incompatible(f: Finding, where: str) -> tuple[str, str]:
+    advice = {
+        "fork start method": "TorchTPU cannot be used in a forked process: use "
+                             "multiprocessing.get_context('spawn') or torch.multiprocessing.spawn.",
+        "torch.compile(dynamic=True)": "The TPU backend raises NotImplementedError for dynamic=True: "
+                                       "drop it (static shapes), or mark single dimensions dynamic.",
+        "torch.compile(backend='inductor')": "backend='inductor' raises RuntimeError on TPU tensors: "
+                                             "pass backend='tpu' or no backend.",
+    }
+    text = advice.get(f.op)
+    if text is None and f.op.startswith("torch.compile(mode="):
+        text = "Any mode= raises TypeError on the TPU backend: remove it."
+    if text is None and f.op.startswith("torch.tpu."):
+        from tpu_migrate.diagnose.incompatible import LEGACY_DEVICE_API
+
+        name = f.op[len("torch.tpu."):].rstrip("()")
+        text = (f"On TorchTPU, {f.op} raises RuntimeError from user code (it is internal to the "
+                f"framework): call {LEGACY_DEVICE_API.get(name, 'torch.accelerator.*')} instead.")
+    if text is None:
+        text = ("A TorchTPU process is bound to one device and sees it as tpu:0: use "
+                "torch.device('tpu') and start one process per device.")
+    return f"`{f.op}` raises on TorchTPU, at {where}", text
+
+
+NATIVE_DESCRIPTIONS = {"graph-break": _graph_break, "recompile-limit": _recompile_limit,
+                       "unsupported-op": _unsupported_op, "tpu-incompatible": _tpu_incompatible}

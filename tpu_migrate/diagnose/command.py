@@ -22,7 +22,7 @@ class DiagnoseError(Exception):
 
 
 def run_diagnose(target, args, module, warmup_steps, output_format, output, explain,
-                 html_file) -> tuple[int, str, list[analysis.Finding]]:
+                 html_file, backend="auto") -> tuple[int, str, list[analysis.Finding]]:
     """Run the program under the tracer and print the text report; returns the program's exit
     status (shell convention), the JSON document and the findings."""
     if module is None and target is None:
@@ -34,10 +34,16 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
             raise DiagnoseError(f"no module named '{module}'")
     elif not os.path.isfile(target):
         raise DiagnoseError(f"no such script: {target}")
-    if importlib.util.find_spec("torch_xla") is None:
+    if backend == "auto":
+        backend = "xla" if _mentions_torch_xla(target, module is not None) else "auto"
+    if backend == "xla" and importlib.util.find_spec("torch_xla") is None:
         raise DiagnoseError("torch_xla is not installed: pip install 'tpu-migrate[xla]' (torch 2.9.0 + torch-xla 2.9.0)")
+    if backend != "xla" and importlib.util.find_spec("torch") is None:
+        raise DiagnoseError("torch is not installed: the native backend traces PyTorch programs")
     stdout = sys.stderr if output_format != "text" else None  # machine output owns stdout
-    evidence = runner.run(target, list(args), module is not None, stdout=stdout, explain=explain)
+    evidence = runner.run(target, list(args), module is not None, stdout=stdout, explain=explain,
+                          backend=backend, warmup_steps=warmup_steps)
+    backend, device = analysis.backend(evidence)
     findings, steps = analysis.analyze(evidence, warmup_steps)
     script = os.path.abspath(target) if module is None else target
     rank = torchrun_rank()
@@ -46,7 +52,8 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
             finding.rank = rank if finding.rank is None else finding.rank
         root, extension = os.path.splitext(output or "tpu-migrate-diagnose.json")
         output = f"{root}.rank{rank}{extension or '.json'}"
-    document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings, rank)
+    document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings, rank,
+                                    backend, device)
     if output:
         with open(output, "w", encoding="utf-8") as handle:
             handle.write(document + "\n")
@@ -57,10 +64,24 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
         with open(html_file, "w", encoding="utf-8") as handle:
             handle.write(html.render(script, records, warmup_steps, findings, evidence.exit_code))
     report.print_report(Console(stderr=True, soft_wrap=True), script, steps, warmup_steps, findings,
-                        analysis.timeline(records))
+                        analysis.timeline(records), backend, device)
     # A program killed by a signal reports -N; the shell convention is 128 + N.
     status = evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code
     return status, document, findings
+
+
+def _mentions_torch_xla(target: str, module: bool) -> bool:
+    """auto: the xla backend for a program that imports torch_xla. The script (or module) is
+    looked at here; a torch_xla import elsewhere switches the child from native to xla."""
+    path = target
+    if module:
+        spec = importlib.util.find_spec(target) if not os.path.exists(target) else None
+        path = spec.origin if spec is not None and spec.origin else target
+    try:
+        with open(path, "rb") as handle:
+            return b"torch_xla" in handle.read()
+    except OSError:
+        return False
 
 
 def torchrun_rank() -> int | None:

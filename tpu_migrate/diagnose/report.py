@@ -7,31 +7,39 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from tpu_migrate.diagnose.analysis import Finding
+from tpu_migrate.diagnose.analysis import KINDS, Finding
 
 JSON_VERSION = 1
 
 
 def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
-                  findings: list[Finding], rank: int | None = None) -> str:
+                  findings: list[Finding], rank: int | None = None, backend: str = "xla",
+                  device: str | None = None) -> str:
     document = {
         "version": JSON_VERSION,
         "script": script,
-        "backend": "xla",
+        "backend": backend,
         "exit_code": exit_code,
         "steps": steps,
         "warmup_steps": warmup_steps,
         "findings": [f.to_json() for f in findings],
     }
+    if device is not None:
+        document["device"] = device
     if rank is not None:
         document["rank"] = rank
     return json.dumps(document, indent=2)
 
 
 def print_report(console: Console, script: str, steps: int, warmup_steps: int,
-                 findings: list[Finding], timeline: str = "") -> None:
-    console.print(f"tpu-migrate diagnose: {script} (backend xla, {steps} steps, "
+                 findings: list[Finding], timeline: str = "", backend: str = "xla",
+                 device: str | None = None) -> None:
+    console.print(f"tpu-migrate diagnose: {script} (backend {backend}, {steps} steps, "
                   f"{warmup_steps} warm-up)", style="bold", markup=False, highlight=False)
+    if backend == "native" and device == "cpu":
+        console.print("device: cpu - no accelerator here, so the CPU stands in for the TPU: the "
+                      "findings are what would wait for, recompile on or fail on a TPU",
+                      markup=False, highlight=False)
     if timeline:
         shown = timeline[:warmup_steps].lower() + "|" + timeline[warmup_steps:]
         if len(shown) > 120:
@@ -39,8 +47,8 @@ def print_report(console: Console, script: str, steps: int, warmup_steps: int,
         console.print(f"steps: {shown}   (C compile, d dynamic shape, f fallback, s host sync; "
                       "warm-up before |)", markup=False, highlight=False)
     if not findings:
-        console.print("no recompilation, host sync, dynamic shape or CPU fallback after warm-up",
-                      markup=False)
+        console.print("no recompilation, graph break, host sync, dynamic shape, CPU fallback, "
+                      "unsupported op or TorchTPU incompatibility after warm-up", markup=False)
         return
     if not console.is_terminal:
         for f in findings:
@@ -64,7 +72,7 @@ def merge_documents(documents: list[dict]) -> dict:
     findings = []
     for document in documents:
         findings.extend(document["findings"])
-    order = {"recompile": 0, "sync": 1, "dynamic-shape": 2, "fallback": 3, "compile": 4}
+    order = {kind: index for index, kind in enumerate(KINDS)}
     findings.sort(key=lambda f: (order.get(f["kind"], 9), f["rank"] if f["rank"] is not None else -1,
                                  -f["count"], f["file"], f["line"]))
     codes = [d["exit_code"] for d in documents]

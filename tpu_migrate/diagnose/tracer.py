@@ -32,6 +32,8 @@ import time
 
 ENV_DIR = "TPU_MIGRATE_DIAGNOSE"
 ENV_DEBUG_FILE = "PT_XLA_DEBUG_FILE"
+ENV_BACKEND = "TPU_MIGRATE_DIAGNOSE_BACKEND"  # xla, native or auto (see install_backend)
+ENV_WARMUP = "TPU_MIGRATE_DIAGNOSE_WARMUP"  # native: how many steps the op-coverage mode samples
 
 # Frames in these paths are never "the user's line".
 _LIBRARY_MARKERS = (
@@ -75,8 +77,13 @@ class Recorder:
         self.path = os.path.join(directory, f"events.{os.getpid()}.jsonl")
         self.debug_file = os.environ.get(ENV_DEBUG_FILE)
         self.fallback_file = os.environ.get("XLA_FNTRACKER_FILE")  # --explain
-        self.lock = threading.Lock()
+        # Reentrant: os._exit from a signal handler that interrupted emit() flushes in that thread.
+        self.lock = threading.RLock()
         self.buffer: list[str] = []
+        self.last_flush = time.monotonic()
+        self.finished = False  # finish() ran: later events (threads still running) go out at once
+        self.forked = False  # a fork() child of a traced process (see _after_fork_in_child)
+        self.recorded = False  # this process emitted an event
         self.steps = 0
         self.optimizer_steps = 0  # the step count of programs without an XLA step marker
         self.local = threading.local()
@@ -91,19 +98,33 @@ class Recorder:
         event["step"] = self.steps
         event["ostep"] = self.optimizer_steps
         with self.lock:
+            self.recorded = True
             self.buffer.append(json.dumps(event))
-            if len(self.buffer) >= 256:
+            # Unwritten events die with the process (SIGKILL, a crash): they are written at every
+            # step boundary, at least once a second, and at once after finish().
+            if len(self.buffer) >= 256 or self.finished or time.monotonic() - self.last_flush >= 1.0:
                 self._flush_locked()
 
     def _flush_locked(self) -> None:
-        if self.buffer:
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write("\n".join(self.buffer) + "\n")
-            self.buffer.clear()
+        # Take the lines first: a reentrant flush (os._exit in a signal handler) writes only its own.
+        lines, self.buffer = self.buffer, []
+        self.last_flush = time.monotonic()
+        if lines:
+            try:
+                with open(self.path, "a", encoding="utf-8") as handle:
+                    handle.write("\n".join(lines) + "\n")
+            except OSError:  # the run's directory is gone (a process outliving the run): carry on
+                pass
 
     def flush(self) -> None:
         with self.lock:
             self._flush_locked()
+
+    def flush_soon(self) -> None:
+        """Flush at a step boundary that may come every few hundred microseconds (an eager
+        step): at most every 50 ms, which a program killed at any moment loses at worst."""
+        if time.monotonic() - self.last_flush >= 0.05:
+            self.flush()
 
     def at_user_line(self, kind: str, op: str, depth: int = 3) -> None:
         filename, line = user_frame(depth)
@@ -134,6 +155,14 @@ class Recorder:
         self.aten = current
 
     def finish(self) -> None:
+        """The process's last event: at exit (atexit) or os._exit. Once; a forked child that
+        recorded nothing (a DataLoader worker) writes no file."""
+        with self.lock:
+            if self.finished:
+                return
+            self.finished = True
+        if self.forked and not self.recorded:
+            return
         try:
             self.read_fallbacks()
         except Exception:  # noqa: BLE001 - the runtime may already be shutting down
@@ -145,6 +174,44 @@ class Recorder:
 
 
 RECORDER: Recorder | None = None
+
+
+def _after_fork_in_child() -> None:
+    """A fork() child (multiprocessing's fork start method, DataLoader workers) inherits the
+    recorder: it gets its own file, not the parent's unwritten events (the parent writes them),
+    a fresh lock (another thread may have held it), and no XLA counters (no runtime after fork)."""
+    recorder = RECORDER
+    if recorder is None:
+        return
+    recorder.path = os.path.join(os.path.dirname(recorder.path), f"events.{os.getpid()}.jsonl")
+    recorder.lock = threading.RLock()
+    recorder.buffer = []
+    recorder.forked, recorder.recorded, recorder.finished = True, False, False
+    recorder.metrics = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _exit_wrapper(original):
+    """os._exit skips atexit (multiprocessing's fork children leave this way too): finish first."""
+    @functools.wraps(original)
+    def _exit(status):
+        recorder = RECORDER
+        if recorder is not None:
+            try:
+                recorder.finish()
+            except Exception:  # noqa: BLE001 - never stand between the program and its exit
+                pass
+        original(status)
+    return _exit
+
+
+def install_exit_hooks() -> None:
+    if not getattr(os._exit, "_tpu_migrate", False):
+        os._exit = _exit_wrapper(os._exit)
+        os._exit._tpu_migrate = True
 
 
 def _size(path: str | None) -> int:
@@ -277,15 +344,21 @@ def install_torch_xla_hooks() -> None:
                        "debug_offset": _size(recorder.debug_file),
                        "fallback_offset": _size(recorder.fallback_file)})
         recorder.optimizer_steps += 1
+        recorder.flush()  # the step boundary of programs without an XLA step marker
 
     register_optimizer_step_post_hook(optimizer_step)
 
 
-class _TorchXlaFinder(importlib.abc.MetaPathFinder):
-    """Installs the hooks right after `import torch_xla` finishes."""
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback right after `import NAME` finishes: the hooks go in only once the
+    program's own set-up before that import (PJRT_DEVICE, ...) has run."""
+
+    def __init__(self, name: str, callback):
+        self.name = name
+        self.callback = callback
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "torch_xla":
+        if fullname != self.name:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
@@ -295,19 +368,58 @@ class _TorchXlaFinder(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             original_exec(module)
-            sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _TorchXlaFinder)]
-            _install_safely()
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            self.callback()
 
         loader.exec_module = exec_module
         return spec
 
 
-def _install_safely() -> None:
+def _after_import(name: str, callback) -> None:
+    if name in sys.modules:
+        callback()
+    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(name, callback))
+
+
+def _safely(what: str, install_hooks) -> None:
     """The tracer must never break the program it diagnoses: a failure is one line on stderr."""
     try:
-        install_torch_xla_hooks()
+        install_hooks()
     except Exception as exc:  # noqa: BLE001
-        sys.stderr.write(f"tpu-migrate diagnose: tracing disabled: {type(exc).__name__}: {exc}\n")
+        sys.stderr.write(f"tpu-migrate diagnose: {what} tracing disabled: {type(exc).__name__}: {exc}\n")
+
+
+def _install_xla() -> None:
+    from tpu_migrate.diagnose import native
+
+    native.uninstall()  # auto backend: the program uses torch_xla after all
+    _safely("torch_xla", install_torch_xla_hooks)
+    RECORDER.emit({"kind": "backend", "op": "xla", "file": None, "line": None})
+
+
+def _install_native() -> None:
+    from tpu_migrate.diagnose import native
+
+    if "torch_xla" not in sys.modules:
+        _safely("native", lambda: native.install(RECORDER))
+
+
+def _dynamo_imported() -> None:
+    from tpu_migrate.diagnose import native
+
+    _safely("torch.compile", native.dynamo_imported)
+
+
+def install_backend(backend: str) -> None:
+    """xla: hooks when torch_xla is imported; native: hooks when torch is imported; auto:
+    native, replaced by xla if the program imports torch_xla."""
+    if backend in ("xla", "auto"):
+        _after_import("torch_xla", _install_xla)
+    if backend in ("native", "auto"):
+        _after_import("torch", _install_native)
+        _after_import("torch._dynamo", _dynamo_imported)
 
 
 def install() -> bool:
@@ -318,19 +430,19 @@ def install() -> bool:
         return False
     RECORDER = Recorder(directory)
     atexit.register(RECORDER.finish)
-    if "torch_xla" in sys.modules:
-        _install_safely()
-    else:
-        sys.meta_path.insert(0, _TorchXlaFinder())
+    install_exit_hooks()
+    install_backend(os.environ.get(ENV_BACKEND, "xla"))
     return True
 
 
 class InProcess:
     """Trace a block of code in this process (the pytest plugin): no child process, no
-    PT_XLA_DEBUG file; compiles are counted per step from torch_xla's counters instead."""
+    PT_XLA_DEBUG file; torch_xla compiles are counted per step from its counters instead.
+    Code without torch_xla gets the native backend."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, warmup_steps: int = 2):
         self.directory = directory
+        self.warmup_steps = warmup_steps
 
     def __enter__(self) -> "InProcess":
         global RECORDER
@@ -340,11 +452,19 @@ class InProcess:
             install_torch_xla_hooks()
             RECORDER.aten = {name: RECORDER.metrics.counter_value(name)
                              for name in RECORDER.metrics.counter_names() if name.startswith("aten::")}
-        elif not any(isinstance(f, _TorchXlaFinder) for f in sys.meta_path):
-            sys.meta_path.insert(0, _TorchXlaFinder())  # hooks once the test imports torch_xla
+            RECORDER.emit({"kind": "backend", "op": "xla", "file": None, "line": None})
+        else:
+            _after_import("torch_xla", _install_xla)  # hooks once the test imports torch_xla
+            if "torch" in sys.modules:
+                from tpu_migrate.diagnose import native
+
+                native.install(RECORDER, self.warmup_steps, scan_sources=False)
         return self
 
     def __exit__(self, *exc) -> None:
         global RECORDER
+        from tpu_migrate.diagnose import native
+
+        native.uninstall()
         recorder, RECORDER = RECORDER, None
         recorder.flush()
