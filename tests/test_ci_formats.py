@@ -58,3 +58,15 @@ def test_diagnose_sarif_and_github(tmp_path):
     github = subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", "--format", "github", str(program)],
                             capture_output=True, text=True, env=env, timeout=600)
     assert github.stdout.startswith(f"::warning file={program},line=15,title=tpu-migrate sync::")
+
+
+def test_diagnose_sarif_declares_every_finding_kind():
+    from tpu_migrate.diagnose.analysis import KINDS
+    from tpu_migrate.report import ci_formats
+
+    findings = [{"kind": kind, "file": "/src/train.py", "line": 3 + i, "message": kind, "explanation": None}
+                for i, kind in enumerate(KINDS)]
+    doc = json.loads(ci_formats.diagnose_sarif(findings))
+    jsonschema.validate(doc, SCHEMA)
+    declared = {rule["id"] for rule in doc["runs"][0]["tool"]["driver"]["rules"]}
+    assert declared == set(KINDS)

@@ -23,6 +23,8 @@ th:nth-child(1) { width: 8rem; } th:nth-child(3), th:nth-child(4) { width: 4.5re
 th { background: #f3f3f3; } td.count { text-align: right; } .explanation { color: #555; font-size: .9rem; }
 .kind-recompile { color: #d62728; font-weight: bold; } .kind-sync { color: #1f77b4; font-weight: bold; }
 .kind-fallback { color: #ff7f0e; font-weight: bold; } .kind-dynamic-shape { color: #9467bd; font-weight: bold; }
+.kind-recompile-limit, .kind-graph-break { color: #d62728; font-weight: bold; }
+.kind-unsupported-op, .kind-tpu-incompatible { color: #8c564b; font-weight: bold; }
 .legend span { margin-right: 1.2rem; } .none { color: #2ca02c; }
 """
 

@@ -23,6 +23,10 @@ DIAGNOSE_KINDS = {
     "dynamic-shape": "An op whose output shape depends on the data.",
     "fallback": "An op with no XLA lowering ran on the CPU.",
     "compile": "A graph first compiled after warm-up (information).",
+    "recompile-limit": "torch.compile hit its recompile limit and runs the function eagerly.",
+    "graph-break": "torch.compile splits the function at this line (a Dynamo graph break).",
+    "unsupported-op": "An aten op TorchTPU cannot run on the tpu device.",
+    "tpu-incompatible": "A call that raises on TorchTPU.",
 }
 
 
