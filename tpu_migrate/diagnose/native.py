@@ -89,6 +89,7 @@ class NativeHooks:
         self.mode = None
         self.optimizer_hook = None
         self.saved = []  # (owner, name, original) patched once, restored by uninstall
+        self.library_code: dict[object, bool] = {}  # code object -> is it torch's or a library's
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -252,31 +253,36 @@ class NativeHooks:
         if device is None or device.type not in self.device_types:
             return False
         if self.cpu_stands_in:
-            return not tracer.is_library(sys._getframe(caller_depth).f_code.co_filename)
+            code = sys._getframe(caller_depth).f_code
+            library = self.library_code.get(code)
+            if library is None:  # once per calling function: this runs on every host read
+                library = self.library_code[code] = tracer.is_library(code.co_filename)
+            return not library
         return True
 
     def _method_wrapper(self, original, name, kind):
+        # The fast path runs on every host read in the program (the optimizer's own reads of
+        # its step counters too): it is kept to attribute reads and one dict lookup.
         recorder = self.recorder
+        local = recorder.local
         counts = self._counts
         label = "boolean mask indexing" if name == "__getitem__" else name
         torch = self.torch
+        masks_only = name == "__getitem__"
 
         @functools.wraps(original)
         def wrapper(self, *args, **kwargs):
-            if recorder.busy():
-                return original(self, *args, **kwargs)
-            if name == "__getitem__" and not (
-                isinstance(args[0], torch.Tensor) and args[0].dtype == torch.bool
-            ):
+            if getattr(local, "busy", False) or (masks_only and not (
+                    isinstance(args[0], torch.Tensor) and args[0].dtype == torch.bool)):
                 return original(self, *args, **kwargs)
             if not counts(self, 2):
                 return original(self, *args, **kwargs)
-            recorder.local.busy = True
+            local.busy = True
             try:
                 recorder.at_user_line(kind, label)
                 return original(self, *args, **kwargs)
             finally:
-                recorder.local.busy = False
+                local.busy = False
 
         return _dynamo_skips(wrapper)
 
@@ -294,8 +300,10 @@ class NativeHooks:
 
     def _optimizer_step(self, optimizer, args, kwargs) -> None:
         recorder = self.recorder
-        recorder.emit({"kind": "opt_step", "op": None, "file": None, "line": None,
-                       "time": time.perf_counter()})
+        # Written by hand: json.dumps of the event was most of this hook's cost per step.
+        recorder.emit_line(f'{{"kind": "opt_step", "op": null, "file": null, "line": null, '
+                           f'"time": {time.perf_counter()!r}, "step": {recorder.steps}, '
+                           f'"ostep": {recorder.optimizer_steps}}}')
         recorder.optimizer_steps += 1
         if recorder.optimizer_steps >= self.sample_steps:
             self._stop_op_coverage()

@@ -97,9 +97,13 @@ class Recorder:
     def emit(self, event: dict) -> None:
         event["step"] = self.steps
         event["ostep"] = self.optimizer_steps
+        self.emit_line(json.dumps(event))
+
+    def emit_line(self, line: str) -> None:
+        """An event already written as one JSON object (with its step and ostep)."""
         with self.lock:
             self.recorded = True
-            self.buffer.append(json.dumps(event))
+            self.buffer.append(line)
             # Unwritten events die with the process (SIGKILL, a crash): they are written at every
             # step boundary, at least once a second, and at once after finish().
             if len(self.buffer) >= 256 or self.finished or time.monotonic() - self.last_flush >= 1.0:
