@@ -16,7 +16,6 @@ ratio of two numbers measured side by side is what means something. Two ratios a
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import tempfile
 import time
@@ -31,83 +30,8 @@ from tpu_migrate.rewrite.context import Options  # noqa: E402
 from tpu_migrate.rewrite.engine import rewrite_path  # noqa: E402
 from tpu_migrate.rewrite.files import discover  # noqa: E402
 
-TRAIN = (ROOT / "fixtures" / "examples" / "train_mnist_xla.py").read_text()
-
-HELPER = '''"""Device helpers used across the project."""
-import torch
-import torch_xla.core.xla_model as xm
-
-
-def get_device():
-    return xm.xla_device()
-
-
-def world():
-    return xm.xrt_world_size(), xm.get_ordinal()
-
-
-def barrier(tag):
-    xm.rendezvous(tag)
-'''
-
-PLAIN_FUNCTION = '''
-
-def {name}(x, weight, bias=None, *, scale={scale}):
-    """Compute a {name} block: normalise, project, activate."""
-    mean = x.mean(dim=-1, keepdim=True)
-    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
-    y = (x - mean) / torch.sqrt(var + 1e-5)
-    y = y @ weight.t()
-    if bias is not None:
-        y = y + bias
-    for _ in range({loops}):
-        y = torch.relu(y) * scale  # keep activations bounded
-    return {{"out": y, "stats": (mean, var), "name": "{name}"}}
-'''
-
-PLAIN_CLASS = '''
-
-class {name}(nn.Module):
-    def __init__(self, dim={dim}, heads={heads}):
-        super().__init__()
-        self.qkv = nn.Linear(dim, dim * 3)
-        self.proj = nn.Linear(dim, dim)
-        self.heads = heads
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        att = (q @ k.transpose(-2, -1)) / (c // self.heads) ** 0.5
-        att = att.softmax(dim=-1)
-        return self.proj(att @ v)
-'''
-
-
-def plain_body(rng: random.Random, blocks: int) -> str:
-    parts = []
-    for i in range(blocks):
-        if rng.random() < 0.5:
-            parts.append(PLAIN_FUNCTION.format(name=f"block_{i}", scale=rng.random(), loops=rng.randint(1, 4)))
-        else:
-            parts.append(PLAIN_CLASS.format(name=f"Layer{i}", dim=64 * rng.randint(1, 8), heads=rng.choice([2, 4, 8])))
-    return "".join(parts)
-
-
-def build_corpus(directory: Path, files: int, seed: int = 0) -> None:
-    """A repository-shaped tree: ~20% training scripts, ~15% helpers, the rest plain torch."""
-    rng = random.Random(seed)
-    header = "import torch\nimport torch.nn as nn\n"
-    for i in range(files):
-        package = directory / f"pkg{i % 10}"
-        package.mkdir(parents=True, exist_ok=True)
-        roll = rng.random()
-        if roll < 0.20:
-            text = TRAIN + plain_body(rng, rng.randint(2, 8))
-        elif roll < 0.35:
-            text = HELPER + "import torch.nn as nn\n" + plain_body(rng, rng.randint(4, 12))
-        else:
-            text = '"""Model code."""\n' + header + plain_body(rng, rng.randint(4, 14))
-        (package / f"module_{i}.py").write_text(text)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from corpus import build_corpus  # noqa: E402
 
 
 def time_tool(paths: list[str]) -> float:

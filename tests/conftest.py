@@ -33,3 +33,12 @@ def run_cli(*args: str, cwd: Path | None = None, input: bytes | None = None) -> 
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _result_cache_dir(tmp_path_factory):
+    """The rewrite result cache of every CLI run of the suite (module-scoped fixtures included)
+    lives in a temporary directory: nothing is written to ~/.cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TPU_MIGRATE_CACHE_DIR", str(tmp_path_factory.mktemp("tpu-migrate-cache")))
+        yield

@@ -16,11 +16,9 @@ from tpu_migrate import __version__
 from tpu_migrate.findings import FileResult
 from tpu_migrate.config import ConfigError, load_config
 from tpu_migrate.report import ci_formats
-from tpu_migrate.report import explain as explain_report
 from tpu_migrate.report import render
-from tpu_migrate.rewrite.context import Options
-from tpu_migrate.rewrite.engine import rewrite_paths
-from tpu_migrate.rewrite.files import discover, write_atomic
+from tpu_migrate.rewrite import cache as result_cache
+from tpu_migrate.rewrite.files import discover, parse_size, write_atomic
 from tpu_migrate.rules import RuleError, load_catalog
 
 PROGRESS_THRESHOLD = 50
@@ -42,6 +40,21 @@ def _expand_codes(selectors: list[str], origin: str) -> frozenset[str]:
 
 def _split(value: str | None) -> list[str] | None:
     return None if value is None else value.split(",")
+
+
+def _rewrite_paths(files, settings, jobs, sources=None):
+    # Imported here: a run answered from the cache never loads libcst.
+    from tpu_migrate.rewrite.context import Options
+    from tpu_migrate.rewrite.engine import rewrite_paths
+
+    return rewrite_paths(files, Options(**settings), jobs, sources=sources)
+
+
+def _size_option(ctx, param, value):
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -72,7 +85,14 @@ def main() -> None:
               help="Skip files or directories matching GLOB (repeatable).")
 @click.option("--exit-zero", is_flag=True,
               help="Exit 0 even when files change or manual findings remain (errors still exit 2).")
-def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs, exclude, exit_zero) -> None:
+@click.option("--max-file-size", metavar="SIZE", default="1M", show_default=True, callback=_size_option,
+              help="A file that mentions torch_xla and is larger than this is reported, not rewritten "
+                   "(e.g. 500K, 4M; 0: no limit). Other files are only byte-scanned, whatever their size.")
+@click.option("--no-cache", is_flag=True,
+              help="Neither read nor write the result cache (also: cache = false, TPU_MIGRATE_NO_CACHE=1).")
+@click.option("--verbose", "-v", is_flag=True, help="Say on stderr how many files came from the cache.")
+def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs, exclude, exit_zero,
+            max_file_size, no_cache, verbose) -> None:
     """Convert torch_xla idioms in PATHS (files or directories) to TorchTPU.
 
     Settings come from [tool.tpu-migrate] in the nearest pyproject.toml; flags override them.
@@ -87,11 +107,12 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
     select_list = _split(select) if select is not None else config.select
     ignore_list = _split(ignore) if ignore is not None else config.ignore
     target = target or config.target or "tpu"
-    options = Options(
+    settings = dict(
         target=target,
         select=_expand_codes(select_list, "--select" if select else origin) if select_list is not None else None,
         ignore=_expand_codes(ignore_list or [], "--ignore" if ignore else origin),
         fix_level=fix_level or config.fix_level or "unsafe",
+        max_file_size=max_file_size,
     )
     exclude = (*config.exclude, *exclude)
     stdout = Console(highlight=False, soft_wrap=True)
@@ -99,7 +120,7 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
 
     results: list[FileResult] = []
     files: list[str] = []
-    for path, error in discover(paths, exclude):
+    for path, error in discover(paths, exclude, clean_temp_files=mode == "write"):
         if error is not None:
             results.append(FileResult(path, error=error))
         else:
@@ -111,15 +132,28 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
         disable=not show_progress, transient=True,
     ) as progress:
         task = progress.add_task("files", total=len(files))
-        for result in rewrite_paths(files, options, jobs):
+        cache = None
+        if not (no_cache or not config.cache or result_cache.disabled_by_env()):
+            cache = result_cache.Cache.open(settings)
+            outcomes = result_cache.cached_results(
+                files, cache, lambda todo, sources: _rewrite_paths(todo, settings, jobs, sources),
+                need_output=mode != "check", store_changed=mode != "write")
+        else:
+            outcomes = _rewrite_paths(files, settings, jobs)
+        for result in outcomes:
             if result.changed and mode == "write":
                 try:
-                    write_atomic(result.path, result.output)
+                    write_atomic(result.path, result.output, expected=result.original)
                 except OSError as exc:
                     result.error = f"cannot write: {exc.strerror or exc}"
                     result.changed = False
             results.append(result)
             progress.advance(task)
+    if cache is not None:
+        cache.save()
+    if verbose:
+        stderr.print(f"{len(files)} file(s), {cache.hits} from the cache {cache.path}" if cache
+                     else f"{len(files)} file(s), cache off", markup=False)
 
     summary = render.Summary()
     for result in results:
@@ -154,6 +188,8 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
               show_default=True)
 def rules(output_format) -> None:
     """List every rule: code, name, safety, targets, summary."""
+    from tpu_migrate.report import explain as explain_report  # rich.markdown: only here
+
     catalog = load_catalog()
     if output_format == "json":
         sys.stdout.write(explain_report.rules_json(catalog) + "\n")
@@ -165,6 +201,8 @@ def rules(output_format) -> None:
 @click.argument("code")
 def explain(code) -> None:
     """Show a rule's explanation and its before/after example (from its test fixture)."""
+    from tpu_migrate.report import explain as explain_report  # rich.markdown: only here
+
     catalog = load_catalog()
     try:
         rule = catalog.by_code(code.upper())

@@ -6,6 +6,7 @@
     ignore = ["TPU031"]
     exclude = ["legacy/*"]    # globs, like --exclude
     fix-level = "unsafe"      # or "safe": apply only safe fixes
+    cache = true              # false: never read or write the result cache (like --no-cache)
 
 The nearest pyproject.toml with a `[tool.tpu-migrate]` table above the first path (or the
 current directory) is used, as ruff does. Unknown keys and bad values are errors naming them.
@@ -17,7 +18,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KEYS = ("target", "select", "ignore", "exclude", "fix-level")
+KEYS = ("target", "select", "ignore", "exclude", "fix-level", "cache")
 TARGETS = ("tpu", "portable")
 FIX_LEVELS = ("safe", "unsafe")
 
@@ -34,6 +35,7 @@ class Config:
     ignore: list[str] | None = None
     exclude: list[str] = field(default_factory=list)
     fix_level: str | None = None
+    cache: bool = True
 
 
 def find_config(paths: list[str]) -> Path | None:
@@ -75,6 +77,9 @@ def load_config(paths: list[str]) -> Config:
     config.select = _strings(table, "select", where)
     config.ignore = _strings(table, "ignore", where)
     config.exclude = _strings(table, "exclude", where) or []
+    config.cache = table.get("cache", True)
+    if not isinstance(config.cache, bool):
+        raise ConfigError(f"{where}: 'cache' must be true or false, not {config.cache!r}")
     return config
 
 

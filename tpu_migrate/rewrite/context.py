@@ -21,6 +21,9 @@ class Options:
     select: frozenset[str] | None = None  # None: every rule
     ignore: frozenset[str] = frozenset()
     fix_level: str = "unsafe"  # "safe": apply only safe fixes
+    # Files that pass the byte pre-filter and are larger than this are reported, not parsed
+    # (None or 0: no limit). `--max-file-size`.
+    max_file_size: int | None = 1024 * 1024
 
     def enabled(self, code: str) -> bool:
         if code in self.ignore:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import io
 import os
+import re
+import stat
 import tempfile
+import time
 import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 SKIP_DIRS = frozenset(
     {".git", ".hg", ".svn", ".venv", "venv", "build", "dist", "site-packages", "__pycache__",
@@ -30,40 +33,181 @@ def prefilter(data: bytes) -> bool:
     return any(marker in data for marker in _MARKERS)
 
 
-def discover(paths: Iterable[str], exclude: Iterable[str] = ()) -> Iterator[tuple[str, str | None]]:
+# Temporary files of `write_atomic`: `.<name>.<pid>.<random>.tpu-migrate`, beside the file. A run
+# killed while writing (SIGKILL, power loss) can leave one; the next writing run removes it.
+TEMP_SUFFIX = ".tpu-migrate"
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+?)\.(?:(?P<pid>\d+)\.)?[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX) + "$")
+_STALE_AFTER_S = 3600  # a temporary file this old is stale even if its pid is alive (pid reuse)
+
+
+def is_stale_temp(directory: str, name: str) -> bool:
+    """True for a temporary file of `write_atomic` whose writer is gone (or that is an hour old).
+
+    A live run's own temporary file lasts milliseconds; its writer is identified by the pid in
+    its name, so two runs at once do not remove each other's.
+    """
+    match = _TEMP_NAME.match(name)
+    if match is None or not match["name"].endswith((".py", ".ipynb")):
+        return False
+    try:
+        age = time.time() - os.lstat(os.path.join(directory, name)).st_mtime
+    except OSError:
+        return False
+    if age > _STALE_AFTER_S:
+        return True
+    pid = int(match["pid"]) if match["pid"] else None
+    if pid is None:
+        return False  # an older version's file: only by age
+    if pid == os.getpid():
+        return True  # discovery runs before this process writes: a dead namesake left it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: alive, someone else's
+        return False
+    return False
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass  # gone already, or not ours to fight over (it stays ignored)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _skipped_below(real: str, root: str) -> bool:
+    parts = os.path.relpath(real, root).split(os.sep)[:-1]
+    return any(p in SKIP_DIRS or p.endswith(".egg-info") for p in parts)
+
+
+def discover(
+    paths: Iterable[str], exclude: Iterable[str] = (), clean_temp_files: bool = False,
+) -> Iterator[tuple[str, str | None]]:
     """Yield (path, error) for every Python file under `paths`, in a stable order.
 
-    Explicitly named files are taken whatever their suffix; directories are searched for *.py and
-    *.ipynb,
-    skipping virtual environments, build output and VCS folders. `exclude` globs match a
-    path's name or its whole relative path.
+    Explicitly named files are taken whatever their suffix (a named symlink is followed);
+    directories are searched for *.py and *.ipynb, skipping virtual environments, build output
+    and VCS folders. `exclude` globs match a path's name or its whole relative path.
+
+    Symlinks inside a searched directory: a linked directory is never entered (its files, when it
+    points into the tree, are found where they are; this also makes loops harmless), and a linked
+    file is taken only when its target lies inside the directory given, so nothing outside the
+    tree is ever rewritten. A file reached twice (a link and its target) is taken once.
+    A directory that cannot be listed is an error.
+
+    `clean_temp_files`: remove the stale temporary files of an earlier run that was killed while
+    writing (see `is_stale_temp`), in the directories searched and beside the files named.
     """
     patterns = list(exclude)
     seen: set[str] = set()
+    swept: set[str] = set()
 
     def excluded(path: str) -> bool:
         name = os.path.basename(path)
         return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(path, p) for p in patterns)
 
+    def sweep(directory: str, names: Iterable[str]) -> None:
+        for name in names:
+            if name.endswith(TEMP_SUFFIX) and is_stale_temp(directory, name):
+                _remove(os.path.join(directory, name))
+
     for raw in paths:
         if not os.path.lexists(raw):
             yield raw, "no such file or directory"
             continue
-        if os.path.isdir(raw):
-            for root, dirs, files in os.walk(raw):
-                dirs[:] = sorted(
-                    d for d in dirs
-                    if d not in SKIP_DIRS and not d.endswith(".egg-info")
-                    and not excluded(os.path.join(root, d))
-                )
-                for name in sorted(files):
-                    path = os.path.join(root, name)
-                    if name.endswith((".py", ".ipynb")) and not excluded(path) and path not in seen:
-                        seen.add(path)
-                        yield path, None
-        elif not excluded(raw) and raw not in seen:
-            seen.add(raw)
-            yield raw, None
+        if not os.path.isdir(raw):
+            real = os.path.realpath(raw)
+            if clean_temp_files and os.path.dirname(real) not in swept:
+                directory = os.path.dirname(real)
+                swept.add(directory)
+                try:
+                    sweep(directory, os.listdir(directory))
+                except OSError:
+                    pass
+            if not excluded(raw) and real not in seen:
+                seen.add(real)
+                yield raw, None
+            continue
+        root_real = os.path.realpath(raw)
+        # (path as shown, its real path) of the directories still to search, depth first.
+        stack = [(raw, root_real)]
+        links: list[tuple[str, str]] = []  # in-tree file links: after the files themselves
+        while stack:
+            directory, real_dir = stack.pop()
+            try:
+                with os.scandir(directory) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as exc:
+                yield directory, f"cannot read directory: {exc.strerror or exc}"
+                continue
+            if clean_temp_files and real_dir not in swept:
+                swept.add(real_dir)
+                sweep(directory, (e.name for e in entries))
+            subdirs = []
+            for entry in entries:
+                name = entry.name
+                try:
+                    link = entry.is_symlink()
+                    is_dir = not link and entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    link = is_dir = False
+                if is_dir:
+                    if name not in SKIP_DIRS and not name.endswith(".egg-info") and not excluded(entry.path):
+                        subdirs.append((entry.path, os.path.join(real_dir, name)))
+                    continue
+                if not name.endswith((".py", ".ipynb")) or excluded(entry.path):
+                    continue
+                if link:
+                    real = os.path.realpath(entry.path)
+                    if _inside(real, root_real) and not os.path.isdir(real) and not _skipped_below(real, root_real):
+                        links.append((entry.path, real))
+                    continue  # else: outside the tree, a directory, or into .venv & co: not followed
+                real = os.path.join(real_dir, name)
+                if real not in seen:
+                    seen.add(real)
+                    yield entry.path, None
+            stack.extend(reversed(subdirs))
+        for path, real in links:  # a dangling or looping link is yielded: reading it fails
+            if real not in seen:
+                seen.add(real)
+                yield path, None
+
+
+def read_source(path: str) -> bytes:
+    """The bytes of a regular file. A FIFO or device is refused without blocking on it (OSError
+    "not a regular file"); a directory raises IsADirectoryError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as handle:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        return handle.read()
+
+
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """`1048576`, `500k`, `2M`, `1MiB`, `1MB` -> bytes (binary units); ValueError otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(?:i?[bB])?\s*", text)
+    if match is None:
+        raise ValueError(f"not a size: {text!r} (use e.g. 1048576, 500K, 2M)")
+    return int(float(match[1]) * _UNITS[match[2].lower()])
+
+
+def format_size(size: int) -> str:
+    if size >= 1024**2:
+        return f"{size / 1024**2:.1f} MiB"
+    if size >= 1024:
+        return f"{size / 1024:.1f} KiB"
+    return f"{size} bytes"
 
 
 @dataclass(frozen=True)
@@ -93,27 +237,55 @@ def encode(text: str, encoding: str) -> bytes:
     return text.encode(encoding)
 
 
-def write_atomic(path: str, data: bytes) -> None:
+class ChangedOnDisk(OSError):
+    """The file is no longer the bytes the new content was computed from."""
+
+
+def write_atomic(path: str, data: bytes, expected: bytes | None = None) -> None:
     """Replace `path` with `data` through a temporary file in the same directory.
 
-    Readers see the old bytes or the new bytes, never a mix; the file's mode is kept.
+    Readers see the old bytes or the new bytes, never a mix, and a crash at any point leaves the
+    old file whole (at worst with a stale temporary file beside it, which `discover` removes on
+    the next writing run). A symlink is written through (the link stays a link). Mode, owner and
+    group are kept (owner: when allowed, i.e. as root; group: when a member). `expected`: the
+    bytes the new content was computed from; if the file no longer holds them (edited meanwhile),
+    nothing is written and ChangedOnDisk is raised.
     """
-    target = Path(path)
-    mode = target.stat().st_mode & 0o7777
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tpu-migrate", dir=target.parent)
+    target = os.path.realpath(path)
+    st = os.stat(target)
+    directory, name = os.path.split(target)
+    while len(os.fsencode(name)) > 200:  # names are 255 bytes at most; the end keeps the suffix
+        name = name[1:]                   # `is_stale_temp` looks for
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=directory)
     try:
         with os.fdopen(fd, "wb") as handle:
+            _keep_owner(handle.fileno(), st)
+            os.fchmod(handle.fileno(), stat.S_IMODE(st.st_mode))  # after chown, which drops setuid
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
+            os.fsync(handle.fileno())  # data and metadata on disk before the rename
+        if expected is not None:
+            with open(target, "rb") as current:
+                if current.read() != expected:
+                    raise ChangedOnDisk(errno.EAGAIN, "the file changed on disk while it was being rewritten; run again")
         os.replace(tmp, target)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _remove(tmp)
         raise
 
 
-__all__ = ["prefilter", "discover", "decode", "encode", "write_atomic", "DecodeError"]
+def _keep_owner(fd: int, st: os.stat_result) -> None:
+    mine = os.fstat(fd)
+    if (mine.st_uid, mine.st_gid) == (st.st_uid, st.st_gid):
+        return
+    try:
+        os.fchown(fd, st.st_uid, st.st_gid)  # root, or the same owner with another group
+    except PermissionError:
+        try:
+            os.fchown(fd, -1, st.st_gid)  # not root: keep at least the group, when a member
+        except PermissionError:
+            pass
+
+
+__all__ = ["prefilter", "discover", "decode", "encode", "write_atomic", "read_source", "parse_size",
+           "format_size", "is_stale_temp", "DecodeError", "ChangedOnDisk"]

@@ -1,0 +1,326 @@
+"""Never lose data: `rewrite` killed at any moment leaves every file whole, and a re-run finishes.
+
+The tool runs as a real subprocess on a tree of 500+ files and is SIGKILLed at seeded random
+points of its run (and once, deterministically, in the middle of writing a file). After each kill
+every file must hold either its original bytes or exactly its complete rewritten form; the only
+other thing allowed is a temporary file of the killed writer, which the next writing run removes.
+Also here: the symlink policy (nothing outside the tree is written) and mode/owner preservation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, ROOT
+from tpu_migrate.rewrite.files import TEMP_SUFFIX, discover, is_stale_temp
+
+XLA = "import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()\nxm.mark_step()\n"
+XLA_REWRITTEN = 'import torch\n\ndevice = torch.device("tpu")\n'
+PLAIN = "import torch\n\n\ndef f{i}(x):\n    return torch.relu(x) * {i}\n"
+FILES = 520
+OTHER_UID = 4242
+
+# The CLI with every fsync slowed down, so that a kill can be aimed at the moment a file's new
+# content sits in its temporary file, before the rename.
+SLOW_WRITER = (
+    "import os, runpy, sys, time\n"
+    "fsync = os.fsync\n"
+    "os.fsync = lambda fd: (time.sleep(0.05), fsync(fd))[1]\n"
+    "sys.argv = ['tpu-migrate', *sys.argv[1:]]\n"
+    "runpy.run_module('tpu_migrate', run_name='__main__')\n"
+)
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def build_tree(root: Path) -> None:
+    """Half torch_xla files (every rule's fixture inputs, CRLF and BOM variants, a notebook), half
+    plain files, spread over 30 directories; some executable, some owned by another user."""
+    cases = sorted(FIXTURES.glob("*/*.in.py"))
+    for i in range(FILES):
+        directory = root / f"pkg{i % 10}" / f"sub {i % 3}"  # a space in the path, on purpose
+        directory.mkdir(parents=True, exist_ok=True)
+        if i % 2:
+            data = cases[i % len(cases)].read_bytes()
+            if i % 7 == 1:
+                data = data.replace(b"\n", b"\r\n")
+            if i % 11 == 1:
+                data = b"\xef\xbb\xbf" + data
+            path = directory / f"xla_{i}.py"
+        else:
+            data = PLAIN.format(i=i).encode()
+            path = directory / f"plain_{i}.py"
+        path.write_bytes(data)
+        if i % 13 == 1:
+            path.chmod(0o755)
+        if i % 17 == 1 and os.geteuid() == 0:
+            os.chown(path, OTHER_UID, OTHER_UID)
+    shutil.copyfile(ROOT / "fixtures" / "notebooks" / "train_xla.ipynb", root / "pkg0" / "nb.ipynb")
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    files = {}
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            with open(path, "rb") as handle:
+                files[os.path.relpath(path, root)] = handle.read()
+    return files
+
+
+def metadata(root: Path) -> dict[str, tuple[int, int, int]]:
+    out = {}
+    for rel in snapshot(root):
+        st = os.stat(root / rel)
+        out[rel] = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid)
+    return out
+
+
+def restore(root: Path, original: dict[str, bytes], meta: dict[str, tuple[int, int, int]]) -> None:
+    if root.exists():
+        shutil.rmtree(root)
+    for rel, data in original.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        mode, uid, gid = meta[rel]
+        os.chmod(path, mode)
+        if os.geteuid() == 0:
+            os.chown(path, uid, gid)
+
+
+def start(root: Path, *args: str, slow: bool = False) -> subprocess.Popen:
+    command = [sys.executable, "-c", SLOW_WRITER] if slow else [sys.executable, "-m", "tpu_migrate"]
+    return subprocess.Popen(
+        [*command, "rewrite", "--exit-zero", *args, str(root)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env(), start_new_session=True,
+    )
+
+
+def kill(process: subprocess.Popen) -> None:
+    """SIGKILL the run and its pool workers (its own process group)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=30)
+
+
+def run_to_end(root: Path, *args: str) -> None:
+    process = start(root, *args)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err.decode()
+
+
+def check_after_kill(root: Path, original: dict[str, bytes], expected: dict[str, bytes]) -> tuple[int, list[str]]:
+    """Every file whole (original or complete new form); leftovers only the killed writer's
+    temporary files. Returns (files already rewritten, leftovers)."""
+    now = snapshot(root)
+    leftovers = sorted(rel for rel in now if rel.endswith(TEMP_SUFFIX))
+    assert sorted(set(now) - set(leftovers)) == sorted(original)
+    done = 0
+    for rel, data in original.items():
+        assert now[rel] in (data, expected[rel]), f"{rel} is neither its original nor its rewritten form"
+        done += now[rel] != data
+    for rel in leftovers:
+        directory, name = os.path.split(root / rel)
+        assert is_stale_temp(directory, name), rel  # the next writing run removes it
+    return done, leftovers
+
+
+@pytest.fixture(scope="module")
+def trees(tmp_path_factory):
+    """(original tree, its metadata, the expected rewritten bytes, seconds a full run takes)."""
+    base = tmp_path_factory.mktemp("crash")
+    source = base / "source"
+    build_tree(source)
+    copy = base / "expected"
+    restore(copy, snapshot(source), metadata(source))  # a copy with the owners too
+    started = time.monotonic()
+    run_to_end(copy, "--jobs", "1")
+    elapsed = time.monotonic() - started
+    expected = snapshot(copy)
+    original = snapshot(source)
+    assert len(original) > 500
+    changed = sum(expected[rel] != original[rel] for rel in original)
+    assert changed > 250, changed  # enough writing to kill into
+    assert metadata(copy) == metadata(source)  # mode and owner kept by a plain run
+    return source, metadata(source), original, expected, elapsed
+
+
+def test_sigkill_at_random_points_never_leaves_a_partial_file(trees, tmp_path):
+    source, meta, original, expected, elapsed = trees
+    work = tmp_path / "work"
+    rng = random.Random(20240806)
+    partial = 0
+    for attempt in range(5):
+        restore(work, original, meta)
+        jobs = "2" if attempt % 2 else "1"
+        # Spread over the run: start-up (imports) takes the first fifth or so; writes follow.
+        delay = rng.uniform(0.2, 1.0) * elapsed
+        process = start(work, "--jobs", jobs)
+        time.sleep(delay)
+        kill(process)
+        done, _ = check_after_kill(work, original, expected)
+        partial += 0 < done < len(original)
+        run_to_end(work, "--jobs", jobs)
+        assert snapshot(work) == expected, f"attempt {attempt}: a re-run did not finish the job"
+        assert metadata(work) == meta
+    assert partial >= 1, "no kill landed while files were being written"
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_sigkill_while_a_file_is_being_written(trees, tmp_path, jobs):
+    """Aimed: kill while a temporary file exists (its fsync is slowed down), i.e. between the
+    write of the new content and the rename. The file keeps its old bytes; the temporary file is
+    recognised as stale, ignored by --check and removed by the next writing run."""
+    _, meta, original, expected, _ = trees
+    work = tmp_path / "work"
+    restore(work, original, meta)
+    process = start(work, "--jobs", jobs, slow=True)
+    deadline = time.monotonic() + 60
+    temp = None
+    while temp is None and time.monotonic() < deadline and process.poll() is None:
+        for directory, _, names in os.walk(work):
+            temp = next((os.path.join(directory, n) for n in names if n.endswith(TEMP_SUFFIX)), None)
+            if temp:
+                break
+    kill(process)
+    assert temp is not None, "no temporary file seen"
+    done, leftovers = check_after_kill(work, original, expected)
+    assert leftovers, "killed during the fsync, the temporary file must still be there"
+    assert done < len(original)
+    # A run that writes nothing leaves it alone (and is not confused by it) ...
+    check = subprocess.run([sys.executable, "-m", "tpu_migrate", "rewrite", "--check", "--exit-zero", str(work)],
+                           capture_output=True, env=env(), timeout=120)
+    assert check.returncode == 0, check.stderr.decode()
+    assert TEMP_SUFFIX.encode() not in check.stdout + check.stderr
+    assert check_after_kill(work, original, expected)[1] == leftovers
+    # ... and the next writing run removes it and finishes the job.
+    run_to_end(work, "--jobs", jobs)
+    assert snapshot(work) == expected
+    assert metadata(work) == meta
+
+
+def test_a_live_writers_temporary_file_is_not_removed(tmp_path):
+    """Two runs at once must not delete each other's temporary files: the pid in the name tells
+    whose it is. A dead writer's file goes, as does one an hour old (pid reuse)."""
+    (tmp_path / "a.py").write_text(XLA)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        live = tmp_path / f".a.py.{sleeper.pid}.abcd1234{TEMP_SUFFIX}"
+        live.write_bytes(b"half")
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        gone = tmp_path / f".a.py.{dead.pid}.abcd1234{TEMP_SUFFIX}"
+        gone.write_bytes(b"half")
+        old = tmp_path / f".a.py.abcdefgh{TEMP_SUFFIX}"  # an older version's name, no pid
+        old.write_bytes(b"half")
+        young = tmp_path / f".a.py.hgfedcba{TEMP_SUFFIX}"
+        young.write_bytes(b"half")
+        os.utime(old, (time.time() - 7200, time.time() - 7200))
+        foreign = tmp_path / f".notes.txt.1.abcd1234{TEMP_SUFFIX}"  # not a Python file's: not ours
+        foreign.write_bytes(b"keep")
+        found = list(discover([str(tmp_path)], clean_temp_files=True))
+        assert found == [(str(tmp_path / "a.py"), None)]
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            ["a.py", live.name, young.name, foreign.name])
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_symlinks_out_of_the_tree_are_never_followed(cli, tmp_path):
+    tree, outside = tmp_path / "tree", tmp_path / "outside"
+    tree.mkdir()
+    outside.mkdir()
+    (outside / "theirs.py").write_text(XLA)
+    (outside / "pkg").mkdir()
+    (outside / "pkg" / "inner.py").write_text(XLA)
+    (tree / "mine.py").write_text(XLA)
+    (tree / "link_out.py").symlink_to(outside / "theirs.py")
+    (tree / "linked_dir").symlink_to(outside / "pkg")
+    (tree / "link_in.py").symlink_to(tree / "mine.py")  # inside: the target is rewritten once
+    (tree / "loop").symlink_to(tree)  # a directory loop: never entered
+    result = cli("rewrite", "--format", "json", str(tree))
+    assert result.returncode == 1, result.stderr
+    paths = [f["path"] for f in json.loads(result.stdout)["files"]]
+    assert paths == [str(tree / "mine.py")]  # link_in.py is the same file: taken once
+    assert (outside / "theirs.py").read_text() == XLA
+    assert (outside / "pkg" / "inner.py").read_text() == XLA
+    assert (tree / "mine.py").read_text() == XLA_REWRITTEN
+    assert (tree / "link_in.py").is_symlink() and (tree / "link_out.py").is_symlink()
+
+
+def test_a_named_symlink_is_written_through(cli, tmp_path):
+    """A file named on the command line is taken even when it is a link; the target changes and
+    the link stays a link."""
+    (tmp_path / "real.py").write_text(XLA)
+    (tmp_path / "alias.py").symlink_to("real.py")
+    result = cli("rewrite", str(tmp_path / "alias.py"))
+    assert result.returncode == 1, result.stderr
+    assert (tmp_path / "alias.py").is_symlink()
+    assert (tmp_path / "real.py").read_text() == XLA_REWRITTEN
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["alias.py", "real.py"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_owner_group_and_mode_are_kept(cli, tmp_path):
+    path = tmp_path / "owned.py"
+    path.write_text(XLA)
+    os.chown(path, OTHER_UID, OTHER_UID + 1)
+    path.chmod(0o640)
+    assert cli("rewrite", str(path)).returncode == 1
+    st = path.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (OTHER_UID, OTHER_UID + 1, 0o640)
+    assert path.read_text() == XLA_REWRITTEN
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from tpu_migrate.rewrite import files
+
+    path = tmp_path / "a.py"
+    path.write_text(XLA)
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        files.write_atomic(str(path), b"new")
+    assert path.read_text() == XLA
+    assert [p.name for p in tmp_path.iterdir()] == ["a.py"]
+
+
+def test_a_file_edited_during_the_run_is_not_overwritten(tmp_path):
+    from tpu_migrate.rewrite.files import ChangedOnDisk, write_atomic
+
+    path = tmp_path / "a.py"
+    path.write_text("edited by someone else\n")
+    with pytest.raises(ChangedOnDisk):
+        write_atomic(str(path), XLA_REWRITTEN.encode(), expected=XLA.encode())
+    assert path.read_text() == "edited by someone else\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.py"]
+
+
+def test_a_file_with_a_name_of_255_bytes_can_be_written(tmp_path):
+    from tpu_migrate.rewrite.files import write_atomic
+
+    path = tmp_path / ("é" * 125 + "_a.py")  # 255 bytes in UTF-8
+    path.write_text(XLA)
+    write_atomic(str(path), XLA_REWRITTEN.encode(), expected=XLA.encode())
+    assert path.read_text() == XLA_REWRITTEN
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]

@@ -1,0 +1,170 @@
+"""Hostile inputs through the real CLI, mixed with good files in one tree.
+
+Each bad file gets exactly one error line naming it (`path: error: problem`), is left byte for
+byte as it was, and does not stop the others: the good files (odd names, odd line endings and
+encodings among them) are rewritten. Engine-level cases live in test_engine.py; this is the
+end-to-end view, with what only the file system can do (FIFOs, links, directories, permissions).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+XLA = "import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()\nxm.mark_step()\n"
+XLA_REWRITTEN = 'import torch\n\ndevice = torch.device("tpu")\n'
+BIG = 20 * 1024 * 1024
+
+GOOD = {
+    "good.py": (XLA.encode(), XLA_REWRITTEN.encode()),
+    "with space.py": (XLA.encode(), XLA_REWRITTEN.encode()),
+    "naïve_ü_日本.py": (XLA.encode(), XLA_REWRITTEN.encode()),
+    "pkg.py/inside.py": (XLA.encode(), XLA_REWRITTEN.encode()),  # a directory named like a file
+    "empty.py": (b"", b""),
+    "no_newline.py": (XLA.rstrip("\n").encode(), XLA_REWRITTEN.rstrip("\n").encode()),
+    "crlf.py": (XLA.replace("\n", "\r\n").encode(), XLA_REWRITTEN.replace("\n", "\r\n").encode()),
+    "cr.py": (XLA.replace("\n", "\r").encode(), XLA_REWRITTEN.replace("\n", "\r").encode()),
+    "bom.py": (b"\xef\xbb\xbf" + XLA.encode(), b"\xef\xbb\xbf" + XLA_REWRITTEN.encode()),
+    "tabs.py": (
+        b"import torch_xla.core.xla_model as xm\nif True:\n\td = xm.xla_device()\n",
+        b'import torch\nif True:\n\td = torch.device("tpu")\n',
+    ),
+    "latin1.py": (
+        "# -*- coding: latin-1 -*-\nimport torch_xla.core.xla_model as xm\ns = 'café'\nd = xm.xla_device()\n".encode("latin-1"),
+        "# -*- coding: latin-1 -*-\nimport torch\ns = 'café'\nd = torch.device(\"tpu\")\n".encode("latin-1"),
+    ),
+    "big_plain.py": (b"x = 1  # nothing to see here\n" * (BIG // 29 + 1), None),  # None: unchanged
+}
+
+BAD = {
+    "syntax.py": (b"import torch_xla\ndef broken(:\n", "syntax error at line 2"),
+    "py2_print.py": (b"import torch_xla\nprint 'hello'\n", "syntax error at line 2: Missing parentheses"),
+    "py2_except.py": (
+        b"import torch_xla\ntry:\n    pass\nexcept ValueError, e:\n    pass\n",
+        "syntax error at line 4: multiple exception types must be parenthesized",
+    ),
+    "undecodable.py": (b"import torch_xla\nx = '\xff\xfe'\n", "cannot decode as utf-8"),
+    "unknown_cookie.py": (b"# -*- coding: no-such-codec -*-\nimport torch_xla\n", "unknown encoding: no-such-codec"),
+    "wrong_cookie.py": ("# coding: ascii\nimport torch_xla\ns = 'café'\n".encode(), "cannot decode as ascii"),
+    "nul.py": (b"import torch_xla\nx = 1\x00\n", "cannot parse: source code string cannot contain null bytes"),
+    "mixed_tabs.py": (b"import torch_xla\nif True:\n\tx = 1\n        y = 2\n", "syntax error at line 4: inconsistent use of tabs"),
+    "deep_parens.py": (b"x = " + b"(" * 5000 + b"torch_xla" + b")" * 5000 + b"\n", "syntax error at line 1: too many nested parentheses"),
+    "deep_binop.py": (
+        b"import torch_xla.core.xla_model as xm\nx = " + b"1 + " * 100_000 + b"xm.xla_device()\n",
+        "too deeply nested to rewrite",
+    ),
+    # Flat in Python's ast, a 30000-deep chain in libcst: its native parser used to overflow the C
+    # stack here (a segfault that took the whole run down).
+    "deep_and.py": (
+        b"import torch_xla.core.xla_model as xm\nx = " + b"a and " * 30_000 + b"xm.xla_device()\n",
+        "too deeply nested to rewrite (over 1000 levels of nested expressions at line 2)",
+    ),
+    "big_xla.py": (
+        b"import torch_xla.core.xla_model as xm\n" + b"d = xm.xla_device()\n" * (BIG // 20),
+        "too large to rewrite: 20.0 MiB, over the 1.0 MiB limit (--max-file-size)",
+    ),
+    "ü bad name.py": (b"import torch_xla\n)\n", "syntax error at line 2"),
+}
+
+
+def write(root: Path, name: str, data: bytes) -> None:
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def error_lines(stderr: bytes) -> dict[str, str]:
+    lines = stderr.decode().splitlines()
+    errors = {}
+    for line in lines:
+        path, sep, message = line.partition(": error: ")
+        assert sep, f"not a one-line error: {line!r}"
+        assert path not in errors, f"two errors for {path}"
+        errors[path] = message
+    return errors
+
+
+def test_a_tree_of_hostile_files(cli, tmp_path):
+    root = tmp_path / "hostile tree ü"
+    for name, (data, _) in {**GOOD, **BAD}.items():
+        write(root, name, data)
+    os.mkfifo(root / "fifo.py")  # unreadable for root too: never opened for reading
+    (root / "dangling.py").symlink_to(root / "gone.py")
+    (root / "loop.py").symlink_to(root / "loop.py")
+    (root / "again").symlink_to(root)  # a directory loop: not entered
+    missing = root / "missing.py"
+    unreadable = root / "unreadable.py"
+    write(root, "unreadable.py", XLA.encode())
+    unreadable.chmod(0)
+    locked = root / "locked"
+    write(root, "locked/hidden.py", XLA.encode())
+    locked.chmod(0)
+
+    started = time.monotonic()
+    try:
+        result = cli("rewrite", str(root), str(missing))
+    finally:
+        unreadable.chmod(0o644)
+        locked.chmod(0o755)
+    elapsed = time.monotonic() - started
+
+    assert result.returncode == 2, result.stderr
+    errors = error_lines(result.stderr)
+    expected = {str(root / name): message for name, (_, message) in BAD.items()}
+    expected[str(root / "fifo.py")] = "cannot read: not a regular file"
+    expected[str(root / "dangling.py")] = "cannot read: No such file or directory"
+    expected[str(root / "loop.py")] = "cannot read: Too many levels of symbolic links"
+    expected[str(missing)] = "no such file or directory"
+    if os.geteuid() != 0:  # root reads and lists anything; the FIFO above fails for root too
+        expected[str(unreadable)] = "cannot read: Permission denied"
+        expected[str(locked)] = "cannot read directory: Permission denied"
+    for path, message in expected.items():
+        assert path in errors, f"no error for {path}: {errors}"
+        assert errors[path].startswith(message), (path, errors[path])
+    assert set(errors) == set(expected)
+
+    for name, (data, _) in BAD.items():
+        assert (root / name).read_bytes() == data, f"{name} was touched"
+    for name, (data, rewritten) in GOOD.items():
+        assert (root / name).read_bytes() == (data if rewritten is None else rewritten), name
+    assert not any(p.name.endswith(".tpu-migrate") for p in root.rglob("*"))
+    # Two 20 MB files: the plain one only goes through the byte pre-filter, the torch_xla one is
+    # refused by size before any parser sees it. Neither may take long.
+    assert elapsed < 60, elapsed
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_segfault_sized_input_does_not_take_the_run_down(cli, tmp_path, jobs):
+    """With a pool (and in-process), the good files next to the worst input are still written."""
+    for i in range(4):
+        write(tmp_path, f"good{i}.py", XLA.encode())
+    data, message = BAD["deep_and.py"]
+    write(tmp_path, "deep_and.py", data)
+    result = cli("rewrite", "--jobs", jobs, str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert error_lines(result.stderr) == {str(tmp_path / "deep_and.py"): message}
+    for i in range(4):
+        assert (tmp_path / f"good{i}.py").read_text() == XLA_REWRITTEN
+
+
+def test_max_file_size_option(cli, tmp_path):
+    path = tmp_path / "a.py"
+    path.write_text(XLA)
+    size = len(XLA)
+    small = cli("rewrite", "--max-file-size", "50", str(path))
+    assert small.returncode == 2
+    assert error_lines(small.stderr) == {
+        str(path): f"too large to rewrite: {size} bytes, over the 50 bytes limit (--max-file-size)"}
+    assert path.read_text() == XLA
+    # Sizes take binary units; 0 means no limit.
+    assert cli("rewrite", "--check", "--max-file-size", "1K", str(path)).returncode == 1
+    assert cli("rewrite", "--check", "--max-file-size", "0", str(path)).returncode == 1
+    bad = cli("rewrite", "--max-file-size", "lots", str(path))
+    assert bad.returncode == 2 and b"not a size" in bad.stderr
+    # A file without torch_xla is never too large: it only passes the byte pre-filter.
+    plain = tmp_path / "plain.py"
+    plain.write_text("x = 1\n" * 100)
+    assert cli("rewrite", "--max-file-size", "10", str(plain)).returncode == 0
