@@ -163,6 +163,14 @@ def test_torchrun_ranks_write_reports_that_merge(tmp_path):
     ]
 
 
+def default_sigint() -> None:
+    """Start with Ctrl-C's default action, as from a terminal: a test run started in the
+    background by a non-interactive shell inherits SIGINT ignored, and so would the program."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_stops_the_program_and_still_reports(tmp_path):
     import signal
     import time
@@ -183,6 +191,7 @@ def test_ctrl_c_stops_the_program_and_still_reports(tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "tpu_migrate", "diagnose", "--format", "json", str(script)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+        preexec_fn=default_sigint,
     )
     deadline = time.time() + 120
     stderr_lines = []

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from test_diagnose import default_sigint
 
 STRESS = ROOT / "fixtures" / "diagnose" / "stress"
 
@@ -129,7 +130,8 @@ def test_killed_by_a_signal_from_inside(tmp_path, name):
 
 def start_waiting_program(tmp_path: Path, pids: Path, **popen) -> subprocess.Popen:
     return subprocess.Popen(command("--format", "json", str(STRESS / "killed.py"), "wait", str(pids)),
-                            env=environment(tmp_path), start_new_session=True, **popen)
+                            env=environment(tmp_path), start_new_session=True,
+                            preexec_fn=default_sigint, **popen)
 
 
 @pytest.mark.parametrize("name", ["TERM", "INT"])
@@ -167,7 +169,7 @@ def test_ctrl_c_at_a_terminal(tmp_path):
     tool = subprocess.Popen(
         command("--output", str(report), str(STRESS / "killed.py"), "wait", str(pids)),
         env=environment(tmp_path), stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
-        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # the terminal is the tool's
+        preexec_fn=lambda: (default_sigint(), fcntl.ioctl(0, termios.TIOCSCTTY, 0)),  # the terminal is the tool's
     )
     os.close(slave)
     output = b""
