@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import importlib
 import json
 import logging
 import os
@@ -56,9 +57,17 @@ def op_table() -> dict[str, str]:
         return {}
 
 
+_PENDING_SKIPS: list = []  # wrappers made before torch._dynamo was imported
+
+
 def _dynamo_skips(function):
     """Tell Dynamo never to compile this frame or what it calls (it would otherwise compile our
-    wrapper when the eager remainder of a graph break calls it, and add graph breaks)."""
+    wrapper when the eager remainder of a graph break calls it, and add graph breaks). Importing
+    torch._dynamo costs about 1.5 s, so an eager program never pays it: the wrappers are marked
+    when something else imports it, before anything can compile."""
+    if "torch._dynamo" not in sys.modules:
+        _PENDING_SKIPS.append(function)
+        return function
     try:
         from torch._C._dynamo.eval_frame import set_code_exec_strategy
         from torch._dynamo.types import FrameAction, FrameExecStrategy
@@ -85,7 +94,6 @@ class NativeHooks:
         self.method_originals: dict[str, object] = {}  # Tensor.__dict__ entries (None: inherited)
         self.method_wrappers: dict[str, object] = {}
         self.function_originals: dict[str, object] = {}
-        self.compiled = False  # the program compiled something: no more modes or torch.* wrappers
         self.mode = None
         self.optimizer_hook = None
         self.saved = []  # (owner, name, original) patched once, restored by uninstall
@@ -175,6 +183,10 @@ class NativeHooks:
         import torch._dynamo.symbolic_convert as symbolic_convert
         from torch._dynamo.callback import on_compile_end, on_compile_start
 
+        pending, _PENDING_SKIPS[:] = list(_PENDING_SKIPS), []
+        for function in pending:
+            _dynamo_skips(function)
+
         if hasattr(convert_frame, "get_and_maybe_log_recompilation_reasons"):
             self._patch(convert_frame, "get_and_maybe_log_recompilation_reasons",
                         self._recompile_wrapper(convert_frame.get_and_maybe_log_recompilation_reasons))
@@ -191,7 +203,6 @@ class NativeHooks:
     def _compile_started(self, args) -> None:
         self._stop_op_coverage()
         self._drop_function_wrappers()
-        self.compiled = True
         self._put_methods(wrapped=False)
         if self.optimizer_hook is not None:  # a compiled optimizer step would trace our hook
             self.optimizer_hook.remove()
@@ -319,7 +330,8 @@ class NativeHooks:
             if not tracer.is_library(sys._getframe(1).f_code.co_filename):  # not torch's own re-call
                 for problem in _compile_problems(kwargs):
                     hooks.recorder.at_user_line("incompatible", problem)
-            if "torch._dynamo" in sys.modules and not hooks.dynamo_hooked:
+            importlib.import_module("torch._dynamo")  # torch.compile imports it anyway; hook it first
+            if not hooks.dynamo_hooked:
                 hooks.install_dynamo_hooks()
             return original(*args, **kwargs)
 

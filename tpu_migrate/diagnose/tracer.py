@@ -463,6 +463,7 @@ class InProcess:
                 from tpu_migrate.diagnose import native
 
                 native.install(RECORDER, self.warmup_steps, scan_sources=False)
+                _after_import("torch._dynamo", _dynamo_imported)
         return self
 
     def __exit__(self, *exc) -> None:
