@@ -105,12 +105,17 @@ def parse_fallbacks(log: bytes) -> list[tuple[int, str, str, int]]:
     return calls
 
 
+def _step_boundaries(events: list[dict]) -> list[dict]:
+    """The events that end a step: XLA step markers, or without any, optimizer steps."""
+    steps = [e for e in events if e["kind"] == "step"]
+    return steps or [e for e in events if e["kind"] == "opt_step"]
+
+
 def _process_steps(events: list[dict]) -> tuple[int, list[int]]:
     """Steps the process ran, and the debug-log offsets at which its steps ended. Without an
     XLA step marker, optimizer steps are the steps (and events are renumbered by them)."""
-    boundaries = [e for e in events if e["kind"] == "step"]
-    if not boundaries:
-        boundaries = [e for e in events if e["kind"] == "opt_step"]
+    boundaries = _step_boundaries(events)
+    if boundaries and boundaries[0]["kind"] == "opt_step":
         for event in events:
             event["step"] = event.get("ostep", 0)
     return len(boundaries), [e.get("debug_offset", 0) for e in boundaries]
@@ -153,12 +158,8 @@ def backend(evidence: Evidence) -> tuple[str, str | None]:
 
 
 def step_records(evidence: Evidence) -> list[StepRecord]:
-    def boundaries_of(events):
-        steps = [e for e in events if e["kind"] == "step"]
-        return steps or [e for e in events if e["kind"] == "opt_step"]
-
-    events = max(evidence.events.values(), key=lambda e: len(boundaries_of(e)), default=[])
-    boundaries = boundaries_of(events)
+    events = max(evidence.events.values(), key=lambda e: len(_step_boundaries(e)), default=[])
+    boundaries = _step_boundaries(events)
     by_optimizer = bool(boundaries) and boundaries[0]["kind"] == "opt_step"
     records = []
     previous = None
