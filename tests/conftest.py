@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +43,24 @@ def _result_cache_dir(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TPU_MIGRATE_CACHE_DIR", str(tmp_path_factory.mktemp("tpu-migrate-cache")))
         yield
+
+
+@pytest.fixture
+def reap():
+    """`reap(process)` for a Popen started with start_new_session=True: when the test ends, pass
+    or fail, its whole process group gets SIGKILL. A failed test must not leave its program
+    running: one such endless loop, under diagnose, once wrote events until the disk was full."""
+    processes: list[subprocess.Popen] = []
+    yield processes.append
+    for process in processes:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.wait(timeout=60)
+
+
+def default_sigint() -> None:
+    """Start with Ctrl-C's default action, as from a terminal: a test run started in the
+    background by a non-interactive shell inherits SIGINT ignored, and so would the program."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

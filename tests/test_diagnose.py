@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 
-from conftest import ROOT
+from conftest import ROOT, default_sigint
 from differential import free_port
 
 PROGRAMS = ROOT / "fixtures" / "diagnose"
@@ -163,15 +163,7 @@ def test_torchrun_ranks_write_reports_that_merge(tmp_path):
     ]
 
 
-def default_sigint() -> None:
-    """Start with Ctrl-C's default action, as from a terminal: a test run started in the
-    background by a non-interactive shell inherits SIGINT ignored, and so would the program."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def test_ctrl_c_stops_the_program_and_still_reports(tmp_path):
+def test_ctrl_c_stops_the_program_and_still_reports(tmp_path, reap):
     import signal
     import time
 
@@ -193,6 +185,7 @@ def test_ctrl_c_stops_the_program_and_still_reports(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
         preexec_fn=default_sigint,
     )
+    reap(process)
     deadline = time.time() + 120
     stderr_lines = []
     while time.time() < deadline:

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
-from test_diagnose import default_sigint
+from conftest import ROOT, default_sigint
 
 STRESS = ROOT / "fixtures" / "diagnose" / "stress"
 
@@ -135,12 +134,13 @@ def start_waiting_program(tmp_path: Path, pids: Path, **popen) -> subprocess.Pop
 
 
 @pytest.mark.parametrize("name", ["TERM", "INT"])
-def test_the_tool_itself_signalled(tmp_path, name):
+def test_the_tool_itself_signalled(tmp_path, name, reap):
     """`kill -TERM TOOL` is relayed at once (the program does not handle SIGTERM); `kill -INT
     TOOL` after the grace period (Python handles SIGINT), and the program gets it once."""
     pids = tmp_path / "pids"
     number = getattr(signal, "SIG" + name)
     tool = start_waiting_program(tmp_path, pids, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reap(tool)
     stderr = b""
     while b"ready" not in stderr:  # the program's stdout goes to stderr with --format json
         line = tool.stderr.readline()
@@ -156,7 +156,7 @@ def test_the_tool_itself_signalled(tmp_path, name):
     assert_cleaned_up(tmp_path, pids)
 
 
-def test_ctrl_c_at_a_terminal(tmp_path):
+def test_ctrl_c_at_a_terminal(tmp_path, reap):
     """The tool and the program share the terminal's foreground process group: Ctrl-C reaches
     both (and the program's children), the tool does not relay it, and still reports."""
     import fcntl
@@ -171,6 +171,7 @@ def test_ctrl_c_at_a_terminal(tmp_path):
         env=environment(tmp_path), stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
         preexec_fn=lambda: (default_sigint(), fcntl.ioctl(0, termios.TIOCSCTTY, 0)),  # the terminal is the tool's
     )
+    reap(tool)
     os.close(slave)
     output = b""
     deadline = time.monotonic() + 180
@@ -193,3 +194,54 @@ def test_ctrl_c_at_a_terminal(tmp_path):
     assert sync_count(document, "killed.py", 21) >= 2
     assert b"left running" not in output  # the sleeper got the Ctrl-C too
     assert_cleaned_up(tmp_path, pids)
+
+
+def test_a_killed_tool_takes_its_program_along_and_the_next_run_cleans_up(tmp_path, reap):
+    """SIGKILL leaves the tool no chance to stop the program or remove its directory: the program
+    gets SIGTERM from the kernel (PR_SET_PDEATHSIG), and the next run removes the directory."""
+    pids = tmp_path / "pids"
+    tool = start_waiting_program(tmp_path, pids, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reap(tool)  # the sleeper, which outlives its program, is in the tool's process group
+    stderr = b""
+    while b"ready" not in stderr:
+        line = tool.stderr.readline()
+        assert line, stderr.decode()[-3000:]
+        stderr += line
+    tool.kill()
+    tool.wait(timeout=30)
+    program = int(pids.read_text().split()[0])
+    deadline = time.monotonic() + 30
+    while alive(program) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(program)
+    [left] = (tmp_path / "tmp").glob("tpu-migrate-diagnose-*")
+    an_hour_ago = time.time() - 3600
+    for path in [left, *left.rglob("*")]:
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    quick = tmp_path / "quick.py"
+    quick.write_text("print('hello')\n")
+    result = diagnose(tmp_path, str(quick))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert_cleaned_up(tmp_path)
+
+
+def test_only_dead_and_quiet_run_directories_are_removed(tmp_path, monkeypatch):
+    from tpu_migrate.diagnose import rundir
+
+    monkeypatch.setattr(rundir.tempfile, "gettempdir", lambda: str(tmp_path))
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    dead, live = ended.pid, os.getpid()
+    names = {"dead-old": f"tpu-migrate-diagnose-{dead}-a", "dead-new": f"tpu-migrate-diagnose-{dead}-b",
+             "live-old": f"tpu-migrate-diagnose-{live}-c", "other": f"not-ours-{dead}-d"}
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "events.1.jsonl").write_text("{}\n")
+    old = time.time() - 3600
+    for key in ("dead-old", "live-old", "other"):
+        for path in [tmp_path / names[key], tmp_path / names[key] / "events.1.jsonl"]:
+            os.utime(path, (old, old))
+    (tmp_path / names["dead-new"] / "events.1.jsonl").touch()  # a file still being written
+    assert rundir.remove_stale() == [str(tmp_path / names["dead-old"])]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        names[k] for k in ("dead-new", "live-old", "other"))

@@ -17,6 +17,27 @@ from tpu_migrate.diagnose import tracer
 
 # The signals the tool blocked before it started this process (runner._block_signals).
 ENV_UNBLOCK = "TPU_MIGRATE_DIAGNOSE_UNBLOCK"
+# The tool's process id: the program ends when the tool does (see _end_with_the_tool).
+ENV_TOOL = "TPU_MIGRATE_DIAGNOSE_TOOL"
+PR_SET_PDEATHSIG = 1
+
+
+def _end_with_the_tool() -> None:
+    """A tool that dies (SIGKILL, the OOM killer) can neither read what the program records nor
+    remove the run's directory, and an endless program would record until the disk is full: the
+    program gets SIGTERM then, as if the tool had relayed it (PR_SET_PDEATHSIG, Linux only)."""
+    tool = os.environ.pop(ENV_TOOL, "")
+    if not tool.isdigit() or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != int(tool):  # the tool was gone before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main() -> None:
@@ -26,6 +47,7 @@ def main() -> None:
     unblock = os.environ.pop(ENV_UNBLOCK, "")
     if unblock:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {int(s) for s in unblock.split(",")})
+    _end_with_the_tool()
     tracer.install()
     if mode == "script":
         sys.argv = [target, *args]

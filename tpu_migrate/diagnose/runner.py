@@ -25,12 +25,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 
-from tpu_migrate.diagnose.bootstrap import ENV_UNBLOCK
+from tpu_migrate.diagnose import rundir
+from tpu_migrate.diagnose.bootstrap import ENV_TOOL, ENV_UNBLOCK
 from tpu_migrate.diagnose.tracer import ENV_BACKEND, ENV_DEBUG_FILE, ENV_DIR, ENV_WARMUP
 
 # Signals the tool takes while the program runs (blocked, then read with sigtimedwait), and how
@@ -71,7 +71,7 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
     # program unblocks them in its bootstrap: it starts with the caller's signal mask.
     waited = _block_signals()
     subreaper = _set_subreaper(True)
-    workdir = tempfile.mkdtemp(prefix="tpu-migrate-diagnose-")
+    workdir = rundir.make()
     process = None
     try:
         site = os.path.join(workdir, "site")
@@ -85,6 +85,7 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
             ENV_DIR: workdir,
             ENV_BACKEND: backend,
             ENV_WARMUP: str(warmup_steps),
+            ENV_TOOL: str(os.getpid()),
             ENV_DEBUG_FILE: debug_file,
             "PT_XLA_DEBUG_LEVEL": "1",
             "PYTHONPATH": python_path,
