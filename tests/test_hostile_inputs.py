@@ -168,3 +168,26 @@ def test_max_file_size_option(cli, tmp_path):
     plain = tmp_path / "plain.py"
     plain.write_text("x = 1\n" * 100)
     assert cli("rewrite", "--max-file-size", "10", str(plain)).returncode == 0
+
+
+@pytest.mark.parametrize("value, limited", [('"50"', True), ("50", True), ('"1K"', False), ("0", False)])
+def test_max_file_size_from_pyproject(cli, tmp_path, value, limited):
+    (tmp_path / "pyproject.toml").write_text(f"[tool.tpu-migrate]\nmax-file-size = {value}\n")
+    path = tmp_path / "a.py"
+    path.write_text(XLA)
+    result = cli("rewrite", "--check", str(path), cwd=tmp_path)
+    assert result.returncode == (2 if limited else 1), result.stderr
+    assert (b"too large to rewrite" in result.stderr) == limited
+    # The flag overrides the file.
+    assert cli("rewrite", "--check", "--max-file-size", "0", str(path), cwd=tmp_path).returncode == 1
+
+
+@pytest.mark.parametrize("value", ['"lots"', "-1", "true", "[1]"])
+def test_max_file_size_bad_in_pyproject(cli, tmp_path, value):
+    (tmp_path / "pyproject.toml").write_text(f"[tool.tpu-migrate]\nmax-file-size = {value}\n")
+    path = tmp_path / "a.py"
+    path.write_text(XLA)
+    result = cli("rewrite", "--check", str(path), cwd=tmp_path)
+    assert result.returncode == 2
+    assert b"'max-file-size' must be a size" in result.stderr
+    assert path.read_text() == XLA

@@ -18,6 +18,7 @@ from tpu_migrate.config import ConfigError, load_config
 from tpu_migrate.report import ci_formats
 from tpu_migrate.report import render
 from tpu_migrate.rewrite import cache as result_cache
+from tpu_migrate.rewrite.context import DEFAULT_MAX_FILE_SIZE
 from tpu_migrate.rewrite.files import discover, parse_size, write_atomic
 from tpu_migrate.rules import RuleError, load_catalog
 
@@ -51,6 +52,8 @@ def _rewrite_paths(files, settings, jobs, sources=None):
 
 
 def _size_option(ctx, param, value):
+    if value is None:
+        return None
     try:
         return parse_size(value)
     except ValueError as exc:
@@ -85,7 +88,7 @@ def main() -> None:
               help="Skip files or directories matching GLOB (repeatable).")
 @click.option("--exit-zero", is_flag=True,
               help="Exit 0 even when files change or manual findings remain (errors still exit 2).")
-@click.option("--max-file-size", metavar="SIZE", default="1M", show_default=True, callback=_size_option,
+@click.option("--max-file-size", metavar="SIZE", default=None, show_default="1M", callback=_size_option,
               help="A file that mentions torch_xla and is larger than this is reported, not rewritten "
                    "(e.g. 500K, 4M; 0: no limit). Other files are only byte-scanned, whatever their size.")
 @click.option("--no-cache", is_flag=True,
@@ -112,7 +115,8 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
         select=_expand_codes(select_list, "--select" if select else origin) if select_list is not None else None,
         ignore=_expand_codes(ignore_list or [], "--ignore" if ignore else origin),
         fix_level=fix_level or config.fix_level or "unsafe",
-        max_file_size=max_file_size,
+        max_file_size=next((size for size in (max_file_size, config.max_file_size) if size is not None),
+                           DEFAULT_MAX_FILE_SIZE),
     )
     exclude = (*config.exclude, *exclude)
     stdout = Console(highlight=False, soft_wrap=True)

@@ -7,6 +7,7 @@
     exclude = ["legacy/*"]    # globs, like --exclude
     fix-level = "unsafe"      # or "safe": apply only safe fixes
     cache = true              # false: never read or write the result cache (like --no-cache)
+    max-file-size = "4M"      # or bytes; 0: no limit (like --max-file-size)
 
 The nearest pyproject.toml with a `[tool.tpu-migrate]` table above the first path (or the
 current directory) is used, as ruff does. Unknown keys and bad values are errors naming them.
@@ -18,7 +19,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-KEYS = ("target", "select", "ignore", "exclude", "fix-level", "cache")
+KEYS = ("target", "select", "ignore", "exclude", "fix-level", "cache", "max-file-size")
 TARGETS = ("tpu", "portable")
 FIX_LEVELS = ("safe", "unsafe")
 
@@ -36,6 +37,7 @@ class Config:
     exclude: list[str] = field(default_factory=list)
     fix_level: str | None = None
     cache: bool = True
+    max_file_size: int | None = None  # bytes; None: not set
 
 
 def find_config(paths: list[str]) -> Path | None:
@@ -80,7 +82,25 @@ def load_config(paths: list[str]) -> Config:
     config.cache = table.get("cache", True)
     if not isinstance(config.cache, bool):
         raise ConfigError(f"{where}: 'cache' must be true or false, not {config.cache!r}")
+    config.max_file_size = _size(table, "max-file-size", where)
     return config
+
+
+def _size(table: dict, key: str, where: str) -> int | None:
+    from tpu_migrate.rewrite.files import parse_size
+
+    value = table.get(key)
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    try:
+        if isinstance(value, str):
+            return parse_size(value)
+    except ValueError:
+        pass
+    raise ConfigError(f"{where}: '{key}' must be a size such as \"4M\", \"500K\" or a number of bytes, "
+                      f"not {value!r}")
 
 
 def _choice(table: dict, key: str, choices: tuple[str, ...], where: str) -> str | None:

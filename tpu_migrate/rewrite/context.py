@@ -13,6 +13,7 @@ from tpu_migrate.rewrite.names import Analysis, Ref, Scope, StmtInfo
 from tpu_migrate.rules import Catalog, Rule
 
 ALL_CODES = "*"
+DEFAULT_MAX_FILE_SIZE = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class Options:
     fix_level: str = "unsafe"  # "safe": apply only safe fixes
     # Files that pass the byte pre-filter and are larger than this are reported, not parsed
     # (None or 0: no limit). `--max-file-size`.
-    max_file_size: int | None = 1024 * 1024
+    max_file_size: int | None = DEFAULT_MAX_FILE_SIZE
 
     def enabled(self, code: str) -> bool:
         if code in self.ignore:
