@@ -6,6 +6,7 @@ the first step it was seen and, in multi-process programs, the rank.
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from dataclasses import dataclass, field
@@ -49,6 +50,12 @@ class Finding:
     steps: set = field(default_factory=set, repr=False)
     changed: str | None = field(default=None, repr=False)  # --explain: what changed in the graph
     exact: bool = field(default=False, repr=False)  # a fallback at its own line (--explain)
+    counted_steps: int = field(default=0, repr=False)  # steps seen in past the event limit, less one
+
+    @property
+    def step_count(self) -> int:
+        """The number of steps the finding was seen in."""
+        return len(self.steps) + self.counted_steps
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "file": self.file, "line": self.line, "count": self.count,
@@ -111,14 +118,37 @@ def _step_boundaries(events: list[dict]) -> list[dict]:
     return steps or [e for e in events if e["kind"] == "opt_step"]
 
 
-def _process_steps(events: list[dict]) -> tuple[int, list[int]]:
-    """Steps the process ran, and the debug-log offsets at which its steps ended. Without an
-    XLA step marker, optimizer steps are the steps (and events are renumbered by them)."""
+def _process_steps(events: list[dict]) -> tuple[int, list[dict]]:
+    """Steps the process ran, and the events that ended them. Without an XLA step marker,
+    optimizer steps are the steps (and events are renumbered by them). Past the event limit
+    the boundaries skip the steps that brought no news: their `step` field is the step."""
     boundaries = _step_boundaries(events)
-    if boundaries and boundaries[0]["kind"] == "opt_step":
+    counted = _counted(events)
+    by_optimizer = bool(boundaries) and boundaries[0]["kind"] == "opt_step" or (
+        not boundaries and counted is not None and counted["steps"] == 0 and counted["osteps"] > 0)
+    if by_optimizer:
         for event in events:
             event["step"] = event.get("ostep", 0)
-    return len(boundaries), [e.get("debug_offset", 0) for e in boundaries]
+            if "in_osteps" in event:
+                event["in_steps"] = event["in_osteps"]
+            if event["kind"] == "counted":
+                event["steps"] = event["osteps"]
+    total = len(boundaries)
+    for event in events:
+        if event["kind"] in ("counted", "end"):
+            total = max(total, event["steps"] if event["kind"] == "counted" else event["step"])
+    return total, boundaries
+
+
+def _counted(events: list[dict]) -> dict | None:
+    """The `counted` event of a process that went past the event limit (runner.read_events)."""
+    return next((e for e in events if e["kind"] == "counted"), None)
+
+
+def _step_at(offset: int, boundaries: list[dict], key: str, total: int) -> int:
+    """The step in which a log reached `offset`: the first step at whose end the log was longer."""
+    index = bisect.bisect_right([b.get(key, 0) for b in boundaries], offset)
+    return boundaries[index]["step"] if index < len(boundaries) else total
 
 
 def _traced_something(events: list[dict]) -> bool:
@@ -158,9 +188,13 @@ def backend(evidence: Evidence) -> tuple[str, str | None]:
 
 
 def step_records(evidence: Evidence) -> list[StepRecord]:
+    """The steps recorded one by one (up to the event limit) of the process that ran the most."""
     events = max(evidence.events.values(), key=lambda e: len(_step_boundaries(e)), default=[])
     boundaries = _step_boundaries(events)
     by_optimizer = bool(boundaries) and boundaries[0]["kind"] == "opt_step"
+    counted = _counted(events)
+    if counted is not None:
+        boundaries = boundaries[: counted["ostep" if by_optimizer else "step"]]
     records = []
     previous = None
     for index, boundary in enumerate(boundaries):
@@ -170,7 +204,7 @@ def step_records(evidence: Evidence) -> list[StepRecord]:
         previous = now
     for event in events:
         step = event.get("ostep", 0) if by_optimizer else event.get("step", 0)
-        if step < len(records):
+        if step < len(records) and "in_steps" not in event:
             if event["kind"] == "compile":
                 records[step].compiles += 1
             elif event["kind"] == "sync":
@@ -181,7 +215,7 @@ def step_records(evidence: Evidence) -> list[StepRecord]:
                 records[step].fallbacks += event.get("count", 1)
     offsets = [b.get("debug_offset", 0) for b in boundaries]
     for compile_ in parse_compiles(evidence.debug_log) if evidence.debug_log else []:
-        step = sum(1 for offset in offsets if offset <= compile_.offset)
+        step = bisect.bisect_right(offsets, compile_.offset)
         if step < len(records):
             records[step].compiles += 1
     return records
@@ -204,11 +238,11 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
     compile_process = None
     exact_fallbacks = bool(evidence.fallback_log)
     for index, (pid, events) in enumerate(processes):
-        steps, offsets = _process_steps(events)
+        steps, boundaries = _process_steps(events)
         main_steps = max(main_steps, steps)  # spawned workers run the steps
         rank = _rank(events, index if multi else None)
-        if offsets and any(offsets) and compile_process is None:
-            compile_process = (rank, offsets)
+        if any(b.get("debug_offset") for b in boundaries) and compile_process is None:
+            compile_process = (rank, boundaries, steps)
         for event in events:
             kind = EVENT_KINDS.get(event["kind"])
             if kind is None or event.get("file") is None or (kind == "fallback" and exact_fallbacks):
@@ -216,21 +250,23 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
             if kind == "recompile" and event["step"] < warmup_steps:
                 continue
             finding = _add(findings, kind, event["file"], event["line"], event["op"], event["step"],
-                           None if event.get("static") else rank, event.get("count", 1))
+                           None if event.get("static") else rank, event.get("count", 1),
+                           event.get("in_steps", 1))
             finding.changed = finding.changed or event.get("reason") or event.get("gb")
     if not evidence.debug_log and backend(evidence)[0] == "xla":
         _add_counted_compiles(findings, processes, warmup_steps)
     if evidence.debug_log:
         # torch_xla writes its compile analysis from one process (the local master).
-        rank, offsets = compile_process if compile_process else (None, [])
+        rank, boundaries, steps = compile_process if compile_process else (None, [], 0)
         graphs = parse_graphs(evidence.graphs) if evidence.graphs else {}
-        _add_compiles(findings, parse_compiles(evidence.debug_log), offsets, warmup_steps, graphs,
-                      rank if multi else None)
+        _add_compiles(findings, parse_compiles(evidence.debug_log), boundaries, steps, warmup_steps,
+                      graphs, rank if multi else None)
     if exact_fallbacks:
-        boundaries = [e.get("fallback_offset", 0) for events in evidence.events.values()
-                      for e in events if e["kind"] in ("step", "opt_step") and e.get("fallback_offset")]
+        boundaries = sorted((e for events in evidence.events.values() for e in events
+                             if e["kind"] in ("step", "opt_step") and e.get("fallback_offset")),
+                            key=lambda e: e["fallback_offset"])
         for offset, op, file, line in parse_fallbacks(evidence.fallback_log):
-            step = sum(1 for b in boundaries if b <= offset)
+            step = _step_at(offset, boundaries, "fallback_offset", main_steps)
             _add(findings, "fallback", file, line, op, step, None).exact = True
     result = [f for f in findings.values() if _reportable(f)]
     backend_name = backend(evidence)[0]
@@ -241,7 +277,8 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
     return result, main_steps
 
 
-def _add(findings, kind, file, line, op, step, rank, count=1):
+def _add(findings, kind, file, line, op, step, rank, count=1, in_steps=1):
+    """Count `count` occurrences, the first in `step`, seen in `in_steps` steps (a tally entry)."""
     key = (kind, file, line, op, rank)
     finding = findings.get(key)
     if finding is None:
@@ -249,16 +286,17 @@ def _add(findings, kind, file, line, op, step, rank, count=1):
     finding.count += count
     finding.first_step = min(finding.first_step, step)
     finding.steps.add(step)
+    finding.counted_steps += in_steps - 1
     return finding
 
 
-def _add_compiles(findings, compiles: list[Compile], offsets: list[int], warmup_steps: int,
-                  graphs: dict[str, str], rank: int | None) -> None:
+def _add_compiles(findings, compiles: list[Compile], boundaries: list[dict], steps: int,
+                  warmup_steps: int, graphs: dict[str, str], rank: int | None) -> None:
     """A site that compiled before and compiles again after warm-up recompiles; a first compile
     of a new site after warm-up is reported as information (kind "compile")."""
     previous: dict[tuple, str | None] = {}
     for compile_ in compiles:
-        compile_.step = sum(1 for offset in offsets if offset <= compile_.offset)
+        compile_.step = _step_at(compile_.offset, boundaries, "debug_offset", steps)
         if compile_.file is None:
             continue
         site = (compile_.file, compile_.line)
@@ -339,7 +377,7 @@ def _short(location: str) -> str:
 
 def _reportable(finding: Finding) -> bool:
     if finding.kind == "sync":
-        return len(finding.steps) >= 2  # inside the step loop: it recurs step after step
+        return finding.step_count >= 2  # inside the step loop: it recurs step after step
     return True
 
 
@@ -368,7 +406,7 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
     if f.kind in NATIVE_DESCRIPTIONS:
         return NATIVE_DESCRIPTIONS[f.kind](f, where)
     if backend_name == "native" and f.kind == "sync":
-        return (f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) in {len(f.steps)} steps",
+        return (f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) in {f.step_count} steps",
                 "The host waits for the TPU to finish all queued work before it can read the value, "
                 "every step (and in TorchTPU's fused eager mode it also cuts the fused graph). Log "
                 "less often: accumulate on the device and read every N steps, or copy with "
@@ -384,7 +422,7 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
                 "Expected once; if it repeats it is reported as a recompile.")
     if f.kind == "sync":
         method = f.op.strip("_")
-        return (f"host sync `{method}` at {where}: {f.count} time(s) in {len(f.steps)} steps",
+        return (f"host sync `{method}` at {where}: {f.count} time(s) in {f.step_count} steps",
                 "The host waits for the device to finish before it can read the value, every "
                 "step. Log less often, accumulate on the device and read every N steps, or move "
                 "the read into xm.add_step_closure.")

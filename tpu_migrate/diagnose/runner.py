@@ -275,7 +275,8 @@ def _stop_leftovers() -> int:
 
 
 def read_events(directory: str) -> dict[int, list[dict]]:
-    """The events every traced process wrote, by process id, in order."""
+    """The events every traced process wrote, by process id, in order; then, for a process that
+    went on counting (tracer.Recorder), a `counted` event and one event per tally entry."""
     events = {}
     for path in sorted(glob.glob(os.path.join(directory, "events.*.jsonl"))):
         pid = int(path.rsplit(".", 2)[1])
@@ -286,4 +287,24 @@ def read_events(directory: str) -> dict[int, list[dict]]:
                     events[pid].append(json.loads(line))
                 except ValueError:  # a line cut short by SIGKILL
                     continue
+        events[pid].extend(_tally_events(os.path.join(directory, f"tally.{pid}.json")))
+    return events
+
+
+def _tally_events(path: str) -> list[dict]:
+    """A tally entry as one event at its first step, its count multiplied, and the number of
+    steps it was seen in (`in_steps`, `in_osteps`)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tally = json.load(handle)
+    except (OSError, ValueError):
+        return []
+    events = [{"kind": "counted", "op": None, "file": None, "line": None,
+               "step": tally["from_step"], "ostep": tally["from_ostep"],
+               "steps": tally["steps"], "osteps": tally["osteps"]}]
+    for key, count, first_step, first_ostep, _, _, in_steps, in_osteps in tally["events"]:
+        event = json.loads(key)
+        event.update(step=first_step, ostep=first_ostep, count=event.get("count", 1) * count,
+                     in_steps=in_steps, in_osteps=in_osteps)
+        events.append(event)
     return events

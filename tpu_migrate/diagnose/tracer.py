@@ -12,6 +12,12 @@ It records events as JSON lines in $TPU_MIGRATE_DIAGNOSE/events.<pid>.jsonl:
   boolean-mask indexing);
 - `fallback`: `aten::*` counters (ops torch_xla ran on the CPU) that moved during a step.
 
+After $TPU_MIGRATE_DIAGNOSE_EVENT_LIMIT events (200,000: tens of MB) a process stops writing
+them one by one and counts them in tally.<pid>.json instead, with the first step and the number
+of steps of each; step boundaries are then written only when they carry news (a compile). A
+long or endless program would otherwise fill the disk (about 400 bytes a step) and the report's
+memory. The findings stay exact; the per-step timeline ends where counting began.
+
 Hooks are installed when the program imports torch_xla (a meta-path finder), never before: the
 program's own environment set-up (PJRT_DEVICE, ...) must run first. Each event carries the first
 frame of the user's code. Cost: a wrapper call per host read and per step; the counters are read
@@ -34,6 +40,9 @@ ENV_DIR = "TPU_MIGRATE_DIAGNOSE"
 ENV_DEBUG_FILE = "PT_XLA_DEBUG_FILE"
 ENV_BACKEND = "TPU_MIGRATE_DIAGNOSE_BACKEND"  # xla, native or auto (see install_backend)
 ENV_WARMUP = "TPU_MIGRATE_DIAGNOSE_WARMUP"  # native: how many steps the op-coverage mode samples
+ENV_EVENT_LIMIT = "TPU_MIGRATE_DIAGNOSE_EVENT_LIMIT"
+DEFAULT_EVENT_LIMIT = 200_000
+BOUNDARY_KINDS = ("step", "opt_step")
 
 # Frames in these paths are never "the user's line".
 _LIBRARY_MARKERS = (
@@ -89,6 +98,14 @@ class Recorder:
         self.local = threading.local()
         self.aten: dict[str, int] = {}
         self.metrics = None
+        self.limit = _event_limit()
+        self.written = 0  # events written one by one
+        # Counting mode (past the limit): event without its step -> [count, first step, first
+        # optimizer step, last step, last optimizer step, steps seen in, optimizer steps seen in].
+        self.tally: dict[str, list[int]] | None = None
+        self.tally_start = (0, 0)
+        self.tally_written = 0.0
+        self.last_boundary: dict[str, tuple] = {}
 
     # Re-entrancy: printing a tensor calls .tolist()/.item() internally; count the outer call only.
     def busy(self) -> bool:
@@ -103,11 +120,49 @@ class Recorder:
         """An event already written as one JSON object (with its step and ostep)."""
         with self.lock:
             self.recorded = True
+            if self.tally is not None:
+                self._count_locked(line)
+                return
             self.buffer.append(line)
+            self.written += 1
+            if self.written >= self.limit:
+                self._flush_locked()
+                self.tally = {}
+                self.tally_start = (self.steps, self.optimizer_steps)
             # Unwritten events die with the process (SIGKILL, a crash): they are written at every
             # step boundary, at least once a second, and at once after finish().
-            if len(self.buffer) >= 256 or self.finished or time.monotonic() - self.last_flush >= 1.0:
+            elif len(self.buffer) >= 256 or self.finished or time.monotonic() - self.last_flush >= 1.0:
                 self._flush_locked()
+
+    def _count_locked(self, line: str) -> None:
+        kind = line[10 : line.index('"', 10)]  # every event starts with {"kind": "...
+        if kind in BOUNDARY_KINDS:
+            # Written only when it differs from the last one but for its time and numbers: a
+            # moved compile counter or log offset places a compile in its step.
+            event = json.loads(line)
+            for name in ("time", "step", "ostep"):
+                event.pop(name, None)
+            signature = tuple(event.items())
+            if self.last_boundary.get(kind) == signature:
+                return
+            self.last_boundary[kind] = signature
+        if kind in BOUNDARY_KINDS or kind in ("end", "backend"):
+            self.buffer.append(line)
+            self._flush_locked()
+            return
+        key = line[: line.rindex(', "step": ')] + "}"  # events end with their step and ostep
+        step, ostep = self.steps, self.optimizer_steps
+        entry = self.tally.get(key)
+        if entry is None:
+            self.tally[key] = [1, step, ostep, step, ostep, 1, 1]
+        else:
+            entry[0] += 1
+            if entry[3] != step:
+                entry[3], entry[5] = step, entry[5] + 1
+            if entry[4] != ostep:
+                entry[4], entry[6] = ostep, entry[6] + 1
+        if time.monotonic() - self.tally_written >= 1.0:
+            self._flush_locked()
 
     def _flush_locked(self) -> None:
         # Take the lines first: a reentrant flush (os._exit in a signal handler) writes only its own.
@@ -119,6 +174,25 @@ class Recorder:
                     handle.write("\n".join(lines) + "\n")
             except OSError:  # the run's directory is gone (a process outliving the run): carry on
                 pass
+        if self.tally is not None and (self.finished or self.last_flush - self.tally_written >= 1.0):
+            self._write_tally_locked()
+
+    def tally_path(self) -> str:
+        return os.path.join(os.path.dirname(self.path), f"tally.{os.getpid()}.json")
+
+    def _write_tally_locked(self) -> None:
+        """The counts so far, replacing the last ones whole (a kill loses at most a second)."""
+        self.tally_written = time.monotonic()
+        document = {"from_step": self.tally_start[0], "from_ostep": self.tally_start[1],
+                    "steps": self.steps, "osteps": self.optimizer_steps,
+                    "events": [[key, *entry] for key, entry in self.tally.items()]}
+        path = self.tally_path()
+        try:
+            with open(path + ".tmp", "w", encoding="utf-8") as handle:
+                json.dump(document, handle)
+            os.replace(path + ".tmp", path)
+        except OSError:
+            pass
 
     def flush(self) -> None:
         with self.lock:
@@ -192,6 +266,7 @@ def _after_fork_in_child() -> None:
     recorder.buffer = []
     recorder.forked, recorder.recorded, recorder.finished = True, False, False
     recorder.metrics = None
+    recorder.written, recorder.tally, recorder.last_boundary = 0, None, {}
 
 
 if hasattr(os, "register_at_fork"):
@@ -216,6 +291,11 @@ def install_exit_hooks() -> None:
     if not getattr(os._exit, "_tpu_migrate", False):
         os._exit = _exit_wrapper(os._exit)
         os._exit._tpu_migrate = True
+
+
+def _event_limit() -> int:
+    value = os.environ.get(ENV_EVENT_LIMIT, "")
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_EVENT_LIMIT
 
 
 def _size(path: str | None) -> int:
