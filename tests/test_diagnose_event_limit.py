@@ -45,9 +45,10 @@ def test_counting_past_the_limit_finds_exactly_the_same(program, options):
     assert counted_document["steps"] == full_document["steps"]
 
 
-def test_a_long_run_records_a_bounded_amount():
+def test_a_long_run_records_a_bounded_amount(tmp_path):
     steps = 3000
-    result = diagnose(str(PROGRAMS / "stress" / "long_run.py"), str(steps), limit=100)
+    page = tmp_path / "report.html"
+    result = diagnose("--html", str(page), str(PROGRAMS / "stress" / "long_run.py"), str(steps), limit=100)
     assert result.returncode == 0, result.stderr[-3000:]
     recorded = int(re.search(r"recorded (\d+)", result.stderr)[1])
     assert recorded < 60_000  # every event written one by one: 1,047,880 bytes
@@ -58,6 +59,8 @@ def test_a_long_run_records_a_bounded_amount():
     assert f"{steps} time(s) in {steps} steps" in found["sync", 15]["message"]
     # Placed in its step past the limit: the last loop's sync() ends step STEPS - 1.
     assert found["compile", 17]["first_step"] == steps
+    # The timeline covers the steps recorded one by one; the page says so.
+    assert re.search(r"3001 steps &middot; the timeline shows the first \d+: later", page.read_text())
 
 
 def test_recorder_counts_past_its_limit(tmp_path, monkeypatch):

@@ -73,3 +73,21 @@ def test_opens_in_headless_chromium(report, tmp_path):
     subprocess.run(["chromium", *flags, f"--screenshot={shot}", "--window-size=1000,900", f"file://{report}"],
                    capture_output=True, timeout=120)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+def test_a_long_run_is_drawn_as_at_most_max_bars():
+    from tpu_migrate.diagnose import html
+    from tpu_migrate.diagnose.analysis import StepRecord
+
+    steps = [StepRecord(i, 0.01 if i % 2 else 0.03, syncs=1, compiles=int(i == 4321)) for i in range(5000)]
+    page = html.render("train.py", steps, 2, [], 0, backend="native", total_steps=7000)
+    parser = Collector()
+    parser.feed(page)
+    bars = [a for t, a in parser.tags if t == "rect" and a.get("class") == "step"]
+    assert len(bars) == html.MAX_BARS
+    assert [(int(a["data-step"]), int(a["data-last-step"])) for a in bars[:2]] == [(0, 4), (5, 9)]
+    assert "steps 0-4: 20.0 ms a step" in page  # steps 1-4 (step 0 has no wall time)
+    [compile_mark] = [a for t, a in parser.tags if t == "circle" and "compiles" in a.get("class", "")]
+    assert "steps 4320-4324: 1 compile(s)" in page
+    assert len([a for t, a in parser.tags if t == "circle" and "syncs" in a.get("class", "")]) == html.MAX_BARS
+    assert "backend native &middot; 7000 steps &middot; the timeline shows the first 5000" in page

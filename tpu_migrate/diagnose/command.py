@@ -62,7 +62,8 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
         from tpu_migrate.diagnose import html
 
         with open(html_file, "w", encoding="utf-8") as handle:
-            handle.write(html.render(script, records, warmup_steps, findings, evidence.exit_code))
+            handle.write(html.render(script, records, warmup_steps, findings, evidence.exit_code,
+                                     backend, steps))
     report.print_report(Console(stderr=True, soft_wrap=True), script, steps, warmup_steps, findings,
                         analysis.timeline(records), backend, device)
     # A program killed by a signal reports -N; the shell convention is 128 + N.

@@ -29,9 +29,31 @@ th { background: #f3f3f3; } td.count { text-align: right; } .explanation { color
 """
 
 
-def _duration(step: StepRecord) -> str:
-    # The first step has no previous boundary to measure from.
-    return "wall time n/a" if step.index == 0 else f"{step.seconds * 1000:.1f} ms"
+# More steps than this are drawn as this many bars of consecutive steps: one SVG element per
+# step of a long run made pages of tens of MB that a browser could barely open.
+MAX_BARS = 1000
+
+
+def _bars(steps: list[StepRecord]) -> list[tuple[int, int, StepRecord]]:
+    """(first step, last step, the bar's record): the mean wall time and the summed marks of
+    consecutive steps when there are more than MAX_BARS."""
+    size = -(-len(steps) // MAX_BARS)
+    if size == 1:
+        return [(s.index, s.index, s) for s in steps]
+    bars = []
+    for start in range(0, len(steps), size):
+        group = steps[start : start + size]
+        timed = [s.seconds for s in group if s.index > 0]  # step 0 has no wall time
+        bars.append((group[0].index, group[-1].index, StepRecord(
+            group[0].index, sum(timed) / len(timed) if timed else 0.0,
+            *(sum(getattr(s, name) for s in group) for name, _, _ in MARKS))))
+    return bars
+
+
+def _label(first: int, last: int, record: StepRecord) -> str:
+    if first == last:
+        return f"step {first}: " + ("wall time n/a" if first == 0 else f"{record.seconds * 1000:.1f} ms")
+    return f"steps {first}-{last}: {record.seconds * 1000:.1f} ms a step"
 
 
 def timeline_svg(steps: list[StepRecord], warmup_steps: int) -> str:
@@ -39,29 +61,33 @@ def timeline_svg(steps: list[StepRecord], warmup_steps: int) -> str:
     if not steps:
         return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="60" role="img" aria-label="no steps"><text x="10" y="30">no steps</text></svg>'
     plot_w, plot_h = width - left - 10, height - top - bottom
-    slot = plot_w / len(steps)
-    longest = max(s.seconds for s in steps) or 1.0
+    slot = plot_w / len(steps)  # per step
+    bars = _bars(steps)
+    longest = max(record.seconds for _, _, record in bars) or 1.0
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" role="img" aria-label="per-step timeline" id="timeline">']
     warm = min(warmup_steps, len(steps))
     if warm:
         parts.append(f'<rect class="warmup" x="{left}" y="{top}" width="{slot * warm:.1f}" height="{plot_h}" '
                      f'fill="#eeeeee"><title>warm-up ({warm} steps)</title></rect>')
-    for s in steps:
-        x = left + s.index * slot
+    for first, last, s in bars:
+        x, bar_w = left + first * slot, (last - first + 1) * slot
         bar_h = plot_h * 0.75 * (s.seconds / longest)
+        label = _label(first, last, s)
+        span = "" if first == last else f' data-last-step="{last}"'
         parts.append(
-            f'<rect class="step" data-step="{s.index}" x="{x + slot * 0.15:.1f}" y="{top + plot_h - bar_h:.1f}" '
-            f'width="{max(slot * 0.7, 1):.1f}" height="{bar_h:.1f}" fill="#9aa7b1">'
-            f'<title>step {s.index}: {_duration(s)}, {s.compiles} compile(s), {s.syncs} sync(s), '
+            f'<rect class="step" data-step="{first}"{span} x="{x + bar_w * 0.15:.1f}" y="{top + plot_h - bar_h:.1f}" '
+            f'width="{max(bar_w * 0.7, 1):.1f}" height="{bar_h:.1f}" fill="#9aa7b1">'
+            f'<title>{label}, {s.compiles} compile(s), {s.syncs} sync(s), '
             f'{s.dynamic} dynamic, {s.fallbacks} fallback(s)</title></rect>'
         )
-        for row, (field, color, label) in enumerate(MARKS):
+        for row, (field, color, name) in enumerate(MARKS):
             count = getattr(s, field)
             if count:
                 cy = top + 8 + row * 12
-                parts.append(f'<circle class="mark {field}" cx="{x + slot / 2:.1f}" cy="{cy}" r="4" fill="{color}">'
-                             f'<title>step {s.index}: {count} {label}(s)</title></circle>')
+                where = f"step {first}" if first == last else f"steps {first}-{last}"
+                parts.append(f'<circle class="mark {field}" cx="{x + bar_w / 2:.1f}" cy="{cy}" r="4" fill="{color}">'
+                             f'<title>{where}: {count} {name}(s)</title></circle>')
     parts.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#333"/>')
     parts.append(f'<text x="{left}" y="{height - 12}" font-size="12">step 0</text>')
     parts.append(f'<text x="{left + plot_w - 60}" y="{height - 12}" font-size="12">step {len(steps) - 1}</text>')
@@ -70,7 +96,11 @@ def timeline_svg(steps: list[StepRecord], warmup_steps: int) -> str:
     return "\n".join(parts)
 
 
-def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: list[Finding], exit_code: int) -> str:
+def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: list[Finding], exit_code: int,
+           backend: str = "xla", total_steps: int | None = None) -> str:
+    """`steps`: the steps recorded one by one; `total_steps`: all the program ran (more past the
+    event limit, where the timeline ends)."""
+    total_steps = len(steps) if total_steps is None else max(total_steps, len(steps))
     rows = "\n".join(
         f'<tr class="finding"><td class="kind-{html.escape(f.kind)}">{html.escape(f.kind)}</td>'
         f"<td>{html.escape(f.file)}:{f.line}{'' if f.rank is None else f' (rank {f.rank})'}</td>"
@@ -81,15 +111,19 @@ def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: li
     table = (
         '<table id="findings"><thead><tr><th>kind</th><th>where</th><th>count</th><th>first step</th>'
         f"<th>what and what to do</th></tr></thead><tbody>{rows}</tbody></table>"
-        if findings else '<p class="none" id="findings">No recompilation, host sync, dynamic shape or CPU fallback after warm-up.</p>'
+        if findings else '<p class="none" id="findings">No recompilation, graph break, host sync, dynamic '
+                         'shape, CPU fallback, unsupported op or TorchTPU incompatibility after warm-up.</p>'
     )
+    covered = ("" if total_steps == len(steps) else
+               f" &middot; the timeline shows the first {len(steps)}: later steps were counted, not "
+               "recorded one by one")
     legend = "".join(f'<span style="color:{color}">&#9679; {label}</span>' for _, color, label in MARKS)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>tpu-migrate diagnose: {html.escape(script)}</title>
 <style>{STYLE}</style></head>
 <body>
 <h1>tpu-migrate diagnose: {html.escape(script)}</h1>
-<p>backend xla &middot; {len(steps)} steps &middot; {warmup_steps} warm-up steps (shaded) &middot; exit status {exit_code}</p>
+<p>backend {html.escape(backend)} &middot; {total_steps} steps{covered} &middot; {warmup_steps} warm-up steps (shaded) &middot; exit status {exit_code}</p>
 <h2>Findings</h2>
 {table}
 <h2>Per-step timeline</h2>
