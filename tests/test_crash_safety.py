@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, ROOT
+from tpu_migrate.findings import FileResult
 from tpu_migrate.rewrite.files import TEMP_SUFFIX, discover, is_stale_temp
+from tpu_migrate.rewrite.pool import run_tasks
 
 XLA = "import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()\nxm.mark_step()\n"
 XLA_REWRITTEN = 'import torch\n\ndevice = torch.device("tpu")\n'
@@ -324,3 +326,72 @@ def test_a_file_with_a_name_of_255_bytes_can_be_written(tmp_path):
     write_atomic(str(path), XLA_REWRITTEN.encode(), expected=XLA.encode())
     assert path.read_text() == XLA_REWRITTEN
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def _children_cpu_seconds(parent: int) -> dict[int, float]:
+    """CPU seconds used so far by each child of `parent` (from /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat_line = Path(f"/proc/{entry}/stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat_line[stat_line.rfind(b")") + 2 :].split()
+        if int(fields[1]) == parent:
+            found[int(entry)] = (int(fields[11]) + int(fields[12])) / ticks
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_file_whose_worker_always_dies_is_named_and_the_others_are_rewritten(tmp_path):
+    """What the OOM killer does to a worker that rewrites a huge file, done with SIGKILL: any
+    worker that has used 1.5 s of CPU is killed (the small files take a few ms each). The run
+    ends normally, names the file in one error line, leaves it unchanged, and rewrites the rest."""
+    for i in range(30):
+        (tmp_path / f"small_{i}.py").write_text(XLA)
+    huge = tmp_path / "huge.py"
+    huge.write_text("import torch_xla.core.xla_model as xm\n" + "".join(
+        f"def f{i}(t):\n    xm.mark_step()\n    return t + {i}\n\n" for i in range(8000)))
+    original = huge.read_bytes()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tpu_migrate", "rewrite", "--jobs", "2", "--max-file-size", "0", "--no-cache",
+         str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env())
+    killed = 0
+    deadline = time.monotonic() + 240
+    while process.poll() is None and time.monotonic() < deadline:
+        for pid, seconds in _children_cpu_seconds(process.pid).items():
+            if seconds > 1.5:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+        time.sleep(0.05)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 2, err.decode()
+    assert killed >= 2  # the worker in the pool, then the process of its own
+    errors = [line for line in err.decode().splitlines() if ": error: " in line]
+    assert errors == [f"{huge}: error: the process rewriting it died (killed by SIGKILL: out of memory, "
+                      "or a crash); the file is unchanged"]
+    assert huge.read_bytes() == original
+    assert all((tmp_path / f"small_{i}.py").read_text() == XLA_REWRITTEN for i in range(30))
+
+
+def _die_on_poison(task: tuple) -> FileResult:
+    """A worker that dies (SIGKILL) on the files named poison*."""
+    if task[0].startswith("poison"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return FileResult(task[0])
+
+
+def test_worker_deaths_cost_only_the_files_that_cause_them():
+    tasks = [(f"file{i}",) for i in range(200)]
+    for i in (0, 7, 8, 150, 199):
+        tasks[i] = (f"poison{i}",)
+    results = list(run_tasks(_die_on_poison, tasks, jobs=2))
+    assert [r.path for r in results] == [t[0] for t in tasks]  # every file, in order
+    assert [r.path for r in results if r.error] == ["poison0", "poison7", "poison8", "poison150", "poison199"]
+    assert all("killed by SIGKILL" in r.error for r in results if r.error)

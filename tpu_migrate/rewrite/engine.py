@@ -12,7 +12,6 @@ import ast
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor
 
 import libcst as cst
 
@@ -22,6 +21,7 @@ from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, Statem
 from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter, read_source
 from tpu_migrate.rewrite.names import analyze, is_xla_name
 from tpu_migrate.rewrite.plans import make_plans
+from tpu_migrate.rewrite.pool import run_tasks
 from tpu_migrate.rewrite.suppress import parse_suppressions
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rules import Catalog, load_catalog
@@ -289,6 +289,4 @@ def rewrite_paths(
         for path in paths:
             yield rewrite_path(path, options, sources.get(path))
         return
-    chunk = max(1, min(64, len(paths) // (jobs * 4) or 1))
-    with ProcessPoolExecutor(max_workers=min(jobs, len(paths))) as pool:
-        yield from pool.map(_worker, [(p, options, sources.get(p)) for p in paths], chunksize=chunk)
+    yield from run_tasks(_worker, [(p, options, sources.get(p)) for p in paths], jobs)

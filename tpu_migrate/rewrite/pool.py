@@ -1,0 +1,73 @@
+"""Rewrite many files in worker processes, and survive a worker's death.
+
+A worker can die without a Python exception: the OOM killer, a crash in native code, a stray
+SIGKILL. ProcessPoolExecutor then fails every pending file (BrokenProcessPool), and a run that
+let that escape would end with a traceback and no report. Instead, the files not yet done go
+again: the first of them in a process of its own, so that a file that kills every process that
+rewrites it is named in a one-line error and the others are still rewritten, then the rest in a
+fresh pool. Workers only compute: the writing happens in the parent, so a dead worker leaves
+every file untouched.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from tpu_migrate.findings import FileResult
+
+Task = tuple  # the arguments of one call of `work`: (path, ...)
+
+
+def run_tasks(work: Callable[[Task], FileResult], tasks: Sequence[Task], jobs: int) -> Iterator[FileResult]:
+    """`work(task)` for every task, results in task order, in up to `jobs` worker processes."""
+    remaining = list(tasks)
+    chunk = max(1, min(64, len(remaining) // (jobs * 4) or 1))
+    while remaining:
+        done = 0
+        try:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(remaining))) as pool:
+                for result in pool.map(work, remaining, chunksize=chunk):
+                    done += 1
+                    yield result
+            return
+        except BrokenProcessPool:
+            remaining = remaining[done:]
+        yield _in_own_process(work, remaining[0])
+        remaining = remaining[1:]
+        chunk = 1  # from now on a death costs the files in flight, not whole chunks
+
+
+def _in_own_process(work: Callable[[Task], FileResult], task: Task) -> FileResult:
+    receive, send = multiprocessing.Pipe(duplex=False)
+    process = multiprocessing.Process(target=_send, args=(work, task, send), daemon=True)
+    process.start()
+    send.close()
+    try:
+        result = receive.recv()
+    except EOFError:  # it died before it could answer
+        result = None
+    finally:
+        receive.close()
+        process.join()
+    if isinstance(result, FileResult):
+        return result
+    return FileResult(task[0], error=f"the process rewriting it died ({_how(process.exitcode)}); "
+                                     "the file is unchanged")
+
+
+def _send(work: Callable[[Task], FileResult], task: Task, connection) -> None:
+    connection.send(work(task))
+    connection.close()
+
+
+def _how(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}: out of memory, or a crash"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
