@@ -88,6 +88,8 @@ def test_a_raising_spawn_worker_does_not_hang_the_report(tmp_path):
     document = json.loads(result.stdout)
     assert document["exit_code"] == 1
     assert sync_count(document, "worker_raises.py", 29) >= 2  # worker 0, stopped by the parent
+    # Its rank is spawn's index for it, recorded when it started: it never reached its end.
+    assert {f["rank"] for f in document["findings"]} == {0}
     assert b"process(es) that the program left running" in result.stderr  # worker 0's sleeper
     assert_cleaned_up(tmp_path, pids)
 

@@ -154,13 +154,16 @@ def _step_at(offset: int, boundaries: list[dict], key: str, total: int) -> int:
 def _traced_something(events: list[dict]) -> bool:
     """Helper processes that ran no step and read nothing (torch.compile's compile workers, say)
     are not ranks of the program."""
-    return any(e["kind"] not in ("backend", "end") for e in events)
+    return any(e["kind"] not in ("backend", "end", "rank") for e in events)
 
 
 def _rank(events: list[dict], fallback: int | None) -> int | None:
-    ends = [e for e in events if e["kind"] == "end"]
-    if ends and ends[-1].get("rank") is not None:
-        return ends[-1]["rank"]
+    """The rank the process declared (RANK, PJRT_LOCAL_PROCESS_RANK, or its index from
+    torch.multiprocessing.spawn, recorded when it started: a worker may never end by itself)."""
+    for kind in ("end", "rank"):
+        declared = [e["rank"] for e in events if e["kind"] == kind and e.get("rank") is not None]
+        if declared:
+            return declared[-1]
     return fallback
 
 

@@ -98,6 +98,7 @@ class Recorder:
         self.local = threading.local()
         self.aten: dict[str, int] = {}
         self.metrics = None
+        self.rank: int | None = None  # the process index torch.multiprocessing.spawn gave it
         self.limit = _event_limit()
         self.written = 0  # events written one by one
         # Counting mode (past the limit): event without its step -> [count, first step, first
@@ -247,7 +248,7 @@ class Recorder:
             pass
         rank = os.environ.get("RANK") or os.environ.get("PJRT_LOCAL_PROCESS_RANK")
         self.emit({"kind": "end", "op": None, "file": None, "line": None,
-                   "rank": int(rank) if rank is not None and rank.isdigit() else None})
+                   "rank": int(rank) if rank is not None and rank.isdigit() else self.rank})
         self.flush()
 
 
@@ -496,6 +497,28 @@ def _dynamo_imported() -> None:
     _safely("torch.compile", native.dynamo_imported)
 
 
+def _spawn_rank_hook() -> None:
+    """torch.multiprocessing.spawn starts each worker through `_wrap(fn, i, ...)`: `i` is the
+    worker's rank, which a report must show even for a worker that never ends by itself. The
+    module attribute is replaced, which the spawn start method's pickled target resolves to."""
+    import torch.multiprocessing.spawn as spawn
+
+    original = spawn._wrap
+    if getattr(original, "_tpu_migrate", False):
+        return
+
+    @functools.wraps(original)
+    def _wrap(fn, i, *args, **kwargs):
+        recorder = RECORDER
+        if recorder is not None and isinstance(i, int):
+            recorder.rank = i
+            recorder.emit({"kind": "rank", "op": None, "file": None, "line": None, "rank": i})
+        return original(fn, i, *args, **kwargs)
+
+    _wrap._tpu_migrate = True
+    spawn._wrap = _wrap
+
+
 def install_backend(backend: str) -> None:
     """xla: hooks when torch_xla is imported; native: hooks when torch is imported; auto:
     native, replaced by xla if the program imports torch_xla."""
@@ -516,6 +539,7 @@ def install() -> bool:
     atexit.register(RECORDER.finish)
     install_exit_hooks()
     install_backend(os.environ.get(ENV_BACKEND, "xla"))
+    _after_import("torch.multiprocessing.spawn", lambda: _safely("spawn rank", _spawn_rank_hook))
     return True
 
 
