@@ -201,3 +201,23 @@ def test_op_table_is_loaded_and_has_the_documented_ops():
     assert table["aten::median"] == "none"
     assert set(table.values()) == {"device", "composite-explicit", "composite-implicit", "none"}
     assert all(re.match(r"^aten::\w+(\.\w+)?$", op) for op in table)
+
+
+def test_a_compiled_training_step_with_backward_and_optimizer():
+    """Dynamo runs its compile callbacks holding a lock, and a lazily compiled backward runs them
+    while the caller's frames are converted: a Python call in our callbacks deadlocked here."""
+    import subprocess
+    import sys
+
+    name = "compiled_train_step.py"
+    result, document = run(name)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert document["steps"] == 8  # optimizer steps, counted in the eager remainder
+    found = {(f["kind"], f["line"]): f for f in document["findings"]}
+    recompile = found["recompile", line_of(name, "recompile")]
+    assert recompile["first_step"] == 5
+    assert "size mismatch at index 0. expected 16, actual 12" in recompile["message"]
+    assert ("graph-break", line_of(name, "graph break (backward)")) in found
+    plain = subprocess.run([sys.executable, str(PROGRAMS / name)], capture_output=True, text=True, timeout=600)
+    stats = [line for line in plain.stdout.splitlines() if line.startswith("dynamo:")]
+    assert stats and stats == [line for line in result.stderr.splitlines() if line.startswith("dynamo:")]

@@ -195,6 +195,11 @@ class NativeHooks:
                         self._graph_break_wrapper(symbolic_convert.log_graph_break))
         self.limit_handler = _RecompileLimitHandler(self)
         logging.getLogger(convert_frame.__name__).addHandler(self.limit_handler)
+        # Dynamo runs these holding a plain lock; a lazily compiled backward runs them while the
+        # compiled caller's frames are still being converted, so a Python call in them (our
+        # methods, the optimizer-hook registration) would start a nested compile and deadlock.
+        _dynamo_skips(self._compile_started)
+        _dynamo_skips(self._compile_ended)
         on_compile_start(self._compile_started)
         on_compile_end(self._compile_ended)
         self.dynamo_hooked = True
