@@ -221,3 +221,11 @@ def test_a_compiled_training_step_with_backward_and_optimizer():
     plain = subprocess.run([sys.executable, str(PROGRAMS / name)], capture_output=True, text=True, timeout=600)
     stats = [line for line in plain.stdout.splitlines() if line.startswith("dynamo:")]
     assert stats and stats == [line for line in result.stderr.splitlines() if line.startswith("dynamo:")]
+
+
+def test_a_graph_break_inside_library_code_is_placed_at_the_users_call():
+    name = "compiled_library_break.py"
+    result, document = run(name)
+    assert result.returncode == 0, result.stderr[-3000:]
+    breaks = {(Path(f["file"]).name, f["line"]) for f in document["findings"] if f["kind"] == "graph-break"}
+    assert breaks == {(name, line_of(name, "graph break inside DDP"))}  # not contextlib.py, not torch

@@ -393,11 +393,13 @@ class NativeHooks:
 
                     user_stack = torch._guards.TracingContext.extract_stack()
                 frame = next((f for f in reversed(user_stack) if not tracer.is_library(f.filename)), None)
-                if frame is not None:
+                # A break inside library code (a compiled DDP module, say): the user's call of it.
+                file, line = ((os.path.abspath(frame.filename), frame.lineno) if frame is not None
+                              else tracer.user_frame(2))
+                if file is not None:
                     match = GRAPH_BREAK_ID.search(reason)
                     recorder.emit({"kind": "graph_break", "op": reason.strip().splitlines()[0],
-                                   "file": os.path.abspath(frame.filename), "line": frame.lineno,
-                                   "gb": match[1].upper() if match else None})
+                                   "file": file, "line": line, "gb": match[1].upper() if match else None})
             except Exception:  # noqa: BLE001 - never break the compile we observe
                 pass
             return original(code_options, reason, *args, **kwargs)

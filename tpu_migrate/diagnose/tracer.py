@@ -33,6 +33,7 @@ import importlib.machinery
 import json
 import os
 import sys
+import sysconfig
 import threading
 import time
 
@@ -64,8 +65,15 @@ EXPECTED_ATEN = {"aten::_local_scalar_dense": "sync", "aten::nonzero": "dynamic"
                  "aten::unique_consecutive": "dynamic", "aten::unique_dim": "dynamic"}
 
 
+# The standard library is never the user's line either (a graph break inside DDP's forward is
+# reported by Dynamo at contextlib.py, for one).
+_STDLIB = tuple({os.path.join(path, "") for key in ("stdlib", "platstdlib")
+                 for path in (sysconfig.get_paths()[key], os.path.realpath(sysconfig.get_paths()[key]))})
+
+
 def is_library(filename: str) -> bool:
-    return filename.startswith("<") or any(marker in filename for marker in _LIBRARY_MARKERS)
+    return (filename.startswith("<") or filename.startswith(_STDLIB)
+            or any(marker in filename for marker in _LIBRARY_MARKERS))
 
 
 def user_frame(start_depth: int = 2):
