@@ -217,3 +217,9 @@ def test_optimizer_steps_are_the_steps_without_a_step_marker():
 def test_terminal_timeline_marks_each_step():
     result = diagnose(str(PROGRAMS / "recompile_last_batch.py"))
     assert "steps: c.|..C.." in result.stderr  # warm-up compile, then the recompile in step 4
+
+
+def test_openxla_compile_syncs_are_not_steps():
+    _, document, found = findings_of("compiled_openxla.py")
+    assert document["steps"] == 5
+    assert found == [("sync", "compiled_openxla.py", 17, 5, 1, "item")]

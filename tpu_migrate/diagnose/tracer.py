@@ -356,11 +356,16 @@ def _getitem_wrapper(original):
     return wrapper
 
 
+# torch.compile(backend="openxla") syncs while it compiles: not a step of the program.
+_COMPILER_SYNC = os.sep + os.path.join("torch_xla", "_dynamo") + os.sep
+
+
 def _step_wrapper(original, marker):
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
         recorder = RECORDER
-        if recorder is None or getattr(recorder.local, "in_step_context", False):
+        if (recorder is None or getattr(recorder.local, "in_step_context", False)
+                or _COMPILER_SYNC in sys._getframe(1).f_code.co_filename):
             return original(*args, **kwargs)
         result = original(*args, **kwargs)
         recorder.step_boundary(marker)
