@@ -124,8 +124,8 @@ def _process_steps(events: list[dict]) -> tuple[int, list[dict]]:
     the boundaries skip the steps that brought no news: their `step` field is the step."""
     boundaries = _step_boundaries(events)
     counted = _counted(events)
-    by_optimizer = bool(boundaries) and boundaries[0]["kind"] == "opt_step" or (
-        not boundaries and counted is not None and counted["steps"] == 0 and counted["osteps"] > 0)
+    by_optimizer = (boundaries[0]["kind"] == "opt_step" if boundaries else
+                    counted is not None and counted["steps"] == 0 and counted["osteps"] > 0)
     if by_optimizer:
         for event in events:
             event["step"] = event.get("ostep", 0)

@@ -170,7 +170,7 @@ class Recorder:
                 entry[3], entry[5] = step, entry[5] + 1
             if entry[4] != ostep:
                 entry[4], entry[6] = ostep, entry[6] + 1
-        if time.monotonic() - self.tally_written >= 1.0:
+        if self.finished or time.monotonic() - self.tally_written >= 1.0:
             self._flush_locked()
 
     def _flush_locked(self) -> None:
