@@ -284,3 +284,20 @@ def test_stat_is_trusted_only_while_ctime_is_unchanged(tmp_path, monkeypatch):
     assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
     miss = cache.lookup(str(path))
     assert miss.result is None and miss.data == edited.encode()
+
+
+def test_a_cached_run_never_imports_libcst(cli, project):
+    """Importing libcst costs about 0.15 s, as much as reading 5,000 files: a run served from the
+    cache must not pay it (benchmarks/bench_scale.py's cached-run target)."""
+    (project / "src" / "pkg" / "broken.py").unlink()  # errors are never cached
+    files = ["src"]
+    assert cli("rewrite", "--check", *files, cwd=project).returncode == 1
+    probe = ("import runpy, sys\n"
+             f"sys.argv = ['tpu-migrate', 'rewrite', '--check', '-v', *{files!r}]\n"
+             "try:\n    runpy.run_module('tpu_migrate', run_name='__main__')\n"
+             "except SystemExit:\n    pass\n"
+             "print('libcst imported:', 'libcst' in sys.modules)\n")
+    run = subprocess.run([sys.executable, "-c", probe], cwd=project, capture_output=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert re.search(rb"(\d+) file\(s\), \1 from the cache", run.stderr), run.stderr
+    assert run.stdout.endswith(b"libcst imported: False\n"), run.stdout[-2000:]

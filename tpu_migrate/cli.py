@@ -18,8 +18,7 @@ from tpu_migrate.config import ConfigError, load_config
 from tpu_migrate.report import ci_formats
 from tpu_migrate.report import render
 from tpu_migrate.rewrite import cache as result_cache
-from tpu_migrate.rewrite.context import DEFAULT_MAX_FILE_SIZE
-from tpu_migrate.rewrite.files import discover, parse_size, write_atomic
+from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE, discover, parse_size, write_atomic
 from tpu_migrate.rules import RuleError, load_catalog
 
 PROGRESS_THRESHOLD = 50

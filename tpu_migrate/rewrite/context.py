@@ -9,11 +9,11 @@ from functools import lru_cache
 import libcst as cst
 
 from tpu_migrate.findings import Fix, Manual
+from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE
 from tpu_migrate.rewrite.names import Analysis, Ref, Scope, StmtInfo
 from tpu_migrate.rules import Catalog, Rule
 
 ALL_CODES = "*"
-DEFAULT_MAX_FILE_SIZE = 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -192,6 +192,9 @@ def read_source(path: str) -> bytes:
 
 
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+# Files that mention torch_xla and are larger are reported, not parsed (--max-file-size):
+# libcst needs about 15 s and 600 MB per MiB.
+DEFAULT_MAX_FILE_SIZE = 1024 * 1024
 
 
 def parse_size(text: str) -> int:
