@@ -229,3 +229,33 @@ def test_a_graph_break_inside_library_code_is_placed_at_the_users_call():
     assert result.returncode == 0, result.stderr[-3000:]
     breaks = {(Path(f["file"]).name, f["line"]) for f in document["findings"] if f["kind"] == "graph-break"}
     assert breaks == {(name, line_of(name, "graph break inside DDP"))}  # not contextlib.py, not torch
+
+
+def test_a_relative_script_path_is_run_as_python_runs_it(tmp_path):
+    """`python train.py` gives the program an absolute __file__ and code file name: a program that
+    changes directory must still find itself, and diagnose its lines."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "train.py").write_text(
+        "import os, sys\n"
+        "import torch\n"
+        "print(__file__, sys._getframe().f_code.co_filename, sys.argv[0])\n"
+        "os.chdir('/')\n"
+        "w = torch.nn.Parameter(torch.ones(3))\n"
+        "optimizer = torch.optim.SGD([w], lr=0.1)\n"
+        "for step in range(4):\n"
+        "    loss = (w * 2).sum()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+        "    optimizer.zero_grad()\n"
+        "    value = loss.item()\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", "--format", "json", "train.py"],
+                            cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    script = str(tmp_path / "train.py")
+    assert f"{script} {script} {script}" in result.stderr  # the program's stdout
+    [finding] = json.loads(result.stdout)["findings"]
+    assert (finding["kind"], finding["file"], finding["line"]) == ("sync", script, 12)

@@ -1,5 +1,6 @@
 """Runs the user's program as `python SCRIPT ARGS` (or `python -m MODULE ARGS`) would, with the
-tracer installed: same sys.argv, `__main__`, sys.path[0], cwd, stdio and exit status.
+tracer installed: same arguments, `__main__`, absolute `__file__`, sys.path[0], cwd, stdio and exit
+status.
 
     python -m tpu_migrate.diagnose.bootstrap script PATH [ARGS...]
     python -m tpu_migrate.diagnose.bootstrap module NAME [ARGS...]
@@ -52,7 +53,11 @@ def main() -> None:
     if mode == "script":
         sys.argv = [target, *args]
         sys.path[0] = os.path.dirname(os.path.abspath(target))
-        runner = lambda: runpy.run_path(target, run_name="__main__")  # noqa: E731
+        # As python does, __file__ and the code's file name are absolute: a program that changes
+        # directory must still find itself, and we its lines. (runpy makes argv[0] the same
+        # absolute path; python keeps it as typed. Either is the script.)
+        path = os.path.abspath(target)
+        runner = lambda: runpy.run_path(path, run_name="__main__")  # noqa: E731
     else:
         sys.argv = [target, *args]
         sys.path[0] = os.getcwd()
