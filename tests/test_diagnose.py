@@ -223,3 +223,29 @@ def test_openxla_compile_syncs_are_not_steps():
     _, document, found = findings_of("compiled_openxla.py")
     assert document["steps"] == 5
     assert found == [("sync", "compiled_openxla.py", 17, 5, 1, "item")]
+
+
+def test_an_unwritable_report_path_is_refused_before_the_program_runs(tmp_path):
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    for flag in ("--output", "--html"):
+        result = diagnose(flag, str(tmp_path / "missing" / "report"), str(script))
+        assert result.returncode == 2
+        assert f"cannot write {flag} {tmp_path / 'missing' / 'report'}: no such directory" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert not marker.exists()
+
+
+def test_a_report_file_that_cannot_be_written_at_the_end_loses_nothing_else(tmp_path):
+    """The program removes the report's directory while it runs: one error line, exit 2, and the
+    report still on stdout (JSON) and stderr."""
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "train.py"
+    script.write_text(f"import shutil\nshutil.rmtree({str(out)!r})\n")
+    result = diagnose("--format", "json", "--output", str(out / "report.json"), str(script))
+    assert result.returncode == 2
+    assert f"tpu-migrate diagnose: cannot write {out / 'report.json'}: No such file or directory" in result.stderr
+    assert json.loads(result.stdout)["exit_code"] == 0
+    assert "Traceback" not in result.stderr

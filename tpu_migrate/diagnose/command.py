@@ -40,6 +40,8 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
         raise DiagnoseError("torch_xla is not installed: pip install 'tpu-migrate[xla]' (torch 2.9.0 + torch-xla 2.9.0)")
     if backend != "xla" and importlib.util.find_spec("torch") is None:
         raise DiagnoseError("torch is not installed: the native backend traces PyTorch programs")
+    for flag, path in (("--output", output), ("--html", html_file)):
+        _check_writable(flag, path)  # before the program runs, not after an hour of it
     stdout = sys.stderr if output_format != "text" else None  # machine output owns stdout
     evidence = runner.run(target, list(args), module is not None, stdout=stdout, explain=explain,
                           backend=backend, warmup_steps=warmup_steps)
@@ -54,21 +56,42 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
         output = f"{root}.rank{rank}{extension or '.json'}"
     document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings, rank,
                                     backend, device)
-    if output:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.write(document + "\n")
     records = analysis.step_records(evidence)
+    unwritten = _write(output, lambda: document + "\n")
     if html_file:
         from tpu_migrate.diagnose import html
 
-        with open(html_file, "w", encoding="utf-8") as handle:
-            handle.write(html.render(script, records, warmup_steps, findings, evidence.exit_code,
-                                     backend, steps))
+        unwritten += _write(html_file, lambda: html.render(script, records, warmup_steps, findings,
+                                                            evidence.exit_code, backend, steps))
     report.print_report(Console(stderr=True, soft_wrap=True), script, steps, warmup_steps, findings,
                         analysis.timeline(records), backend, device)
     # A program killed by a signal reports -N; the shell convention is 128 + N.
     status = evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code
-    return status, document, findings
+    return (2 if unwritten else status), document, findings
+
+
+def _check_writable(flag: str, path: str | None) -> None:
+    if path is None:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise DiagnoseError(f"cannot write {flag} {path}: no such directory {directory}")
+    if not os.access(directory, os.W_OK):
+        raise DiagnoseError(f"cannot write {flag} {path}: {directory} is not writable")
+
+
+def _write(path: str | None, text) -> int:
+    """Write a report file; a failure (the directory went away during the run, a full disk) is
+    one line on stderr, and the report still goes to the terminal and stdout. Returns 1 if so."""
+    if not path:
+        return 0
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text())
+    except OSError as exc:
+        sys.stderr.write(f"tpu-migrate diagnose: cannot write {path}: {exc.strerror or exc}\n")
+        return 1
+    return 0
 
 
 def _mentions_torch_xla(target: str, module: bool) -> bool:
