@@ -249,3 +249,15 @@ def test_a_report_file_that_cannot_be_written_at_the_end_loses_nothing_else(tmp_
     assert f"tpu-migrate diagnose: cannot write {out / 'report.json'}: No such file or directory" in result.stderr
     assert json.loads(result.stdout)["exit_code"] == 0
     assert "Traceback" not in result.stderr
+
+
+def test_report_merge_refuses_an_unwritable_output(tmp_path):
+    (tmp_path / "r.rank0.json").write_text(json.dumps({"version": 1, "script": "t.py", "backend": "xla",
+                                                        "exit_code": 0, "steps": 1, "warmup_steps": 2,
+                                                        "findings": []}))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    merged = subprocess.run([sys.executable, "-m", "tpu_migrate", "report", "merge", "--output",
+                             str(tmp_path / "missing" / "m.json"), str(tmp_path)],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert merged.returncode == 2
+    assert "cannot write --output" in merged.stderr and "Traceback" not in merged.stderr

@@ -116,6 +116,7 @@ def torchrun_rank() -> int | None:
 
 def merge_reports(directory: str, output: str | None, output_format: str) -> None:
     """Merge the per-rank JSON reports `diagnose` wrote under torchrun."""
+    _check_writable("--output", output)
     documents = []
     for path in sorted(glob.glob(os.path.join(directory, "*.json"))):
         try:
@@ -129,10 +130,9 @@ def merge_reports(directory: str, output: str | None, output_format: str) -> Non
         raise DiagnoseError(f"{directory}: no diagnose report (*.json) found")
     merged = report.merge_documents(documents)
     text = json.dumps(merged, indent=2)
-    if output:
-        with open(output, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
     if output_format == "json":
         sys.stdout.write(text + "\n")
     else:
         report.print_merged(Console(soft_wrap=True), merged)
+    if _write(output, lambda: text + "\n"):
+        sys.exit(2)
