@@ -128,3 +128,29 @@ def test_x():
     result = pytester.runpytest_subprocess("-q")
     assert result.ret != 0
     assert "unknown kind(s) ['slowness']" in "\n".join(result.stdout.lines + result.stderr.lines)
+
+
+def test_native_whole_compiled_training_step_does_not_hang(pytester):
+    """The plugin traces in-process with the same compile callbacks as the CLI: a training step
+    compiled whole (backward and optimizer inside) once deadlocked them."""
+    pytester.makepyfile(test_whole_step='''
+import pytest
+import torch
+
+@pytest.mark.tpu_diagnose(fail_on=("recompile",), warmup_steps=2)
+def test_whole_step_compiled():
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @torch.compile(backend="aot_eager")
+    def train_step(x):
+        model(x).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    for batch in (8, 8, 8, 5):
+        train_step(torch.ones(batch, 4))
+''')
+    result = pytester.runpytest_subprocess("-q", timeout=300)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*test_whole_step.py:10: recompile: torch.compile recompiled `train_step`*size mismatch*"])
