@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import libcst as cst
+import libcst.matchers as m
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_expr
 from tpu_migrate.rewrite.transforms.common import (
@@ -174,14 +175,16 @@ def mesh_reduce_statement(call, qualname, sc: StatementContext, rule, plans, ass
         return None
     dist = sc.file.plan.use("dist")
     data = code(bound["data"].value)
+    # `acc = xm.mesh_reduce("t", acc, fn)`: gathering into `acc` would overwrite the value sent.
+    gathered = fresh_name(sc, "gathered") if m.findall(bound["data"].value, m.Name(target)) else target
     sc.fixed(rule.code, qualname)
     return parse_block([
         f"if {dist}.is_initialized():",
-        f"    {target} = [None] * {dist}.get_world_size()",
-        f"    {dist}.all_gather_object({target}, {data})",
+        f"    {gathered} = [None] * {dist}.get_world_size()",
+        f"    {dist}.all_gather_object({gathered}, {data})",
         "else:",
-        f"    {target} = [{data}]",
-        f"{target} = {atom(bound['reduce_fn'].value)}({target})",
+        f"    {gathered} = [{data}]",
+        f"{target} = {atom(bound['reduce_fn'].value)}({gathered})",
     ])
 
 

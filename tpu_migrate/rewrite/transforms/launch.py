@@ -113,7 +113,9 @@ def setup_worker(func: cst.FunctionDef, node: ast.FunctionDef, file) -> cst.Func
     plan = file.plan
     os_name = plan.use("os")
     lines = [f'{os_name}.environ["RANK"] = {os_name}.environ["LOCAL_RANK"] = str({index})']
-    if not _calls_init_process_group(node):
+    # The program's own init anywhere in the file (often in a function the worker calls, maybe
+    # only on one path) would raise "initialize the default process group twice" after ours.
+    if not _calls_init_process_group(file.analysis.tree):
         backend = '"tpu_dist"' if file.target == "tpu" else ""
         lines.append(plan.fill("{dist}.init_process_group") + f"({backend})")
     return insert_at_body_start(func, [parse_stmt(line + "\n") for line in lines])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
+from tpu_migrate.rewrite.names import DDP_NAMES
 from tpu_migrate.rewrite.transforms.common import (
     atom,
     GLOBAL_RANK,
@@ -94,16 +97,35 @@ def optimizer_step(call, qualname, sc: StatementContext, rule):
     optimizer = bound["optimizer"].value
     if not isinstance(optimizer, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
         optimizer = optimizer.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    if not sc.file.analysis.has_ddp and sc.enabled("TPU031"):
+    # Also when the file uses DDP elsewhere: xm.optimizer_step next to DDP is usually the path
+    # without it (`if ddp: optimizer.step() else: xm.optimizer_step(optimizer)`), which would
+    # now step each replica with its own gradients, silently.
+    if sc.enabled("TPU031") and not _ddp_on_every_path(sc):
         sc.needs_manual(
             "TPU031",
-            "xm.optimizer_step all-reduced gradients across replicas; wrap the model in "
-            "torch.nn.parallel.DistributedDataParallel or confirm this runs as one process",
+            "xm.optimizer_step all-reduced gradients across replicas; "
+            + ("make sure the model is wrapped in DistributedDataParallel on the path that reaches "
+               "this step too, or that it runs as one process" if sc.file.analysis.has_ddp else
+               "wrap the model in torch.nn.parallel.DistributedDataParallel or confirm this runs "
+               "as one process"),
             where=where,
         )
     return cst.Call(func=cst.Attribute(value=optimizer, attr=cst.Name("step")), args=step_args)
 
 
+
+
+def _ddp_on_every_path(sc: StatementContext) -> bool:
+    """A DistributedDataParallel call in the step's own function (or module), in its top-level
+    body rather than in a branch: every path to the step wrapped the model."""
+    analysis = sc.file.analysis
+    bodies = [analysis.tree.body] + [node.body for node in ast.walk(analysis.tree)
+                                     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for info in analysis.infos.values():
+        if info.scope is sc.info.scope and any(ref.qualname in DDP_NAMES for ref in info.refs):
+            if any(any(stmt is info.node for stmt in body) for body in bodies):
+                return True
+    return False
 
 
 def xla_save_statement(call, qualname, sc: StatementContext, rule, plans):
