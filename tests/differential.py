@@ -72,7 +72,10 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 
 def run_program(path: Path, env: dict[str, str], args: list[str] = (), launcher: list[str] | None = None) -> Run:
     command = [*(launcher or [sys.executable]), str(path.resolve()), *args]
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=TIMEOUT, cwd=path.parent)
+    # The program's temporary files (p06's checkpoint, torchrun's rendezvous) go with the run.
+    with tempfile.TemporaryDirectory(prefix="tpu-migrate-run-") as tmp:
+        proc = subprocess.run(command, capture_output=True, text=True, env={**env, "TMPDIR": tmp},
+                              timeout=TIMEOUT, cwd=path.parent)
     records = []
     # Processes share the pipe: a record is found wherever it is, not only at line starts.
     for tag, payload in RECORD.findall(proc.stdout):
