@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from tpu_migrate import __version__
 from tpu_migrate.findings import FileResult, Fix, Manual
-from tpu_migrate.rewrite.files import prefilter
+from tpu_migrate.rewrite.files import prefilter, read_regular, remove_quietly
 from tpu_migrate.rules import rules_dir
 
 FORMAT = 1
@@ -102,13 +102,8 @@ class Fingerprint:
 
 def read_fingerprinted(path: str) -> tuple[bytes, Fingerprint]:
     started = time.time_ns()
-    # Non-blocking: a file replaced by a FIFO since it was stat'ed is refused, not waited on.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(fd, "rb") as handle:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path}: not a regular file")
-        data = handle.read()
+    # A file replaced by a FIFO since it was stat'ed is refused, not waited on.
+    data, st = read_regular(path)
     trusted = max(st.st_mtime_ns, st.st_ctime_ns) < started - TRUST_MARGIN_NS
     # A file the byte pre-filter rejects is clean whatever its bytes: no digest to compute.
     digest = hashlib.blake2b(data, digest_size=16).hexdigest() if prefilter(data) else None
@@ -234,7 +229,7 @@ class Cache:
                     json.dump({"format": FORMAT, "files": merged}, handle, separators=(",", ":"))
                 os.replace(tmp, self.path)
             except BaseException:
-                _unlink(tmp)
+                remove_quietly(tmp)
                 raise
         except OSError:
             return
@@ -296,14 +291,7 @@ def _prune(directory: Path, keep: Path) -> None:
         except OSError:
             continue
         if age > (STALE_AFTER_S if name.endswith(".json") else 24 * 3600):
-            _unlink(path)
-
-
-def _unlink(path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+            remove_quietly(path)
 
 
 def cached_results(

@@ -69,7 +69,7 @@ def is_stale_temp(directory: str, name: str) -> bool:
     return False
 
 
-def _remove(path: str) -> None:
+def remove_quietly(path: str | os.PathLike) -> None:
     try:
         os.unlink(path)
     except OSError:
@@ -114,7 +114,7 @@ def discover(
     def sweep(directory: str, names: Iterable[str]) -> None:
         for name in names:
             if name.endswith(TEMP_SUFFIX) and is_stale_temp(directory, name):
-                _remove(os.path.join(directory, name))
+                remove_quietly(os.path.join(directory, name))
 
     for raw in paths:
         if not os.path.lexists(raw):
@@ -181,14 +181,20 @@ def discover(
 def read_source(path: str) -> bytes:
     """The bytes of a regular file. A FIFO or device is refused without blocking on it (OSError
     "not a regular file"); a directory raises IsADirectoryError."""
+    return read_regular(path)[0]
+
+
+def read_regular(path: str) -> tuple[bytes, os.stat_result]:
+    """`read_source`, with the stat of the open file taken before reading (the result cache's
+    fingerprint: what it says is what was read)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as handle:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory", path)
-        if not stat.S_ISREG(mode):
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
-        return handle.read()
+        return handle.read(), st
 
 
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
@@ -273,7 +279,7 @@ def write_atomic(path: str, data: bytes, expected: bytes | None = None) -> None:
                     raise ChangedOnDisk(errno.EAGAIN, "the file changed on disk while it was being rewritten; run again")
         os.replace(tmp, target)
     except BaseException:
-        _remove(tmp)
+        remove_quietly(tmp)
         raise
 
 
@@ -290,5 +296,6 @@ def _keep_owner(fd: int, st: os.stat_result) -> None:
             pass
 
 
-__all__ = ["prefilter", "discover", "decode", "encode", "write_atomic", "read_source", "parse_size",
+__all__ = ["prefilter", "discover", "decode", "encode", "write_atomic", "read_source", "read_regular",
+           "remove_quietly", "parse_size",
            "format_size", "is_stale_temp", "DecodeError", "ChangedOnDisk"]
