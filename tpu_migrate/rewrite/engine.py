@@ -50,48 +50,38 @@ def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | N
         new_text = rewrite_text(text, path, options, catalog or load_catalog(), result)
         if cr_only and new_text is not None:
             new_text = new_text.replace("\n", "\r")
-    except SyntaxError as exc:
-        if exc.lineno:
-            result.error = f"syntax error at line {exc.lineno}: {exc.msg}"
-        else:  # e.g. NUL bytes: the parser names no line
-            result.error = f"cannot parse: {exc.msg}"
-        return result
+    except SyntaxError as exc:  # NUL bytes, say: the parser names no line
+        return _failed(result, f"syntax error at line {exc.lineno}: {exc.msg}" if exc.lineno
+                       else f"cannot parse: {exc.msg}")
     except cst.ParserSyntaxError as exc:
-        result.error = f"syntax error at line {exc.raw_line}: {exc.message}"
-        return result
+        return _failed(result, f"syntax error at line {exc.raw_line}: {exc.message}")
     except (TooDeep, RecursionError, MemoryError) as exc:
         # Python's parser, libcst's printer and our walkers all recurse on nested expressions.
-        result.error = f"too deeply nested to rewrite ({str(exc) or type(exc).__name__})"
-        result.fixes.clear()
-        result.manual.clear()
-        return result
+        return _failed(result, f"too deeply nested to rewrite ({str(exc) or type(exc).__name__})")
     except ValueError as exc:
-        result.error = f"cannot parse: {type(exc).__name__}: {exc}".rstrip(": ")
-        result.fixes.clear()
-        result.manual.clear()
-        return result
+        return _failed(result, f"cannot parse: {type(exc).__name__}: {exc}".rstrip(": "))
     except Unreproducible as exc:
-        result.error = f"cannot rewrite: {exc}; left unchanged"
-        result.fixes.clear()
-        result.manual.clear()
-        return result
+        return _failed(result, f"cannot rewrite: {exc}; left unchanged")
     except WalkError as exc:
-        result.error = f"internal error: {exc}"
-        result.fixes.clear()
-        result.manual.clear()
-        return result
+        return _failed(result, f"internal error: {exc}")
     if new_text is None or new_text == source.text:
         return result
     try:
         ast.parse(new_text)
     except SyntaxError as exc:
-        result.error = f"internal error: the rewritten file does not parse (line {exc.lineno}: {exc.msg}); left unchanged"
-        result.fixes.clear()
-        result.manual.clear()
-        return result
+        return _failed(result, f"internal error: the rewritten file does not parse (line {exc.lineno}: "
+                               f"{exc.msg}); left unchanged")
     result.changed = True
     result.original = data
     result.output = encode(new_text, source.encoding)
+    return result
+
+
+def _failed(result: FileResult, error: str) -> FileResult:
+    """A file left unchanged by an error carries no fixes or findings from the partial run."""
+    result.error = error
+    result.fixes.clear()
+    result.manual.clear()
     return result
 
 
