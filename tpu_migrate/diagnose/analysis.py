@@ -145,10 +145,16 @@ def _counted(events: list[dict]) -> dict | None:
     return next((e for e in events if e["kind"] == "counted"), None)
 
 
-def _step_at(offset: int, boundaries: list[dict], key: str, total: int) -> int:
-    """The step in which a log reached `offset`: the first step at whose end the log was longer."""
-    index = bisect.bisect_right([b.get(key, 0) for b in boundaries], offset)
-    return boundaries[index]["step"] if index < len(boundaries) else total
+def _step_finder(boundaries: list[dict], key: str, total: int):
+    """offset -> the step in which a log (`key`: the boundaries' offset field) reached it: the
+    first step at whose end the log was longer."""
+    offsets = [b.get(key, 0) for b in boundaries]
+
+    def step_at(offset: int) -> int:
+        index = bisect.bisect_right(offsets, offset)
+        return boundaries[index]["step"] if index < len(boundaries) else total
+
+    return step_at
 
 
 def _traced_something(events: list[dict]) -> bool:
@@ -268,8 +274,9 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
         boundaries = sorted((e for events in evidence.events.values() for e in events
                              if e["kind"] in ("step", "opt_step") and e.get("fallback_offset")),
                             key=lambda e: e["fallback_offset"])
+        step_at = _step_finder(boundaries, "fallback_offset", main_steps)
         for offset, op, file, line in parse_fallbacks(evidence.fallback_log):
-            step = _step_at(offset, boundaries, "fallback_offset", main_steps)
+            step = step_at(offset)
             _add(findings, "fallback", file, line, op, step, None).exact = True
     result = [f for f in findings.values() if _reportable(f)]
     backend_name = backend(evidence)[0]
@@ -298,8 +305,9 @@ def _add_compiles(findings, compiles: list[Compile], boundaries: list[dict], ste
     """A site that compiled before and compiles again after warm-up recompiles; a first compile
     of a new site after warm-up is reported as information (kind "compile")."""
     previous: dict[tuple, str | None] = {}
+    step_at = _step_finder(boundaries, "debug_offset", steps)
     for compile_ in compiles:
-        compile_.step = _step_at(compile_.offset, boundaries, "debug_offset", steps)
+        compile_.step = step_at(compile_.offset)
         if compile_.file is None:
             continue
         site = (compile_.file, compile_.line)
