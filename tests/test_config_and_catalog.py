@@ -11,9 +11,11 @@ from tpu_migrate.rules import TARGETS, load_catalog, rule_examples
 
 SOURCE = (
     "import torch_xla.core.xla_model as xm\n"
+    "import torch_xla.distributed.parallel_loader as pl\n"
     "\n"
     "device = xm.xla_device()\n"
-    "xm.optimizer_step(opt)\n"
+    "for x, y in pl.MpDeviceLoader(loader, device):\n"
+    "    print(x, y)\n"
 )
 
 
@@ -40,18 +42,18 @@ def test_config_sets_target_select_exclude_and_fix_level(cli, project):
     assert doc["target"] == "portable"
     assert [f["path"] for f in doc["files"]] == ["src/train.py"]
     train = doc["files"][0]
-    assert [f["code"] for f in train["fixes"]] == ["TPU001"]  # TPU030 is unsafe: not applied
+    assert [f["code"] for f in train["fixes"]] == ["TPU001"]  # TPU040 is unsafe: not applied
     assert [(m["code"], m["message"].split(":")[0]) for m in train["manual"]] == [
-        ("TPU030", "unsafe fix not applied at --fix-level safe")
+        ("TPU040", "unsafe fix not applied at --fix-level safe")
     ]
 
 
 def test_cli_flags_override_the_config(cli, project):
     write_config(project, 'target = "portable"\nfix-level = "safe"\nignore = ["TPU001"]\n')
-    result, doc = check_json(cli, project, "--target", "tpu", "--fix-level", "unsafe", "--ignore", "TPU031")
+    result, doc = check_json(cli, project, "--target", "tpu", "--fix-level", "unsafe", "--ignore", "TPU099")
     assert doc["target"] == "tpu"
     codes = {f["code"] for entry in doc["files"] for f in entry["fixes"]}
-    assert codes == {"TPU001", "TPU030"}
+    assert codes == {"TPU001", "TPU040"}
 
 
 def test_config_is_found_from_a_subdirectory_path(cli, project):
@@ -86,10 +88,10 @@ def test_bad_config_is_a_usage_error_naming_the_problem(cli, project, body, mess
 def test_fix_level_safe_keeps_unsafe_code_without_todo_comments(cli, project):
     cli("rewrite", "--fix-level", "safe", "src/train.py", cwd=project)
     text = (project / "src" / "train.py").read_text()
-    assert "xm.optimizer_step(opt)" in text and "TODO" not in text
+    assert "pl.MpDeviceLoader(loader, device)" in text and "TODO" not in text
     assert 'torch.device("tpu")' in text
     cli("rewrite", "src/train.py", cwd=project)  # the default level then applies the rest
-    assert "opt.step()" in (project / "src" / "train.py").read_text()
+    assert "x, y = x.to(device), y.to(device)" in (project / "src" / "train.py").read_text()
 
 
 def test_rules_lists_every_rule(cli):

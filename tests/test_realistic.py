@@ -30,6 +30,10 @@ def undefined_names(path: Path) -> set[str]:
     return {line.split("undefined name ")[1].strip() for line in out.splitlines() if "undefined name" in line}
 
 
+def _first_line(stmt: ast.stmt) -> int:
+    return min([stmt.lineno, *(d.lineno for d in getattr(stmt, "decorator_list", []))])
+
+
 def unmarked_references(source: str) -> list[str]:
     """References through torch_xla / optimum.tpu imports whose statement has no TODO above it
     (nor a suppression comment). Independent of the tool: plain `ast` and text."""
@@ -58,9 +62,10 @@ def unmarked_references(source: str) -> list[str]:
     problems = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id in aliases and isinstance(node.ctx, ast.Load) and not shadowed(node):
+            # A decorator belongs to the definition it decorates (its lines come before `def`).
             owner = max(
-                (s for s in statements if s.lineno <= node.lineno <= (s.end_lineno or s.lineno)),
-                key=lambda s: s.lineno,
+                (s for s in statements if _first_line(s) <= node.lineno <= (s.end_lineno or s.lineno)),
+                key=_first_line,
             )
             first = min([owner.lineno, *(d.lineno for d in getattr(owner, "decorator_list", []))])
             above, index = [], first - 2

@@ -65,6 +65,13 @@ class ImportPlan:
             self._used.add("torch")
         return self.names[placeholder]
 
+    def used(self) -> frozenset[str]:
+        return frozenset(self._used)
+
+    def restore(self, used: frozenset[str]) -> None:
+        """Forget the modules used since `used()` (their code was thrown away)."""
+        self._used = set(used)
+
     def fill(self, template: str, **extra: str) -> str:
         values = dict(extra)
         for placeholder in ("torch", "dist", "os", "transformers"):
@@ -101,7 +108,8 @@ class FileContext:
     guards_converted: bool = False
     kept_xla_imports: set[str] = field(default_factory=set)
     source_lines: list[str] = field(default_factory=list)
-    # Root names (`xm`) of the references fixes removed from the code, for import removal.
+    # The import bindings (Scope.import_key) of the references fixes removed from the code, for
+    # import removal.
     removed_roots: Counter = field(default_factory=Counter)
     fixes: list[Fix] = field(default_factory=list)
     manual: list[Manual] = field(default_factory=list)
@@ -130,6 +138,19 @@ class StatementContext:
         self.todos: list[Manual] = []
         # ids of call nodes a statement-level rule already dealt with (fixed or reported).
         self.handled: set[int] = set()
+        # Statements a rule needs run just before this one (simple statements only: see
+        # `can_prefix`), e.g. selecting the rank's accelerator before a process group starts.
+        self.before: list[cst.BaseStatement] = []
+        self.can_prefix = False
+        # > 0 while the rewriter is inside a lambda, comprehension, `a if c else b` or `and` /
+        # `or`: code there may run several times or not at all, so nothing is hoisted out.
+        self.hoist_blocked = 0
+        self.new_names: set[str] = set()  # names fresh_name gave out in this statement
+
+    @property
+    def can_hoist(self) -> bool:
+        """Whether a rule may compute part of an expression in statements before this one."""
+        return self.can_prefix and not self.hoist_blocked
 
     # -- rules ------------------------------------------------------------------------------
 
@@ -198,11 +219,15 @@ class StatementContext:
             ref = self._take(qualname)
             if ref is not None:
                 where = (ref.line, ref.col)
-                self.file.removed_roots[ref.dotted.partition(".")[0]] += 1
+                self.removed(ref.dotted)
             else:
                 where = (self.info.node.lineno, self.info.node.col_offset + 1)
         self.file.fixes.append(Fix(code, *where))
         return where
+
+    def removed(self, dotted: str) -> None:
+        """A reference through an import (`xm.REDUCE_SUM`) is gone from the code."""
+        self.file.removed_roots[self.scope.import_key(dotted)] += 1
 
     def needs_manual(
         self, code: str, message: str, qualname: str | None = None,
@@ -218,6 +243,20 @@ class StatementContext:
         self.file.manual.append(finding)
         if todo:
             self.todos.append(finding)
+
+    def snapshot(self) -> tuple[int, Counter, frozenset[str], int]:
+        """What `rollback` needs to forget the fixes made since."""
+        return len(self.file.fixes), Counter(self.file.removed_roots), self.file.plan.used(), len(self.before)
+
+    def rollback(self, snapshot: tuple[int, Counter, frozenset[str], int]) -> None:
+        """Forget the fixes made since `snapshot`: their code was thrown away (the arguments of
+        a call left for a human are kept byte for byte). The references they consumed stay
+        consumed: the call's own finding covers them."""
+        count, removed, used, before = snapshot
+        del self.file.fixes[count:]
+        self.file.removed_roots = removed
+        self.file.plan.restore(used)
+        del self.before[before:]
 
     def leftover_refs(self) -> list[Ref]:
         from tpu_migrate.rewrite.names import is_xla_name

@@ -33,15 +33,16 @@ def removable(qualname: str, file: FileContext) -> bool:
     return rule is not None and rule.code == "TPU190"
 
 
-def unused_xla_names(file: FileContext) -> set[str]:
-    """Names bound by torch_xla / optimum.tpu imports that no code uses any more.
+def unused_xla_names(file: FileContext) -> set[tuple[tuple[str, ...], str]]:
+    """Import bindings (path of the scope, name) of torch_xla / optimum.tpu that no code uses
+    any more: a function's own import goes when that function's uses do.
 
     Uses = the references the analysis resolved through each name, minus those fixes removed. Rules never add torch_xla names, and code they keep (arguments, manual TODOs)
     keeps its references, so this is exact except that it errs towards keeping an import.
     """
     analysis = file.analysis
-    names = {b.name for b in analysis.imports if removable(b.qualname, file)}
-    return {n for n in names if analysis.import_uses[n] - file.removed_roots[n] <= 0}
+    keys = {b.key for b in analysis.imports if removable(b.qualname, file)}
+    return {k for k in keys if analysis.import_uses[k] - file.removed_roots[k] <= 0}
 
 
 def remove_unused(module: cst.Module, file: FileContext, unused: set[str]) -> cst.Module:
@@ -148,8 +149,9 @@ def _catches_import_error(stmt) -> bool:
 class _ImportRemover:
     """Drops the import aliases bound to unused names, at every depth."""
 
-    def __init__(self, unused: set[str], availability_check, removable):
+    def __init__(self, unused: set[tuple[tuple[str, ...], str]], availability_check, removable):
         self.unused = unused
+        self.path: tuple[str, ...] = ()  # the enclosing classes and functions (Scope.path)
         self.removable = removable
         self.backend_removed = 0
         self.availability_check = availability_check
@@ -189,6 +191,16 @@ class _ImportRemover:
                 return None
             last = body[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
             return stmt.with_changes(body=[*body[:-1], last])
+        if isinstance(stmt, cst.If) and _is_type_checking(stmt.test):
+            # Never imported at run time; its names serve string annotations, which the
+            # analysis does not count as uses.
+            return stmt
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            outer, self.path = self.path, (*self.path, stmt.name.value)
+            try:
+                return stmt.with_changes(body=self.suite(stmt.body))
+            finally:
+                self.path = outer
         changes = {}
         is_try = isinstance(stmt, (cst.Try, cst.TryStar))
         for field in ("body", "orelse", "finalbody"):
@@ -230,7 +242,7 @@ class _ImportRemover:
             for alias in small.names:
                 dotted = cst.helpers.get_full_name_for_node(alias.name) or ""
                 bound = alias.asname.name.value if alias.asname else dotted.partition(".")[0]
-                if self.removable(dotted) and bound in self.unused:
+                if self.removable(dotted) and (self.path, bound) in self.unused:
                     if dotted == SIDE_EFFECT_BACKEND:
                         self.backend_removed += 1
                     self.removed_any = True
@@ -245,7 +257,7 @@ class _ImportRemover:
             for alias in small.names:
                 name = cst.helpers.get_full_name_for_node(alias.name) or ""
                 bound = alias.asname.name.value if alias.asname else name
-                if self.removable(f"{module}.{name}") and bound in self.unused:
+                if self.removable(f"{module}.{name}") and (self.path, bound) in self.unused:
                     self.removed_any = True
                     continue
                 keep.append(alias)
@@ -262,6 +274,10 @@ def _with_aliases(small, keep):
     if isinstance(small, cst.Import) or small.lpar is None:
         last = last.with_changes(comma=cst.MaybeSentinel.DEFAULT)
     return small.with_changes(names=[*keep[:-1], last])
+
+
+def _is_type_checking(test: cst.BaseExpression) -> bool:
+    return cst.helpers.get_full_name_for_node(test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
 
 
 def _is_pass(stmt) -> bool:

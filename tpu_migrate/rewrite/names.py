@@ -59,11 +59,14 @@ def is_xla_name(qualname: str) -> bool:
 class Scope:
     """One Python scope: module, class, function, lambda or comprehension."""
 
-    __slots__ = ("kind", "parent", "imports", "assigned", "global_names")
+    __slots__ = ("kind", "parent", "imports", "assigned", "global_names", "path")
 
-    def __init__(self, kind: str, parent: Scope | None):
+    def __init__(self, kind: str, parent: Scope | None, name: str = ""):
         self.kind = kind
         self.parent = parent
+        # The names of the enclosing classes and functions: ("Trainer", "fit"). Import removal
+        # counts uses per (path, name), so a function's own import goes when its uses do.
+        self.path: tuple[str, ...] = (*parent.path, name) if parent is not None else ()
         self.imports: dict[str, str] = {}  # bound name -> imported qualified name
         self.assigned: set[str] = set()  # names bound here by anything but an import
         self.global_names: set[str] = set()
@@ -76,6 +79,11 @@ class Scope:
 
     def lookup(self, name: str) -> str | None:
         """The qualified name `name` refers to here, or None when it is not an import."""
+        scope = self.binding(name)
+        return scope.imports[name] if scope is not None else None
+
+    def binding(self, name: str) -> Scope | None:
+        """The scope whose import `name` refers to here, or None when it is not an import."""
         scope: Scope | None = self
         innermost = True
         while scope is not None:
@@ -85,17 +93,20 @@ class Scope:
                 continue
             if name in scope.global_names:
                 scope = scope.module()
-                innermost = False
-                if name in scope.imports:
-                    return scope.imports[name]
-                return None
+                return scope if name in scope.imports else None
             if name in scope.imports:
-                return scope.imports[name]
+                return scope
             if name in scope.assigned:
                 return None
             scope = scope.parent
             innermost = False
         return None
+
+    def import_key(self, dotted: str) -> tuple[tuple[str, ...], str]:
+        """(path of the binding scope, root name): what import removal counts uses by."""
+        root = dotted.partition(".")[0]
+        scope = self.binding(root)
+        return (scope.path if scope is not None else ()), root
 
     def resolve(self, dotted: str) -> str | None:
         root, _, rest = dotted.partition(".")
@@ -122,6 +133,11 @@ class ImportBinding:
     name: str
     qualname: str
     stmt: ast.stmt
+    path: tuple[str, ...] = ()  # the binding scope's path (Scope.path)
+
+    @property
+    def key(self) -> tuple[tuple[str, ...], str]:
+        return self.path, self.name
 
 
 @dataclass
@@ -155,7 +171,8 @@ class Analysis:
     bound_names: set[str]  # every name bound anywhere in the file
     qualnames: set[str]  # every resolved qualified name referenced
     functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]  # module-level defs
-    # How many references go through each imported name (`xm` in `xm.mark_step`).
+    # How many references go through each import binding (`xm` in `xm.mark_step`), by
+    # (path of the binding scope, name): see Scope.import_key.
     import_uses: Counter
     # Every dotted load: (scope, dotted name, statement, line, col), resolved or not.
     loads: list[tuple[Scope, str, StmtInfo, int, int]]
@@ -202,8 +219,8 @@ class _Walker:
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         self.all_scopes: list[Scope] = []
 
-    def new_scope(self, kind: str, parent: Scope | None) -> Scope:
-        scope = Scope(kind, parent)
+    def new_scope(self, kind: str, parent: Scope | None, name: str = "") -> Scope:
+        scope = Scope(kind, parent, name)
         self.all_scopes.append(scope)
         return scope
 
@@ -232,7 +249,7 @@ class _Walker:
                 self.functions[node.name] = node
             for d in node.decorator_list:
                 self.expr(d, scope, info)
-            inner = self.new_scope("function", scope)
+            inner = self.new_scope("function", scope, node.name)
             self.arguments(node.args, scope, inner, info)
             if node.returns is not None:
                 self.expr(node.returns, scope, info)
@@ -241,7 +258,7 @@ class _Walker:
             scope.assigned.add(node.name)
             for e in (*node.decorator_list, *node.bases, *(k.value for k in node.keywords)):
                 self.expr(e, scope, info)
-            self.block(node.body, self.new_scope("class", scope))
+            self.block(node.body, self.new_scope("class", scope, node.name))
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -317,7 +334,7 @@ class _Walker:
 
     def bind_import(self, scope: Scope, name: str, qualname: str, stmt: ast.stmt) -> None:
         scope.imports[name] = qualname
-        self.imports.append(ImportBinding(name, qualname, stmt))
+        self.imports.append(ImportBinding(name, qualname, stmt, scope.path))
 
     # -- expressions ------------------------------------------------------------------------
 
@@ -397,7 +414,7 @@ def analyze(
         qualname = scope.resolve(dotted)
         if qualname is None:
             continue
-        import_uses[dotted.partition(".")[0]] += 1
+        import_uses[scope.import_key(dotted)] += 1
         qualname = canonical(qualname)
         qualnames.add(qualname)
         info.refs.append(Ref(qualname, dotted, line, col + 1))

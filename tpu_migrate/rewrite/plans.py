@@ -26,10 +26,20 @@ class Plans:
     spawn_workers: dict[int, str] = field(default_factory=dict)
     # (id(scope), name) of variables bound to a device loader that are only iterated
     loader_vars: set[tuple[int, str]] = field(default_factory=set)
+    # The file creates a process group other than with the "xla" backend (set when it
+    # launches workers): the launcher then leaves the group to the program.
+    other_inits: bool = False
+    # ids of the statements under an `if __name__ == "__main__":` (set when it launches workers)
+    main_guarded: set[int] = field(default_factory=set)
+    # Workers whose own body starts the "xla" process group on every path (TPU070 converts it).
+    self_initializing: set[str] = field(default_factory=set)
 
     @property
     def workers(self) -> set[str]:
         return set(self.spawn_workers.values())
+
+    def under_main_guard(self, node: ast.stmt) -> bool:
+        return id(node) in self.main_guarded
 
 
 def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
@@ -55,7 +65,56 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
                             loop.forced = True
     if plans.loader_vars:
         mark_subtrees(analysis.tree.body, analysis.infos)
+    if plans.spawn_workers:
+        plans.other_inits = any(
+            not is_xla_backend_init(call) for call in init_process_group_calls(analysis.tree)
+        )
+        plans.main_guarded = _main_guarded(analysis.tree)
+        for name in plans.workers:
+            body = analysis.functions[name].body
+            if any(isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+                   and stmt.value in init_process_group_calls(stmt) and is_xla_backend_init(stmt.value)
+                   for stmt in body):
+                plans.self_initializing.add(name)
     return plans
+
+
+def init_process_group_calls(tree: ast.AST) -> list[ast.Call]:
+    """Every call of something named `init_process_group`, however it was imported."""
+    calls = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name == "init_process_group":
+                calls.append(node)
+    return calls
+
+
+def is_xla_backend_init(call: ast.Call) -> bool:
+    """`init_process_group("xla", ...)`: TPU070 converts it (and guards it in files whose
+    workers the launcher already put in a group)."""
+    backend = call.args[0] if call.args else next(
+        (k.value for k in call.keywords if k.arg == "backend"), None
+    )
+    return isinstance(backend, ast.Constant) and backend.value == "xla"
+
+
+def _main_guarded(tree: ast.Module) -> set[int]:
+    guarded: set[int] = set()
+    for stmt in tree.body:
+        if isinstance(stmt, ast.If) and _is_main_test(stmt.test):
+            guarded.update(id(node) for node in ast.walk(stmt) if isinstance(node, ast.stmt))
+    return guarded
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    return any(isinstance(s, ast.Name) and s.id == "__name__" for s in sides) and any(
+        isinstance(s, ast.Constant) and s.value == "__main__" for s in sides
+    )
 
 
 def _call_qualname(call: ast.Call, scope: Scope, canonical) -> str | None:

@@ -112,6 +112,13 @@ def map_children(node: cst.CSTNode, fn) -> cst.CSTNode:
     return node.with_changes(**changes) if changes else node
 
 
+# Expressions whose parts may run several times or not at all.
+_CONDITIONAL_CODE = frozenset({
+    cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.IfExp,
+    cst.BooleanOperation,
+})
+
+
 class ExprRewriter:
     """Applies expression-level rules inside one statement (or one compound header).
 
@@ -127,6 +134,7 @@ class ExprRewriter:
         self.statement_call = statement_call
         self.loose: set[int] = set()
         self.call_funcs: set[int] = set()  # a call's own name is handled by leave_Call
+        self.deferred: set[int] = set()  # calls left to a statement-level rule
 
     def rewrite(self, node):
         kind = type(node)
@@ -139,11 +147,34 @@ class ExprRewriter:
             return self.reference(node)
         if kind is cst.If and node is not self.root:
             return node  # an `elif` is a statement of its own
+        if kind in _CONDITIONAL_CODE:
+            self.sc.hoist_blocked += 1
+            try:
+                updated = map_children(node, self.rewrite)
+            finally:
+                self.sc.hoist_blocked -= 1
+            leave = getattr(self, "leave_" + kind.__name__, None)
+            return leave(node, updated) if leave is not None else updated
         if kind is cst.Call:
             self.call_funcs.add(id(node.func))
+            qualname = self.sc.resolve(node.func)
+            if qualname is not None and transforms.is_xla(qualname):
+                return self.xla_call(node)
         updated = map_children(node, self.rewrite)
         leave = getattr(self, "leave_" + type(node).__name__, None)
         return leave(node, updated) if leave is not None else updated
+
+    def xla_call(self, node: cst.Call) -> cst.BaseExpression:
+        """A call of torch_xla: if no rule replaces it, it stays for a human exactly as it was,
+        arguments included (`xm.all_reduce(xm.REDUCE_SUM, x, groups=g)` must not come out with
+        a converted constant inside a call that still needs torch_xla)."""
+        snapshot = self.sc.snapshot()
+        updated = map_children(node, self.rewrite)
+        result = self.leave_Call(node, updated)
+        if result is updated and updated is not node and id(node) not in self.deferred:
+            self.sc.rollback(snapshot)
+            return node
+        return result
 
     def reference(self, node: cst.BaseExpression) -> cst.BaseExpression:
         """A dotted name that is not called: rename rules and manual rules apply to it."""
@@ -179,6 +210,7 @@ class ExprRewriter:
                 if original is self.statement_call and rule.transform in transforms.STATEMENT and (
                     isinstance(self.root, cst.Expr) or rule.transform in transforms.ASSIGN
                 ):
+                    self.deferred.add(id(original))
                     return updated  # the statement-level rule takes the whole statement
                 if not sc.may_fix(rule, qualname):
                     return updated
@@ -241,13 +273,19 @@ class ExprRewriter:
         return self._unwrapped(updated, "value")
 
     def leave_Assign(self, original, updated):
-        return self._unwrapped(updated, "value")
+        return transforms.data_assignment(self._unwrapped(updated, "value"), self.sc)
 
     def leave_AnnAssign(self, original, updated):
-        return self._unwrapped(updated, "value")
+        return transforms.data_assignment(self._unwrapped(updated, "value"), self.sc)
 
     def leave_Return(self, original, updated):
-        return self._unwrapped(updated, "value")
+        return transforms.data_return(self._unwrapped(updated, "value"), self.sc)
+
+    def leave_Element(self, original, updated):
+        return transforms.data_element(updated, self.sc)
+
+    def leave_DictElement(self, original, updated):
+        return transforms.data_dict_element(updated, self.sc)
 
     def leave_Expr(self, original, updated):
         return self._unwrapped(updated, "value")
@@ -377,7 +415,11 @@ class ModuleRewriter:
                 pieces.append(small)
                 continue
             sc = StatementContext(self.file, info)
+            sc.can_prefix = True
             result = self.small_statement(small, sc)
+            if sc.before:
+                statements = result if isinstance(result, list) else [cst.SimpleStatementLine(body=[result])]
+                result = [*sc.before, *statements]
             todos.extend(sc.todos)
             pieces.append(result)
         if not todos and all(p is small for p, small in zip(pieces, line.body)):
@@ -393,6 +435,7 @@ class ModuleRewriter:
         if isinstance(small, (cst.Expr, cst.Assign)) and isinstance(small.value, cst.Call):
             call = small.value
         rewriter = ExprRewriter(sc, small, statement_call=call)
+        snapshot = sc.snapshot()
         new_small = rewriter.rewrite(small)
         result = new_small
         if call is not None and isinstance(new_small, (cst.Expr, cst.Assign)) and isinstance(new_small.value, cst.Call):
@@ -405,16 +448,19 @@ class ModuleRewriter:
                 )
                 if replaced is not None:
                     result = replaced
+            if result is new_small and id(call) in rewriter.deferred:
+                # The statement rule left its call for a human (or may not run here): the
+                # statement stays as it was, arguments included.
+                sc.rollback(snapshot)
+                result = small
         self.report_leftovers(sc)
         if result is not small and isinstance(result, cst.Expr) and _is_conditional_call(result.value):
-            # `f() if cond else None` as a statement reads better as an `if` block.
-            test, body = result.value.test, result.value.body
-            return [
-                cst.If(
-                    test=test.with_changes(lpar=[], rpar=[]),
-                    body=cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Expr(body)])]),
-                )
-            ]
+            # `f() if cond else None` (or `else g()`) as a statement reads better as an `if` block.
+            value = result.value
+            orelse = None
+            if isinstance(value.orelse, cst.Call):
+                orelse = cst.Else(body=_block_of(value.orelse))
+            return [cst.If(test=value.test.with_changes(lpar=[], rpar=[]), body=_block_of(value.body), orelse=orelse)]
         return result
 
     def comments_above(self, info) -> frozenset[str]:
@@ -546,10 +592,14 @@ def _requote(node, quote: str, other: str):
 def _is_conditional_call(node: cst.BaseExpression) -> bool:
     return (
         isinstance(node, cst.IfExp)
-        and isinstance(node.orelse, cst.Name)
-        and node.orelse.value == "None"
         and isinstance(node.body, cst.Call)
+        and (isinstance(node.orelse, cst.Call)
+             or (isinstance(node.orelse, cst.Name) and node.orelse.value == "None"))
     )
+
+
+def _block_of(call: cst.Call) -> cst.IndentedBlock:
+    return cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Expr(call)])])
 
 
 def _comment_of(ws: cst.TrailingWhitespace) -> list[cst.EmptyLine]:

@@ -14,6 +14,7 @@ import libcst as cst
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
 from tpu_migrate.rewrite.transforms.amp_compile import (
     eager_mode_statement,
+    manual_seed,
     torch_compile,
     xla_autocast,
     xla_compile,
@@ -21,6 +22,7 @@ from tpu_migrate.rewrite.transforms.amp_compile import (
 )
 from tpu_migrate.rewrite.transforms.collectives import (
     all_gather_statement,
+    all_reduce_value,
     all_reduce_statement,
     broadcast_master_param_statement,
     collective_broadcast_statement,
@@ -38,6 +40,10 @@ from tpu_migrate.rewrite.transforms.common import (
 )
 from tpu_migrate.rewrite.transforms.device import (
     autocast,
+    data_assignment,
+    data_dict_element,
+    data_element,
+    data_return,
     device_call,
     device_param_default,
     device_string_args,
@@ -76,6 +82,7 @@ from tpu_migrate.rewrite.transforms.steps import (
     master_print,
     master_print_statement,
     optimizer_step,
+    optimizer_step_statement,
     remove_step_marker,
     remove_step_marker_statement,
     unwrap_step_context,
@@ -86,6 +93,8 @@ from tpu_migrate.rewrite.transforms.steps import (
 
 CALL = {
     "step_closure": step_closure,
+    "all_reduce": all_reduce_value,
+    "manual_seed": manual_seed,
     "xla_autocast": xla_autocast,
     "xla_compile": xla_compile,
     "matmul_precision": matmul_precision,
@@ -112,10 +121,11 @@ STATEMENT = {
     "master_print": master_print_statement,
     "xla_save": xla_save_statement,
     "spawn": spawn_statement,
+    "optimizer_step": optimizer_step_statement,
 }
 
 # Statement rules that also convert `name = call(...)` (they take the Assign).
-ASSIGN = frozenset({"all_reduce", "all_gather", "mesh_reduce"})
+ASSIGN = frozenset({"all_reduce", "all_gather", "mesh_reduce", "optimizer_step"})
 
 # Rules applied to a bare reference (not a call): `xm.REDUCE_SUM`, `@torch_xla.compile`.
 REFERENCE = {
@@ -198,9 +208,6 @@ def apply_statement_rule(rule, qualname, call, sc: StatementContext, plans, assi
     return STATEMENT[rule.transform](call, qualname, sc, rule, plans)
 
 
-__all__ = [
-    "step_closure","cst_dotted"]
-
 
 # The transformer reaches every transform through this package.
 __all__ = [
@@ -209,12 +216,17 @@ __all__ = [
     "atom",
     "all_gather_statement",
     "all_reduce_statement",
+    "all_reduce_value",
     "autocast",
     "availability_guard",
     "bind",
     "broadcast_master_param_statement",
     "code",
     "collective_broadcast_statement",
+    "data_assignment",
+    "data_dict_element",
+    "data_element",
+    "data_return",
     "device_call",
     "device_loader",
     "device_loader_loop",
@@ -234,10 +246,12 @@ __all__ = [
     "is_xla",
     "master_print",
     "master_print_statement",
+    "manual_seed",
     "matmul_precision",
     "memory_info",
     "mesh_reduce_statement",
     "optimizer_step",
+    "optimizer_step_statement",
     "optimum_auto_model",
     "optional_import_test",
     "reduce_gradients_statement",

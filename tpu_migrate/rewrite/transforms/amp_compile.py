@@ -32,6 +32,32 @@ def xla_autocast(call, qualname, sc: StatementContext, rule):
     return parse_expr(f"{torch}.autocast({device_type}, {', '.join(kwargs)})")
 
 
+SEED_DEVICE = {
+    "tpu": "{torch}.tpu.manual_seed({seed})",
+    "portable": "{torch}.get_device_module({torch}.accelerator.current_accelerator()).manual_seed({seed}) "
+                "if {torch}.accelerator.is_available() else {torch}.manual_seed({seed})",
+}
+GET_RNG_STATE = "torch_xla.core.xla_model.get_rng_state"
+
+
+def manual_seed(call, qualname, sc: StatementContext, rule):
+    """`xm.set_rng_state(seed)` seeded the XLA device's generator only (TPU120)."""
+    bound = bind(call, ["seed", "device"])
+    if bound is None or "seed" not in bound:
+        sc.needs_manual(rule.code, "cannot read the seed argument", qualname)
+        return call
+    where = sc.fixed(rule.code, qualname)
+    if GET_RNG_STATE in sc.file.analysis.qualnames and sc.enabled("TPU121"):
+        # Checkpoint code saves xm.get_rng_state() and restores it here; once that side is
+        # ported by hand (TPU121), this line must follow it.
+        sc.needs_manual(
+            "TPU121", "this restores a state saved with xm.get_rng_state (also in this file): "
+            "reseeding does not resume a generator's stream; port both sides together",
+            where=where,
+        )
+    return parse_expr(sc.file.plan.fill(SEED_DEVICE[sc.file.target], seed=code(bound["seed"].value)))
+
+
 def torch_compile(call: cst.Call, sc: StatementContext):
     """torch.compile in a torch_xla file: the backend, and what TorchTPU rejects."""
     if not any(is_xla(b.qualname) for b in sc.file.analysis.imports):

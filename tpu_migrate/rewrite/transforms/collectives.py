@@ -34,7 +34,7 @@ def _reduce_op(node: cst.BaseExpression, sc: StatementContext) -> str | None:
         if qualname.startswith("torch_xla.core.xla_model.REDUCE_"):
             key = qualname.rsplit(".", 1)[1]
             sc.consume(qualname)
-            sc.file.removed_roots[cst_dotted(node).partition(".")[0]] += 1
+            sc.removed(cst_dotted(node))
         elif cst_dotted(node) and "ReduceOp." in cst_dotted(node):
             return code(node)  # already converted by TPU110
     op = REDUCE_OPS.get(key) if isinstance(key, str) else None
@@ -61,20 +61,20 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
     plan = sc.file.plan
     dist = plan.use("dist")
     inputs = bound["inputs"].value
-    scale = atom(bound["scale"].value) if "scale" in bound else None
+    scale = _operand(bound["scale"].value) if "scale" in bound else None
     if scale in ("1", "1.0"):
         scale = None
     target = target_name(assign)
+    if target is not None and isinstance(inputs, (cst.List, cst.Tuple)):
+        sc.needs_manual(rule.code, "a list reduced in place is returned: reduce it as a statement, "
+                        "then assign", qualname)
+        return None
     if target is not None:
-        # A tensor: torch_xla returned a new tensor.
-        lines = [f"{target} = {atom(inputs)}.clone()", f"if {dist}.is_initialized():",
-                 f"    {dist}.all_reduce({target}, op={op})"]
-        if scale:
-            lines.append(f"    {target} = {target} * {scale}")
+        lines = _reduce_into(target, atom(inputs), op, scale, sc)  # a tensor: a new one
     elif assign is None:
         # A statement: only a list is meaningful (reduced in place).
         elements = inputs.elements if isinstance(inputs, (cst.List, cst.Tuple)) else None
-        lines = [f"if {dist}.is_initialized():"]
+        lines = [f"if {dist}.is_initialized() and {dist}.get_world_size() > 1:"]
         if elements is not None and all(isinstance(e, cst.Element) for e in elements):
             for element in elements:
                 lines.append(f"    {dist}.all_reduce({code(element.value)}, op={op})")
@@ -92,6 +92,50 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
     return parse_block(lines)
 
 
+
+
+def all_reduce_value(call, qualname, sc: StatementContext, rule):
+    """`xm.all_reduce(op, tensor)` inside a larger expression (`... / world`, `.item()`): the
+    reduction goes in statements just before, into a fresh name that takes the call's place."""
+    bound = bind(call, ["reduce_type", "inputs", "scale", "groups", "pin_layout"])
+    inputs = bound.get("inputs") if bound else None
+    if not sc.can_hoist:
+        where = ("in a lambda, comprehension or conditional expression, where it may run several "
+                 "times or not at all" if sc.hoist_blocked else "in the header of a compound statement")
+        sc.needs_manual(rule.code, f"xm.all_reduce used as a value {where}: reduce it into a name "
+                        "in a statement of its own, then run the tool again", qualname)
+        return call
+    if (
+        inputs is None or "reduce_type" not in bound or given(bound, "groups")
+        or isinstance(inputs.value, (cst.List, cst.Tuple, cst.ListComp))
+    ):
+        sc.needs_manual(rule.code, f"{rule.summary} (used as a value here: convert by hand)", qualname)
+        return call
+    op = _reduce_op(bound["reduce_type"].value, sc)
+    if op is None:
+        sc.needs_manual(rule.code, "the reduce type is not an xm.REDUCE_* constant or a string", qualname)
+        return call
+    name = fresh_name(sc, "reduced")
+    scale = _operand(bound["scale"].value) if "scale" in bound else None
+    sc.before.extend(parse_block(_reduce_into(name, atom(inputs.value), op, scale, sc)))
+    sc.fixed(rule.code, qualname)
+    return cst.Name(name)
+
+
+def _operand(node: cst.BaseExpression) -> str:
+    """`node` as the right operand of `*` (or an argument): numbers need no parentheses."""
+    return code(node) if isinstance(node, (cst.Integer, cst.Float)) else atom(node)
+
+
+def _reduce_into(target: str, tensor: str, op: str, scale: str | None, sc: StatementContext) -> list[str]:
+    """`target` = the reduction of `tensor` as torch_xla returned it: a new tensor, unscaled and
+    unreduced in a world of one."""
+    dist = sc.file.plan.use("dist")
+    lines = [f"{target} = {tensor}.clone()", f"if {dist}.is_initialized() and {dist}.get_world_size() > 1:",
+             f"    {dist}.all_reduce({target}, op={op})"]
+    if scale and scale not in ("1", "1.0"):
+        lines.append(f"    {target} = {target} * {scale}")
+    return lines
 
 
 def all_gather_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
@@ -193,17 +237,22 @@ def reduce_gradients_statement(call, qualname, sc: StatementContext, rule, plans
     if bound is None or "optimizer" not in bound or given(bound, "groups"):
         sc.needs_manual(rule.code, "cannot convert these arguments of xm.reduce_gradients", qualname)
         return None
+    sc.fixed(rule.code, qualname)
+    return parse_block(average_gradients(atom(bound["optimizer"].value), sc))
+
+
+def average_gradients(optimizer: str, sc: StatementContext) -> list[str]:
+    """What `xm.reduce_gradients(optimizer)` did: all-reduce every gradient of the optimizer's
+    parameters and divide by the world size (nothing to do in one process)."""
     dist = sc.file.plan.use("dist")
     var = fresh_name(sc, "param")
-    optimizer = atom(bound["optimizer"].value)
-    sc.fixed(rule.code, qualname)
-    return parse_block([
+    return [
         f"if {dist}.is_initialized() and {dist}.get_world_size() > 1:",
         f"    for {var} in (p for group in {optimizer}.param_groups for p in group[\"params\"]):",
         f"        if {var}.grad is not None:",
         f"            {dist}.all_reduce({var}.grad)",
         f"            {var}.grad /= {dist}.get_world_size()",
-    ])
+    ]
 
 
 def reduce_op_constant(node, qualname, sc: StatementContext, rule):

@@ -20,8 +20,10 @@ LOOSE = (
 )
 
 PORTABLE_DEVICE = '{torch}.accelerator.current_accelerator(check_available=True) or {torch}.device("cpu")'
-GLOBAL_RANK = "({dist}.get_rank() if {dist}.is_initialized() else 0)"
-GLOBAL_MASTER = "not {dist}.is_initialized() or {dist}.get_rank() == 0"
+# torch_xla answered ranks from its runtime, with or without a process group: without one,
+# the launcher's environment answers (torchrun sets RANK; plain `python` sets nothing: rank 0).
+GLOBAL_RANK = '({dist}.get_rank() if {dist}.is_initialized() else int({os}.environ.get("RANK", 0)))'
+GLOBAL_MASTER = GLOBAL_RANK + " == 0"
 LOCAL_MASTER = 'int({os}.environ.get("LOCAL_RANK", 0)) == 0'
 TO_CPU = "{torch}.utils._pytree.tree_map_only({torch}.Tensor, lambda t: t.cpu(), {obj})"
 TO_DEVICE = "{torch}.utils._pytree.tree_map_only({torch}.Tensor, lambda t: t.to({device}), {obj})"
@@ -85,11 +87,13 @@ def target_name(assign: cst.Assign | None) -> str | None:
     return target.value if isinstance(target, cst.Name) else None
 
 def fresh_name(sc: StatementContext, base: str) -> str:
+    """A name bound nowhere in the file (nor given out before in this statement)."""
     bound = sc.file.analysis.bound_names
     name, n = base, 1
-    while name in bound:
+    while name in bound or name in sc.new_names:
         n += 1
         name = f"{base}{n}"
+    sc.new_names.add(name)
     return name
 
 def given(bound: dict, name: str) -> bool:

@@ -1,6 +1,9 @@
-"""Device rules: `xm.xla_device()`, "xla" device strings, device-type tests, autocast strings (TPU001-TPU003)."""
+"""Device rules: `xm.xla_device()`, "xla" device strings, device-type tests, autocast strings,
+and "xla" device / backend names held in data (TPU001-TPU005)."""
 
 from __future__ import annotations
+
+import re
 
 import libcst as cst
 
@@ -12,14 +15,50 @@ from tpu_migrate.rewrite.transforms.common import (
     quote_of,
 )
 
+# Where a plain string must stay a string (data, `device_type=`), target portable uses the type
+# of the native accelerator ("cpu" without one).
+PORTABLE_DEVICE_TYPE = "(" + PORTABLE_DEVICE + ").type"
+
+# `"xla:%d" % i` and `"xla:{}".format(i)`: the index is dropped like in "xla:N".
+_XLA_INDEX_FORMAT = re.compile(r"xla:(%[ds]|\{\w*\})\Z")
+
+# Calls whose keyword arguments are data, not a device parameter (`parser.set_defaults(device=...)`).
+_DATA_CALLS = frozenset({"dict", "set_defaults", "update", "Namespace", "SimpleNamespace"})
+# torch functions whose first positional argument is a device (True: a device *type* string).
+_POSITIONAL_DEVICE = {
+    "torch.set_default_device": False,
+    "torch.amp.autocast": True,
+    "torch.amp.autocast_mode.autocast": True,
+    "torch.amp.GradScaler": True,
+    "torch.amp.grad_scaler.GradScaler": True,
+    "torch.get_device_module": True,
+    "torch.amp.is_autocast_available": True,
+    "torch.is_autocast_enabled": True,
+    "torch.get_autocast_dtype": True,
+    "torch.set_autocast_dtype": True,
+    "torch.set_autocast_enabled": True,
+}
+# Lookups with a default: `cfg.get(KEY, "xla")`, `os.getenv(KEY, "xla")`, `getattr(o, KEY, "xla")`.
+_LOOKUP_METHODS = frozenset({"get", "setdefault", "pop"})
+
+_MESSAGES = {
+    ("data", "tpu"): '{s} may name torch_xla\'s device or process-group backend here: TorchTPU\'s '
+                     'device is "tpu" and its backend "tpu_dist"; change it if so',
+    ("data", "portable"): '{s} may name torch_xla\'s device or process-group backend here: use '
+                          'torch.accelerator.current_accelerator().type (or "cpu") for a device and '
+                          'None (the default backend) for a backend if so',
+    ("compare", "tpu"): 'compares with {s}, torch_xla\'s device or backend name: TorchTPU\'s device '
+                        'type is "tpu" and its process-group backend "tpu_dist"; update the test',
+    ("compare", "portable"): 'compares with {s}, torch_xla\'s device or backend name: compare a device '
+                             'type with (torch.accelerator.current_accelerator() or '
+                             'torch.device("cpu")).type and a backend with dist.get_backend() instead',
+}
+
 
 def is_xla_device_string(node: cst.BaseExpression) -> bool:
+    """`"xla"`, `"xla:N"`, `f"xla:{i}"`, `"xla:" + str(i)`, `"xla:%d" % i`, `"xla:{}".format(i)`."""
     if isinstance(node, cst.SimpleString):
-        try:
-            value = node.evaluated_value
-        except Exception:  # noqa: BLE001 - odd escapes: not a device string
-            return False
-        return isinstance(value, str) and bool(XLA_DEVICE.match(value))
+        return _value_matches(node, XLA_DEVICE)
     if isinstance(node, cst.FormattedString):
         parts = node.parts
         return (
@@ -28,17 +67,51 @@ def is_xla_device_string(node: cst.BaseExpression) -> bool:
             and parts[0].value == "xla:"
             and all(isinstance(p, cst.FormattedStringExpression) for p in parts[1:])
         )
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.left, cst.SimpleString):
+        if isinstance(node.operator, cst.Add):
+            return _value_is(node.left, "xla:")
+        if isinstance(node.operator, cst.Modulo):
+            return _value_matches(node.left, _XLA_INDEX_FORMAT)
+    if (
+        isinstance(node, cst.Call)
+        and isinstance(node.func, cst.Attribute)
+        and node.func.attr.value == "format"
+        and isinstance(node.func.value, cst.SimpleString)
+    ):
+        return _value_matches(node.func.value, _XLA_INDEX_FORMAT)
     return False
 
 
+def _string_value(node: cst.SimpleString) -> str | None:
+    try:
+        value = node.evaluated_value
+    except Exception:  # noqa: BLE001 - odd escapes: not a device string
+        return None
+    return value if isinstance(value, str) else None
 
 
-def device_value(node: cst.BaseExpression, sc: StatementContext) -> cst.BaseExpression:
-    """What an "xla" device string becomes."""
+def _value_matches(node: cst.SimpleString, pattern: re.Pattern) -> bool:
+    value = _string_value(node)
+    return value is not None and bool(pattern.match(value))
+
+
+def _value_is(node: cst.SimpleString, expected: str) -> bool:
+    return _string_value(node) == expected
+
+
+def device_value(node: cst.BaseExpression, sc: StatementContext, string: bool = False) -> cst.BaseExpression:
+    """What an "xla" device string becomes; `string`: a str is needed (data, a device type)."""
     if sc.file.target == "tpu":
-        q = quote_of(node)
+        q = quote_of(node) if isinstance(node, (cst.SimpleString, cst.FormattedString)) else '"'
         return cst.SimpleString(f"{q}tpu{q}")
-    return parse_expr(sc.file.plan.fill(PORTABLE_DEVICE))
+    return parse_expr(sc.file.plan.fill(PORTABLE_DEVICE_TYPE if string else PORTABLE_DEVICE))
+
+
+def backend_value(node: cst.BaseExpression, sc: StatementContext) -> cst.BaseExpression:
+    """What the "xla" process-group backend becomes: "tpu_dist"; portable: None, the default."""
+    if sc.file.target == "tpu":
+        return cst.SimpleString(f"{quote_of(node)}tpu_dist{quote_of(node)}")
+    return cst.Name("None")
 
 
 def device_call(call, qualname, sc: StatementContext, rule):
@@ -51,52 +124,302 @@ def device_call(call, qualname, sc: StatementContext, rule):
 def torch_device_ctor(call: cst.Call, sc: StatementContext):
     """torch.device("xla"), torch.device("xla:1"), torch.device("xla", i)."""
     bound = bind(call, ["type", "index"])
-    if bound is None or "type" not in bound or not is_xla_device_string(bound["type"].value):
+    if bound is None or "type" not in bound or not sc.enabled("TPU002"):
         return call
-    if not sc.enabled("TPU002"):
-        return call
-    sc.fixed("TPU002", where=sc.consume_string())
+    arg = bound["type"]
+    if not is_xla_device_string(arg.value):
+        # `torch.device("xla" if use_tpu else "cpu")`, `torch.device(args.device or "xla")`
+        value = _convert(arg.value, "device", sc)
+        return call if value is arg.value else call.with_changes(
+            args=[a.with_changes(value=value) if a is arg else a for a in call.args]
+        )
+    sc.fixed("TPU002", where=_where(sc, bound["type"].value))
     if sc.file.target == "tpu":
         value = device_value(bound["type"].value, sc)
         return call.with_changes(args=[cst.Arg(value)])
     return parse_expr(sc.file.plan.fill(PORTABLE_DEVICE))
 
 
+# -- names that say what a value is --------------------------------------------------------
+
+
+def hint_of(name: str | None) -> str | None:
+    """"device" or "backend" when a name (variable, attribute, key, keyword, option) says so."""
+    if not name:
+        return None
+    lower = name.lower()
+    device, backend = "device" in lower, "backend" in lower
+    if device == backend:
+        return None
+    return "device" if device else "backend"
+
+
+def _target_name(target: cst.BaseExpression) -> str | None:
+    """`device`, `args.device`, `self.device`, `config["device"]`."""
+    if isinstance(target, cst.Name):
+        return target.value
+    if isinstance(target, cst.Attribute):
+        return target.attr.value
+    if isinstance(target, cst.Subscript) and len(target.slice) == 1:
+        index = target.slice[0].slice
+        if isinstance(index, cst.Index) and isinstance(index.value, cst.SimpleString):
+            return _string_value(index.value)
+    return None
+
+
+def _string_hint(node: cst.BaseExpression) -> str | None:
+    return hint_of(_string_value(node)) if isinstance(node, cst.SimpleString) else None
+
+
+def _convert(value: cst.BaseExpression, hint: str, sc: StatementContext, string: bool = True,
+             nested: bool = False) -> cst.BaseExpression:
+    """A value whose name says device or backend: its "xla" strings converted (the value itself,
+    either branch of `a if c else b`, an operand of `or` / `and`, `field(default=...)`)."""
+    if isinstance(value, cst.IfExp):
+        body = _convert(value.body, hint, sc, string, True)
+        orelse = _convert(value.orelse, hint, sc, string, True)
+        if body is value.body and orelse is value.orelse:
+            return value
+        return value.with_changes(body=body, orelse=orelse)
+    if isinstance(value, cst.BooleanOperation):
+        left = _convert(value.left, hint, sc, string, True)
+        right = _convert(value.right, hint, sc, string, True)
+        if left is value.left and right is value.right:
+            return value
+        return value.with_changes(left=left, right=right)
+    if isinstance(value, cst.Call) and _callee(value) == "field":
+        args = [
+            a.with_changes(value=_convert(a.value, hint, sc, string))
+            if a.keyword is not None and a.keyword.value == "default" else a
+            for a in value.args
+        ]
+        if all(a is b for a, b in zip(args, value.args)):
+            return value
+        return value.with_changes(args=args)
+    if hint == "backend":
+        if not (isinstance(value, cst.SimpleString) and _value_is(value, "xla")) or not sc.enabled("TPU005"):
+            return value
+        sc.fixed("TPU005", where=_where(sc, value))
+        return backend_value(value, sc).with_changes(lpar=value.lpar, rpar=value.rpar)
+    if not is_xla_device_string(value) or not sc.enabled("TPU002"):
+        return value
+    sc.fixed("TPU002", where=_where(sc, value))
+    new = device_value(value, sc, string)
+    if nested and not string and sc.file.target != "tpu":
+        return new.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return new
+
+
+def _convertible(value: cst.BaseExpression, hint: str) -> bool:
+    if hint == "backend":
+        return isinstance(value, cst.SimpleString) and _value_is(value, "xla")
+    return is_xla_device_string(value)
+
+
+def _callee(call: cst.Call) -> str | None:
+    func = call.func
+    if isinstance(func, cst.Attribute):
+        return func.attr.value
+    if isinstance(func, cst.Name):
+        return func.value
+    return None
+
+
+# -- marking what is not certain -------------------------------------------------------------
+
+
+def names_xla(node: cst.BaseExpression) -> bool:
+    """A literal that names torch_xla's device or backend: "xla", "xla:N" (and "xla:" as a prefix)."""
+    if isinstance(node, cst.SimpleString):
+        value = _string_value(node)
+        return value is not None and (bool(XLA_DEVICE.match(value)) or value == "xla:")
+    if isinstance(node, cst.FormattedString):
+        return is_xla_device_string(node)
+    return False
+
+
+def mark(node: cst.BaseExpression, sc: StatementContext, kind: str = "data") -> None:
+    """TPU004 on the "xla" literals of `node` (itself, or a branch of `a if c else b` / `or`)."""
+    if isinstance(node, cst.IfExp):
+        mark(node.body, sc, kind)
+        mark(node.orelse, sc, kind)
+        return
+    if isinstance(node, cst.BooleanOperation):
+        mark(node.left, sc, kind)
+        mark(node.right, sc, kind)
+        return
+    if not names_xla(node) or not sc.enabled("TPU004"):
+        return
+    shown = f'"{_string_value(node)}"' if isinstance(node, cst.SimpleString) else '"xla:N"'
+    message = _MESSAGES[(kind, sc.file.target)].format(s=shown)
+    sc.needs_manual("TPU004", message, where=_where(sc, node))
+
+
+def _where(sc: StatementContext, node: cst.BaseExpression) -> tuple[int, int]:
+    """The input position of this "xla" literal: the first unconsumed one of the statement that
+    is spelled the same, else the next one."""
+    if isinstance(node, cst.SimpleString):
+        text, lines, strings = node.value, sc.file.source_lines, sc._strings
+        for i, (line, col) in enumerate(strings):
+            if 0 < line <= len(lines) and lines[line - 1][col - 1 :].startswith(text):
+                return strings.pop(i)
+    return sc.consume_string()
+
+
+# -- the hooks ------------------------------------------------------------------------------
+
+
 def device_string_args(call: cst.Call, sc: StatementContext):
-    """`.to("xla")` and `device="xla"` keyword arguments of any call."""
-    if not sc.enabled("TPU002"):
+    """The "xla" arguments of any call: `.to("xla")`, `device="xla"` (and any keyword that says
+    device or backend), argparse defaults, lookups with a default, `torch.amp.autocast("xla")`;
+    `.startswith("xla")` is marked."""
+    if not sc.info.xla_strings:
         return call
+    callee = _callee(call)
+    qualname = sc.resolve(call.func)
+    data_call = callee in _DATA_CALLS
+    option_hint = _argparse_hint(call) if callee == "add_argument" else None
+    lookup_key = _lookup_key_index(call, callee, qualname)
+    positional = _POSITIONAL_DEVICE.get(qualname or "")
     new_args = list(call.args)
-    changed = False
+    positional_index = -1
     for i, arg in enumerate(call.args):
-        is_device_kw = arg.keyword is not None and arg.keyword.value in ("device", "map_location")
-        is_to_arg = (
-            i == 0
-            and arg.keyword is None
-            and isinstance(call.func, cst.Attribute)
-            and call.func.attr.value == "to"
-        )
-        if (is_device_kw or is_to_arg) and is_xla_device_string(arg.value):
-            new_args[i] = arg.with_changes(value=device_value(arg.value, sc))
-            sc.fixed("TPU002", where=sc.consume_string())
-            changed = True
-    return call.with_changes(args=new_args) if changed else call
+        value = arg.value
+        new = value
+        if arg.keyword is None and not arg.star:
+            positional_index += 1
+        keyword = arg.keyword.value if arg.keyword is not None else None
+        if keyword in ("device", "map_location") and not data_call:
+            new = _convert(value, "device", sc, string=False)
+        elif keyword == "default" and option_hint is not None:
+            new = _convert(value, option_hint, sc)
+        elif keyword is not None:
+            # `pin_memory_device=`, `device_type=`, `dist_backend=`: a str keeps its type.
+            hint = hint_of(keyword)
+            if hint is not None:
+                new = _convert(value, hint, sc)
+        elif arg.star:
+            continue
+        elif positional_index == 0 and callee == "to" and isinstance(call.func, cst.Attribute):
+            new = _convert(value, "device", sc, string=False)
+        elif positional_index == 0 and positional is not None:
+            new = _convert(value, "device", sc, string=positional)
+        elif lookup_key is not None and positional_index == lookup_key + 1:
+            hint = _string_hint(call.args[lookup_key].value)
+            if hint is not None and _convertible(value, hint):
+                new = _convert(value, hint, sc)
+            elif hint is None:
+                mark(value, sc)
+        elif positional_index == 0 and callee in ("startswith", "endswith"):
+            mark(value, sc, "compare")
+        if new is not value:
+            new_args[i] = arg.with_changes(value=new)
+    if all(a is b for a, b in zip(new_args, call.args)):
+        return call
+    return call.with_changes(args=new_args)
+
+
+def _argparse_hint(call: cst.Call) -> str | None:
+    """What `parser.add_argument("--device", ...)` / `dest="backend"` holds."""
+    names = [
+        a.value for a in call.args
+        if (a.keyword is None or a.keyword.value == "dest") and isinstance(a.value, cst.SimpleString)
+    ]
+    hints = {hint_of((_string_value(n) or "").lstrip("-")) for n in names} - {None}
+    return hints.pop() if len(hints) == 1 else None
+
+
+def _lookup_key_index(call: cst.Call, callee: str | None, qualname: str | None) -> int | None:
+    """Index of the key argument of a lookup with a default, if `call` is one."""
+    if any(a.keyword is not None or a.star for a in call.args):
+        return None
+    if callee == "getattr" and isinstance(call.func, cst.Name) and len(call.args) == 3:
+        return 1
+    if (callee in _LOOKUP_METHODS and isinstance(call.func, cst.Attribute) or qualname == "os.getenv") and len(
+        call.args
+    ) == 2:
+        return 0
+    return None
 
 
 def device_param_default(param: cst.Param, sc: StatementContext) -> cst.Param:
-    if (
-        param.default is not None
-        and "device" in param.name.value
-        and is_xla_device_string(param.default)
-        and sc.enabled("TPU002")
-    ):
-        sc.fixed("TPU002", where=sc.consume_string())
-        return param.with_changes(default=device_value(param.default, sc))
-    return param
+    """`def f(device="xla")`, `device_type="xla"`, `backend="xla"`."""
+    if param.default is None or not sc.info.xla_strings:
+        return param
+    name = param.name.value
+    hint = hint_of(name)
+    if hint is None:
+        return param
+    string = hint == "device" and "type" in name.lower()
+    default = _convert(param.default, hint, sc, string=string)
+    return param if default is param.default else param.with_changes(default=default)
+
+
+def data_assignment(node, sc: StatementContext):
+    """`device = "xla"`, `args.device = ...`, `config["backend"] = ...`, `device: str = "xla"`."""
+    if node.value is None or not sc.info.xla_strings:
+        return node
+    targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+    hints = {hint_of(_target_name(t)) for t in targets}
+    if len(hints) != 1:
+        return node
+    hint = hints.pop()
+    if hint is None:
+        return node
+    value = _convert(node.value, hint, sc)
+    return node if value is node.value else node.with_changes(value=value)
+
+
+def data_return(node: cst.Return, sc: StatementContext) -> cst.Return:
+    """`return "xla"`: a function answering with a device or backend name; marked."""
+    if node.value is not None and sc.info.xla_strings:
+        mark(node.value, sc)
+    return node
+
+
+def data_element(node: cst.Element, sc: StatementContext) -> cst.Element:
+    """"xla" in a list, tuple or set: `("cpu", "xla")`, `choices=[...]`; marked."""
+    if sc.info.xla_strings:
+        mark(node.value, sc)
+    return node
+
+
+def data_dict_element(node: cst.DictElement, sc: StatementContext) -> cst.DictElement:
+    """A dict value: converted under a key that says device or backend, else marked. Keys
+    (`rng_states = {"xla": ...}`) are names, not devices: left alone."""
+    if not sc.info.xla_strings:
+        return node
+    hint = _string_hint(node.key)
+    if hint is None:
+        mark(node.value, sc)
+        return node
+    value = _convert(node.value, hint, sc)
+    if value is not node.value:
+        return node.with_changes(value=value)
+    if not _convertible(node.value, hint):
+        mark(node.value, sc)
+    return node
 
 
 def device_type_compare(cmp: cst.Comparison, sc: StatementContext):
-    if len(cmp.comparisons) != 1 or not sc.enabled("TPU003"):
+    """`x.device.type == "xla"` (TPU003); other comparisons with "xla" are marked (TPU004);
+    `"XLA_USE_BF16" in os.environ` is a read of torch_xla's variables (TPU140 / TPU141)."""
+    if sc.info.env_string:
+        from tpu_migrate.rewrite.transforms.environment import environment_reads
+
+        environment_reads(cmp, sc)
+    if not sc.info.xla_strings:
+        return cmp
+    converted = _device_type_compare(cmp, sc)
+    if converted is not cmp:
+        return converted
+    for operand in (cmp.left, *(c.comparator for c in cmp.comparisons)):
+        mark(operand, sc, "compare")
+    return cmp
+
+
+def _device_type_compare(cmp: cst.Comparison, sc: StatementContext):
+    if len(cmp.comparisons) != 1:
         return cmp
     target = cmp.comparisons[0]
     if not isinstance(target.operator, (cst.Equal, cst.NotEqual)):
@@ -108,8 +431,10 @@ def device_type_compare(cmp: cst.Comparison, sc: StatementContext):
         string_side = "left"
     else:
         return cmp
-    sc.fixed("TPU003", where=sc.consume_string())
+    if not sc.enabled("TPU003"):
+        return cmp
     string = right if string_side == "right" else left
+    sc.fixed("TPU003", where=_where(sc, string))
     q = quote_of(string)
     if sc.file.target == "tpu":
         new_string = cst.SimpleString(f"{q}tpu{q}")
@@ -143,11 +468,11 @@ def autocast(call: cst.Call, sc: StatementContext):
         return call
     arg = bound["device_type"]
     if not is_xla_device_string(arg.value):
-        return call
-    sc.fixed("TPU002", where=sc.consume_string())
-    if sc.file.target == "tpu":
-        value = device_value(arg.value, sc)
-    else:
-        value = parse_expr("(" + sc.file.plan.fill(PORTABLE_DEVICE) + ").type")
+        value = _convert(arg.value, "device", sc)  # `"xla" if use_tpu else "cpu"`
+        return call if value is arg.value else call.with_changes(
+            args=[a.with_changes(value=value) if a is arg else a for a in call.args]
+        )
+    sc.fixed("TPU002", where=_where(sc, arg.value))
+    value = device_value(arg.value, sc, string=True)
     args = [a.with_changes(value=value) if a is arg else a for a in call.args]
     return call.with_changes(args=args)

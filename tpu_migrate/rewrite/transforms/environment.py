@@ -42,7 +42,8 @@ def memory_info(call, qualname, sc: StatementContext, rule):
 
 
 def _environ_key(node: cst.BaseExpression, sc: StatementContext) -> str | None:
-    """The variable name in `os.environ[NAME]`, `os.environ.get(NAME)`, `os.getenv(NAME)`."""
+    """The variable name in `os.environ[NAME]`, `os.environ.get(NAME)`, `os.getenv(NAME)`,
+    `NAME in os.environ`."""
     from tpu_migrate.rewrite.names import ENV_NAMES
 
     def key_of(expr):
@@ -51,6 +52,15 @@ def _environ_key(node: cst.BaseExpression, sc: StatementContext) -> str | None:
             return value if value in ENV_NAMES else None
         return None
 
+    if isinstance(node, cst.Comparison):
+        # `"XLA_USE_BF16" in os.environ`, `... not in os.environ.keys()`
+        if len(node.comparisons) != 1 or not isinstance(node.comparisons[0].operator, (cst.In, cst.NotIn)):
+            return None
+        container = node.comparisons[0].comparator
+        if isinstance(container, cst.Call) and not container.args and isinstance(container.func, cst.Attribute) \
+                and container.func.attr.value == "keys":
+            container = container.func.value
+        return key_of(node.left) if sc.resolve(container) == "os.environ" else None
     if isinstance(node, cst.Subscript) and sc.resolve(node.value) == "os.environ" and len(node.slice) == 1:
         return key_of(node.slice[0].slice.value) if isinstance(node.slice[0].slice, cst.Index) else None
     if isinstance(node, cst.Call) and node.args:
@@ -80,7 +90,8 @@ def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
 
 
 def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> None:
-    """Reading torch_xla's variables: a manual finding (called on subscripts and calls)."""
+    """Reading torch_xla's variables: a manual finding (called on subscripts, calls and
+    comparisons)."""
     from tpu_migrate.rewrite.names import BF16_ENV
 
     key = _environ_key(node, sc)

@@ -13,12 +13,27 @@ from tpu_migrate.rewrite.transforms.common import (
 )
 
 
+# Names whose presence means the file runs several processes, each holding a shard.
+MULTI_PROCESS = frozenset({
+    "torch_xla.distributed.xla_multiprocessing.spawn",
+    "torch_xla.launch",
+    "optimum.tpu.distributed_model.DistributedModel",
+    "optimum.tpu.DistributedModel",
+})
+
+
 def optimum_auto_model(call, qualname, sc: StatementContext, rule):
     """`AutoModelForCausalLM.from_pretrained(...)` from optimum.tpu (called from leave_Call)."""
     plan = sc.file.plan
     args = [a for a in call.args if not (a.keyword and a.keyword.value in ("task", "batch_size", "sequence_length"))]
     device = '"tpu"' if sc.file.target == "tpu" else plan.fill(PORTABLE_DEVICE)
-    sc.fixed(rule.code, qualname)
+    where = sc.fixed(rule.code, qualname)
+    if sc.file.analysis.qualnames & MULTI_PROCESS and sc.enabled("TPU183"):
+        sc.needs_manual(
+            "TPU183", "Optimum's Gemma/Llama/Mistral classes sharded the weights across the "
+            "launched processes; this loads a full replica on every rank: use "
+            'from_pretrained(..., tp_plan="auto") under torchrun if it does not fit', where=where,
+        )
     loaded = cst.Call(
         func=parse_expr(plan.fill("{transformers}.AutoModelForCausalLM.from_pretrained")),
         args=clean_args(args),

@@ -6,14 +6,19 @@ import ast
 
 import libcst as cst
 
-from tpu_migrate.rewrite.context import StatementContext, parse_stmt
+from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.transforms.common import (
+    atom,
     code,
     bind,
+    fresh_name,
     literal_bool,
     clean_args,
     quote_of,
 )
+
+
+SELECT_LOCAL_DEVICE = "if {torch}.accelerator.is_available():\n    {torch}.accelerator.set_device_index({local_rank})\n"
 
 
 def init_process_group(call: cst.Call, sc: StatementContext):
@@ -27,6 +32,7 @@ def init_process_group(call: cst.Call, sc: StatementContext):
         return call
     sc.consume_string()
     sc.fixed("TPU070", "torch.distributed.init_process_group")
+    plan = sc.file.plan
     method = bound.get("init_method")
     drop_method = (
         method is not None
@@ -46,7 +52,18 @@ def init_process_group(call: cst.Call, sc: StatementContext):
                 q = quote_of(arg.value)
                 arg = arg.with_changes(value=cst.SimpleString(f"{q}tpu_dist{q}"))
         args.append(arg)
-    return call.with_changes(args=clean_args(args))
+    new = call.with_changes(args=clean_args(args))
+    if sc.file.target == "portable" and not sc.file.plans.workers and sc.can_prefix:
+        # torchrun and friends start one process per accelerator: each must use its own
+        # (an index-less device is the current one, 0 unless set; NCCL refuses duplicates).
+        sc.before.append(parse_stmt(SELECT_LOCAL_DEVICE.format(
+            torch=plan.use("torch"), os=plan.use("os"), local_rank='int({os}.environ.get("LOCAL_RANK", 0))'
+        ).format(os=plan.use("os"))))
+    if sc.file.plans.workers and not sc.file.plans.other_inits:
+        # The launcher's worker already joined the group; the program's own call (often on one
+        # path only) runs where no launcher of this file made one, e.g. under torchrun.
+        return parse_expr(f"{code(new)} if not {plan.use('dist')}.is_initialized() else None")
+    return new
 
 
 
@@ -69,66 +86,136 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
     )
     bound = bind(call, params) or {}
     plan = sc.file.plan
+    where = sc.fixed(rule.code, qualname)
+    if plans.other_inits:
+        sc.needs_manual(
+            rule.code,
+            "the program creates its own process group (another backend, or one not known "
+            "here), so the worker gets none from the launcher: where it creates none, rank and "
+            "world size now answer 0 and 1; create it on every path of the worker",
+            where=where,
+        )
+    if _forked_without_main_guard(bound, sc):
+        sc.needs_manual(
+            rule.code,
+            "start_method='fork' became spawn: each worker re-runs this module on import; put "
+            "the launch under `if __name__ == \"__main__\":`",
+            where=where,
+        )
+    fn = code(bound["fn"].value)
+    args = bound["args"].value if "args" in bound else None
+    os_name = plan.use("os")
+    dist = plan.use("dist")
+    call_args = _spread(args)
+    # torchrun started this process as one of the workers: torch_xla.launch called fn itself.
+    lines = [f"if {dist}.is_torchelastic_launched():",
+             f'    {fn}(int({os_name}.environ["LOCAL_RANK"]){call_args})']
+    rendezvous = [f'{os_name}.environ.setdefault("MASTER_ADDR", "127.0.0.1")',
+                  f'{os_name}.environ.setdefault("MASTER_PORT", "29500")']
+    single = _single_process(bound, launch)
+    if single is not None:
+        # torch_xla ran fn(0, *args) in this process (nprocs=1, debug_single_process=True).
+        in_process = [*rendezvous, f'{os_name}.environ["WORLD_SIZE"] = "1"',
+                      *_launch_env("1", sc), f"{fn}(0{call_args})"]
+        if single == "always":
+            return [parse_stmt("\n".join(lines + ["else:"] + _indent(in_process)) + "\n")]
+        lines += [f"elif {single}:", *_indent(in_process)]
+    count = _process_count(bound, sc)
+    spawned = []
+    if not count.isdigit():
+        name = fresh_name(sc, "nprocs")
+        spawned.append(f"{name} = {count}")
+        count = name
+    spawned += [*rendezvous, f'{os_name}.environ["WORLD_SIZE"] = str({count})', *_launch_env(count, sc),
+               plan.fill("{torch}.multiprocessing.spawn")
+               + f"({fn}{', args=' + code(args) if args is not None else ''}, nprocs={count})"]
+    lines += ["else:", *_indent(spawned)]
+    return [parse_stmt("\n".join(lines) + "\n")]
+
+
+def _spread(args: cst.BaseExpression | None) -> str:
+    """`, a, b` for `args=(a, b)`; `, *args` for anything else."""
+    if args is None:
+        return ""
+    if isinstance(args, cst.Tuple) and all(isinstance(e, cst.Element) for e in args.elements):
+        return "".join(f", {code(e.value)}" for e in args.elements)
+    return f", *{atom(args)}"
+
+
+def _indent(lines: list[str]) -> list[str]:
+    return ["    " + line for block in lines for line in block.split("\n")]
+
+
+def _single_process(bound: dict, launch: bool) -> str | None:
+    """"always", a condition (code) under which torch_xla ran the worker in this process, or
+    None when it always spawned."""
+    if launch:
+        arg = bound.get("debug_single_process")
+        if arg is None:
+            return None
+        literal = literal_bool(arg, False)
+        if literal is not None:
+            return "always" if literal else None
+        return code(arg.value.with_changes(lpar=[], rpar=[]))
     nprocs = bound.get("nprocs")
-    every_device = plan.fill(
+    if nprocs is not None and isinstance(nprocs.value, cst.Integer) and nprocs.value.evaluated_value == 1:
+        return "always"
+    return None
+
+
+def _process_count(bound: dict, sc: StatementContext) -> str:
+    every_device = sc.file.plan.fill(
         "{torch}.accelerator.device_count()"
         if sc.file.target == "tpu"
         else "max({torch}.accelerator.device_count(), 1)"
     )
-    if launch and literal_bool(bound.get("debug_single_process"), False):
-        count = "1"
-    elif nprocs is None or (isinstance(nprocs.value, cst.Name) and nprocs.value.value == "None"):
-        count = every_device
-    elif isinstance(nprocs.value, cst.Integer):
-        count = nprocs.value.value
-    else:
-        count = f"({code(nprocs.value)} or {every_device})"  # xmp.spawn took None: every device
-    sc.fixed(rule.code, qualname)
-    fn = code(bound["fn"].value)
-    args = f", args={code(bound['args'].value)}" if "args" in bound else ""
-    os_name = plan.use("os")
-    lines = [
-        f'{os_name}.environ.setdefault("MASTER_ADDR", "127.0.0.1")',
-        f'{os_name}.environ.setdefault("MASTER_PORT", "29500")',
-        f'{os_name}.environ["WORLD_SIZE"] = str({count})',
-    ]
+    nprocs = bound.get("nprocs")
+    if nprocs is None or (isinstance(nprocs.value, cst.Name) and nprocs.value.value == "None"):
+        return every_device
+    if isinstance(nprocs.value, cst.Integer):
+        return nprocs.value.value
+    return f"{atom(nprocs.value)} or {every_device}"  # xmp.spawn took None: every device
+
+
+def _launch_env(count: str, sc: StatementContext) -> list[str]:
+    """TorchTPU's launch variables, computed once in the parent (a no-op off TPU hosts for
+    the portable target, which tests for a TPU first)."""
+    plan = sc.file.plan
+    call = plan.fill("{torch}.tpu.distributed.set_tpu_launch_env") + f"(nproc_per_node={count})"
     if sc.file.target == "tpu":
-        lines.append(plan.fill("{torch}.tpu.distributed.set_tpu_launch_env") + f"(nproc_per_node={count})")
-    lines.append(plan.fill("{torch}.multiprocessing.spawn") + f"({fn}{args}, nprocs={count})")
-    if not launch:
-        return [parse_stmt(line + "\n") for line in lines]
-    # torch_xla.launch under torchrun called fn(LOCAL_RANK, *args) in the current process.
-    call_args = f", *{code(bound['args'].value)}" if "args" in bound else ""
-    direct = f'{fn}(int({os_name}.environ["LOCAL_RANK"]){call_args})'
-    spawn = "\n".join("    " + line for line in lines)
-    return [parse_stmt(
-        plan.fill("if {dist}.is_torchelastic_launched():") + f"\n    {direct}\nelse:\n{spawn}\n"
-    )]
+        return [call]
+    test = plan.fill(
+        '{torch}.accelerator.is_available() and {torch}.accelerator.current_accelerator().type == "tpu"'
+    )
+    return [f"if {test}:\n    {call}"]
+
+
+def _forked_without_main_guard(bound: dict, sc: StatementContext) -> bool:
+    method = bound.get("start_method")
+    if method is None or not isinstance(method.value, cst.SimpleString) or method.value.evaluated_value != "fork":
+        return False
+    return not sc.file.plans.under_main_guard(sc.info.node)
 
 
 def setup_worker(func: cst.FunctionDef, node: ast.FunctionDef, file) -> cst.FunctionDef:
-    """Start a spawned worker with its rank and the process group."""
+    """Start a spawned worker with its rank and the process group, as torch_xla's runtime
+    gave every worker its rank and world size whether or not the program made a group."""
     params = [*func.params.posonly_params, *func.params.params]
     index = params[0].name.value
     plan = file.plan
-    os_name = plan.use("os")
-    lines = [f'{os_name}.environ["RANK"] = {os_name}.environ["LOCAL_RANK"] = str({index})']
-    # The program's own init anywhere in the file (often in a function the worker calls, maybe
-    # only on one path) would raise "initialize the default process group twice" after ours.
-    if not _calls_init_process_group(file.analysis.tree):
+    os_name, dist = plan.use("os"), plan.use("dist")
+    # Under torchrun the launcher set RANK (the global rank, on several hosts) and LOCAL_RANK.
+    lines = [f"if not {dist}.is_torchelastic_launched():\n"
+             f'    {os_name}.environ["RANK"] = {os_name}.environ["LOCAL_RANK"] = str({index})']
+    if file.target == "portable":
+        # One accelerator per process: each rank's index-less device is its own one.
+        lines.append(SELECT_LOCAL_DEVICE.format(
+            torch=plan.use("torch"), os=os_name, local_rank=f'int({os_name}.environ["LOCAL_RANK"])'
+        ).rstrip("\n"))
+    if not file.plans.other_inits and func.name.value not in file.plans.self_initializing:
         backend = '"tpu_dist"' if file.target == "tpu" else ""
-        lines.append(plan.fill("{dist}.init_process_group") + f"({backend})")
+        lines.append(f"{dist}.init_process_group({backend})")
     return insert_at_body_start(func, [parse_stmt(line + "\n") for line in lines])
-
-
-def _calls_init_process_group(node: ast.AST) -> bool:
-    for sub in ast.walk(node):
-        if isinstance(sub, ast.Call):
-            func = sub.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if name == "init_process_group":
-                return True
-    return False
 
 
 def insert_at_body_start(stmt, new: list[cst.BaseStatement]):

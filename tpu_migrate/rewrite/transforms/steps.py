@@ -18,8 +18,12 @@ from tpu_migrate.rewrite.transforms.common import (
     bind,
     literal_bool,
     clean_args,
+    given,
     if_block,
+    is_xla,
+    parse_block,
 )
+from tpu_migrate.rewrite.transforms.collectives import average_gradients
 
 
 def remove_step_marker(call, qualname, sc: StatementContext, rule):
@@ -85,34 +89,51 @@ def master_print_statement(call, qualname, sc: StatementContext, rule, plans):
 
 
 
-def optimizer_step(call, qualname, sc: StatementContext, rule):
+def _optimizer_step_parts(call, qualname, sc: StatementContext, rule):
+    """(optimizer expression, `optimizer.step(...)` call), or None after a manual finding."""
     bound = bind(call, ["optimizer", "barrier", "optimizer_args", "groups", "pin_layout"])
-    if bound is None or "optimizer" not in bound:
-        sc.needs_manual(rule.code, "cannot read the optimizer argument", qualname)
-        return call
-    where = sc.fixed(rule.code, qualname)
+    if bound is None or "optimizer" not in bound or given(bound, "groups"):
+        sc.needs_manual(rule.code, "cannot read the optimizer argument (or groups= is given)", qualname)
+        return None
     step_args = []
     if "optimizer_args" in bound:
         step_args = [cst.Arg(bound["optimizer_args"].value, star="**")]
     optimizer = bound["optimizer"].value
     if not isinstance(optimizer, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
         optimizer = optimizer.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    # Also when the file uses DDP elsewhere: xm.optimizer_step next to DDP is usually the path
-    # without it (`if ddp: optimizer.step() else: xm.optimizer_step(optimizer)`), which would
-    # now step each replica with its own gradients, silently.
-    if sc.enabled("TPU031") and not _ddp_on_every_path(sc):
+    return optimizer, cst.Call(func=cst.Attribute(value=optimizer, attr=cst.Name("step")), args=step_args)
+
+
+def optimizer_step(call, qualname, sc: StatementContext, rule):
+    """`xm.optimizer_step(opt)` inside a larger expression: the all-reduce cannot go before
+    it, so it is only converted where DDP already averages the gradients."""
+    if not _ddp_on_every_path(sc):
         sc.needs_manual(
-            "TPU031",
-            "xm.optimizer_step all-reduced gradients across replicas; "
-            + ("make sure the model is wrapped in DistributedDataParallel on the path that reaches "
-               "this step too, or that it runs as one process" if sc.file.analysis.has_ddp else
-               "wrap the model in torch.nn.parallel.DistributedDataParallel or confirm this runs "
-               "as one process"),
-            where=where,
+            "TPU031", "xm.optimizer_step all-reduced gradients across replicas; call it as a "
+            "statement (or `x = xm.optimizer_step(...)`) so the all-reduce can be kept, or wrap "
+            "the model in torch.nn.parallel.DistributedDataParallel", qualname,
         )
-    return cst.Call(func=cst.Attribute(value=optimizer, attr=cst.Name("step")), args=step_args)
+        return call
+    parts = _optimizer_step_parts(call, qualname, sc, rule)
+    if parts is None:
+        return call
+    sc.fixed(rule.code, qualname)
+    return parts[1]
 
 
+def optimizer_step_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
+    """`xm.optimizer_step(opt)` averaged the gradients over the replicas, then stepped: keep
+    both (DDP, where it wraps the model on every path, already averaged them)."""
+    parts = _optimizer_step_parts(call, qualname, sc, rule)
+    if parts is None:
+        return None
+    optimizer, step = parts
+    sc.fixed(rule.code, qualname)
+    stepped = cst.Expr(step) if assign is None else assign.with_changes(value=step)
+    lines = [] if _ddp_on_every_path(sc) else average_gradients(atom(optimizer), sc)
+    return [*parse_block(lines), cst.SimpleStatementLine(body=[stepped])] if lines else [
+        cst.SimpleStatementLine(body=[stepped])
+    ]
 
 
 def _ddp_on_every_path(sc: StatementContext) -> bool:
@@ -142,10 +163,12 @@ def xla_save_statement(call, qualname, sc: StatementContext, rule, plans):
     plan = sc.file.plan
     tree = plan.fill(TO_CPU, obj=code(bound["data"].value))
     save = plan.fill("{torch}.save") + f"({tree}, {code(bound['file_or_path'].value)})"
+    # xm.save ended with a rendezvous: no rank reads the file before it is written.
+    barrier = plan.fill("if {dist}.is_initialized():\n    {dist}.barrier()\n")
     if not master_only:
-        return [parse_stmt(save + "\n")]
+        return [parse_stmt(save + "\n"), parse_stmt(barrier)]
     condition = plan.fill(GLOBAL_RANK + " == 0" if global_master else LOCAL_MASTER)
-    return [parse_stmt(f"if {condition}:\n    {save}\n")]
+    return [parse_stmt(f"if {condition}:\n    {save}\n"), parse_stmt(barrier)]
 
 
 
@@ -192,6 +215,12 @@ def step_closure(call, qualname, sc: StatementContext, rule):
     bound = bind(call, ["closure", "args", "run_async"])
     if bound is None or "closure" not in bound:
         sc.needs_manual(rule.code, "cannot read the arguments of xm.add_step_closure", qualname)
+        return call
+    closure = sc.resolve(bound["closure"].value)
+    if closure is not None and is_xla(closure):
+        # Calling it directly would write a new torch_xla call: both stay for a human.
+        sc.needs_manual(rule.code, f"the closure `{code(bound['closure'].value)}` is torch_xla's own: "
+                        "replace it, then call it directly", qualname)
         return call
     arguments = bound.get("args")
     if arguments is None:
