@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,6 +167,207 @@ def differential(program: Path, args: list[str] = ()) -> Comparison:
         return compare(program.name, original, migrated)
 
 
+# --- Multi-process differential runs (fixtures/programs/multiprocess/) -------------------------
+#
+# Each program there prints its records (`@step` / `@final`) on the master only, and the numbers
+# do not depend on the world size (a fixed global batch, equal contiguous slices per rank,
+# averaged gradients, an all-reduced loss). So the original at world size 1 on XLA:CPU (torch_xla
+# runs only one CPU process here) is the reference for the migrated program at any world size:
+# under torchrun with 2 processes, as plain `python` (world size 1), or with 2 processes it
+# starts itself. Each record must appear exactly once: a rank that wrongly believes it is rank 0
+# prints a second copy, a rank that believes it is alone computes different numbers.
+
+MP_PROGRAMS = PROGRAMS / "multiprocess"
+MP_TIMEOUT = 150  # seconds per run; a hung rendezvous fails the run instead of the whole suite
+PROC = re.compile(r"@proc (\{[^{}]*\})")
+_LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                       "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "CPU_NUM_DEVICES")
+
+FAKE_ACCELERATORS = '''"""Differential runs: pretend that the host has {n} accelerators (only their count).
+
+torch.accelerator.device_count() answers {n}; nothing else changes: there is no accelerator, so
+the program computes on the CPU. A launcher that starts one process per device (xmp.spawn
+without nprocs, torch_xla.launch) then starts {n} processes, as it would on a host with {n} TPUs.
+"""
+import torch.accelerator
+
+torch.accelerator.device_count = lambda: {n}
+'''
+
+
+_LIVE: set[int] = set()  # sessions (process groups) of the runs in progress
+_LIVE_LOCK = threading.Lock()
+
+
+def _mp_env(extra: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in _env({}).items()
+           if k not in _LAUNCHER_VARIABLES and not k.startswith(("TORCHELASTIC_", "TORCH_ELASTIC_"))}
+    env.update(extra)
+    return env
+
+
+def run_bounded(path: Path, env: dict[str, str], args: list[str] = (), launcher: list[str] | None = None,
+                timeout: float = MP_TIMEOUT) -> Run:
+    """run_program for programs that start processes: in a session of its own, so that a run
+    past its time is killed with all its processes (torchrun's workers, spawned children)."""
+    import signal
+
+    command = [*(launcher or [sys.executable]), str(path.resolve()), *args]
+    with tempfile.TemporaryDirectory(prefix="tpu-migrate-run-") as tmp:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**env, "TMPDIR": tmp}, cwd=path.parent, start_new_session=True)
+        with _LIVE_LOCK:
+            _LIVE.add(proc.pid)
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+            returncode = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            stderr += f"\n[differential] killed after {timeout:.0f} s: {' '.join(command)}"
+            returncode = -signal.SIGKILL
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(proc.pid)
+            try:  # whatever the launcher left behind in its session
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+    records = []
+    for tag, payload in RECORD.findall(stdout):
+        record = json.loads(payload)
+        record["@"] = tag
+        records.append(record)
+    return Run(returncode, records, stdout + stderr)
+
+
+def kill_running_runs() -> None:
+    """Kill every run_bounded run still going (a test session that stops early)."""
+    import signal
+
+    with _LIVE_LOCK:
+        sessions = list(_LIVE)
+    for pid in sessions:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def run_original_mp(path: Path, args: list[str] = ()) -> Run:
+    """The torch_xla program on XLA:CPU: one process (world size 1)."""
+    return run_bounded(path, _mp_env({"PJRT_DEVICE": "CPU"}), args)
+
+
+def migrate_many(paths: list[Path], workdir: Path, target: str = "portable",
+                 rules_dir: Path | None = None) -> dict[str, Path]:
+    """Copy the programs into workdir and rewrite them with one CLI run; {name: copy}. The rules
+    directory is passed explicitly (not through os.environ), so concurrent runs do not mix."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    copies = {}
+    for path in paths:
+        copies[path.name] = workdir / path.name
+        shutil.copyfile(path, copies[path.name])
+    env = {k: v for k, v in os.environ.items() if k != "TPU_MIGRATE_RULES_DIR"}
+    env["PYTHONPATH"] = str(ROOT)
+    if rules_dir is not None:
+        env["TPU_MIGRATE_RULES_DIR"] = str(rules_dir)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpu_migrate", "rewrite", "--target", target, "--jobs", "1",
+         *map(str, copies.values())],
+        capture_output=True, text=True, env=env, timeout=TIMEOUT,
+    )
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"tpu-migrate failed: {proc.stdout}\n{proc.stderr}")
+    return copies
+
+
+def torchrun(nprocs: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nprocs),
+            "--master_port", str(free_port()), "--monitor_interval", "0.1"]
+
+
+def fake_accelerators_dir(workdir: Path, count: int) -> Path:
+    """A directory whose sitecustomize.py makes torch.accelerator.device_count() answer count."""
+    fake = workdir / f"fake-accelerators-{count}"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "sitecustomize.py").write_text(FAKE_ACCELERATORS.format(n=count))
+    return fake
+
+
+def run_migrated_mp(copy: Path, workdir: Path, args: list[str] = (), launcher: list[str] | None = None,
+                    fake_accelerators: int | None = None) -> Run:
+    """The migrated program with torch_xla blocked: under `launcher` (torchrun) or plain python,
+    optionally on a host that pretends to have `fake_accelerators` devices."""
+    path = [str(blocker_dir(workdir))]
+    if fake_accelerators is not None:
+        path.append(str(fake_accelerators_dir(workdir, fake_accelerators)))
+    env = _mp_env({"PYTHONPATH": os.pathsep.join(path), "MASTER_PORT": str(free_port())})
+    return run_bounded(copy, env, args, launcher)
+
+
+def process_count(run: Run) -> int:
+    """How many `@proc` lines the run printed (programs print one per process)."""
+    return len(PROC.findall(run.output))
+
+
+def _identity(record: dict) -> tuple:
+    """What names a record: its tag, its keys and its non-float values (step, epoch, what)."""
+    return tuple(sorted((key, None if isinstance(value, float) else json.dumps(value))
+                        for key, value in record.items()))
+
+
+def compare_exactly_once(program: str, original: Run, migrated: Run) -> Comparison:
+    """Every record of the original appears in the migrated output exactly once, in the same
+    order, with the same non-float values and floats within the tolerance; nothing else."""
+    rtol, atol = TOLERANCES.get(program, DEFAULT_TOLERANCE)
+    result = Comparison(program, ok=True)
+    problems = result.problems
+    if original.returncode != 0:
+        problems.append(f"original exited {original.returncode}:\n{original.output[-3000:]}")
+    if migrated.returncode != 0:
+        problems.append(f"migrated exited {migrated.returncode}:\n{migrated.output[-3000:]}")
+    if not any(r["@"] == "@step" for r in original.records):
+        problems.append("the original printed no @step line")
+    wanted = [_identity(r) for r in original.records]
+    if len(set(wanted)) != len(wanted):
+        problems.append("the original printed a record twice: the program is not a valid fixture")
+    found: dict[tuple, list[dict]] = {}
+    for record in migrated.records:
+        found.setdefault(_identity(record), []).append(record)
+    for record, key in zip(original.records, wanted):
+        shown = {k: v for k, v in record.items() if k != "@"}
+        copies = found.get(key, [])
+        if not copies:
+            problems.append(f"missing: {record['@']} {json.dumps(shown)}")
+            continue
+        if len(copies) > 1:
+            problems.append(f"printed {len(copies)} times (expected once): {record['@']} {json.dumps(shown)}")
+        for copy in copies:
+            for name, value in record.items():
+                if isinstance(value, float):
+                    other = copy[name]
+                    diff = abs(value - other)
+                    result.max_abs = max(result.max_abs, diff)
+                    result.max_rel = max(result.max_rel, diff / max(abs(value), 1e-12))
+                    if not math.isclose(value, other, rel_tol=rtol, abs_tol=atol):
+                        problems.append(f"{record['@']} {json.dumps(shown)}: {name} {value!r} vs {other!r}")
+    for key, copies in found.items():
+        if key not in wanted:
+            shown = {k: v for k, v in copies[0].items() if k != "@"}
+            problems.append(f"unexpected ({len(copies)}x): {copies[0]['@']} {json.dumps(shown)}")
+    if not problems:
+        order = list(dict.fromkeys(_identity(r) for r in migrated.records))
+        if order != wanted:
+            problems.append("the records are printed in another order")
+    if problems and migrated.returncode == 0:
+        problems.append(f"migrated output (tail):\n{migrated.output[-2000:]}")
+    result.steps = sum(r["@"] == "@step" for r in original.records)
+    result.ok = not problems
+    return result
+
+
 def main(argv: list[str]) -> int:
     programs = [Path(p) for p in argv] or sorted(PROGRAMS.glob("p*.py"))
     failures = 0
@@ -182,3 +384,4 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+

@@ -1,0 +1,217 @@
+"""Multi-process differential tests: each torch_xla program in fixtures/programs/multiprocess/
+covers one launch or rank idiom (xmp.spawn, torch_xla.launch, a conditional process group,
+xm.optimizer_step, xm.save, rank-gated logging, DistributedSampler, rendezvous / mesh_reduce).
+
+The original runs at world size 1 on XLA:CPU (torch_xla runs only one CPU process here); its
+records do not depend on the world size (see the programs' docstrings), so the migrated program
+(--target portable, torch_xla blocked, gloo on the CPU) must print the same records, each exactly
+once and with the same numbers, when it runs
+
+- `python`: plain, one process;
+- `torchrun2`: under `torchrun --nproc_per_node 2`;
+- `nprocs2`: with 2 processes it starts itself, where a flag sets the process count;
+- `fake2`: plain `python` on a host that reports 2 accelerators (torch.accelerator.device_count()
+  answers 2, see differential.FAKE_ACCELERATORS), where the launcher starts one process per
+  device: xmp.spawn without nprocs, torch_xla.launch.
+
+The runs are independent, so they go through a small thread pool started when the module's
+first test needs it (only the runs of the selected tests). TPU_MIGRATE_DIFF_JOBS sets its size.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import differential as harness
+from conftest import ROOT
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    args: tuple[str, ...] = ()          # added to the case's arguments
+    torchrun: bool = False
+    fake_accelerators: int | None = None
+    processes: int | None = None        # `@proc` lines expected, for programs that print them
+
+
+PYTHON = Mode("python")
+TORCHRUN2 = Mode("torchrun2", torchrun=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    program: str
+    args: tuple[str, ...] = ()
+    extra_modes: tuple[Mode, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return Path(self.program).stem + "".join("-" + arg.lstrip("-") for arg in self.args)
+
+
+CASES = [
+    Case("m01_spawn_all_devices.py", extra_modes=(Mode("fake2", fake_accelerators=2),)),
+    Case("m02_spawn_nprocs_flag.py", extra_modes=(Mode("nprocs2", args=("--nprocs", "2")),)),
+    Case("m03_launch_debug_single_process.py", args=("--num_cores", "1"), extra_modes=(
+        # debug_single_process=True: one process, however many devices there are.
+        Mode("fake2", fake_accelerators=2, processes=1),
+        # --num_cores 8: debug_single_process=False, one process per device.
+        Mode("fake2-all-devices", args=("--num_cores", "8"), fake_accelerators=2, processes=2),
+    )),
+    Case("m04_conditional_process_group.py"),
+    Case("m04_conditional_process_group.py", args=("--ddp",)),
+    Case("m05_optimizer_step_no_ddp.py"),
+    Case("m06_save_rendezvous_reload.py"),
+    Case("m07_rank_gated_logging.py"),
+    Case("m08_sampler_device_loader.py"),
+    Case("m09_rendezvous_mesh_reduce.py"),
+]
+PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
+PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]
+
+
+class Runs:
+    """Runs the originals and the migrated programs in a thread pool; futures by key."""
+
+    def __init__(self, workdir: Path, jobs: int):
+        self.workdir = workdir
+        self.pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="differential")
+        self.lock = threading.Lock()
+        self.futures: dict[tuple, Future] = {}
+        self.serial = 0
+        programs = sorted({case.program for case in CASES})
+        self.copies = harness.migrate_many([harness.MP_PROGRAMS / p for p in programs], workdir / "migrated")
+
+    def _submit(self, key: tuple, fn, *args, **kwargs) -> Future:
+        with self.lock:
+            if key not in self.futures:
+                self.futures[key] = self.pool.submit(fn, *args, **kwargs)
+            return self.futures[key]
+
+    def original(self, case: Case) -> Future:
+        return self._submit(("original", case), harness.run_original_mp, harness.MP_PROGRAMS / case.program,
+                            list(case.args))
+
+    def migrated(self, case: Case, mode: Mode, copy: Path | None = None) -> Future:
+        copy = copy or self.copies[case.program]
+        return self._submit(("migrated", case, mode, copy), self._run_migrated, case, mode, copy)
+
+    def _run_migrated(self, case: Case, mode: Mode, copy: Path) -> harness.Run:
+        with self.lock:
+            self.serial += 1
+            run_dir = self.workdir / "runs" / f"{self.serial}-{case.id}-{mode.name}"
+        run_dir.mkdir(parents=True)
+        launcher = harness.torchrun(2) if mode.torchrun else None
+        return harness.run_migrated_mp(copy, run_dir, [*case.args, *mode.args], launcher=launcher,
+                                       fake_accelerators=mode.fake_accelerators)
+
+    def close(self):
+        """No test needs a run any more: drop the queued ones, kill those still going."""
+        for future in self.futures.values():
+            future.cancel()
+        harness.kill_running_runs()
+        self.pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    jobs = int(os.environ.get("TPU_MIGRATE_DIFF_JOBS", "0")) or min(4, (os.cpu_count() or 2) + 1)
+    runs = Runs(tmp_path_factory.mktemp("multiprocess-differential"), jobs)
+    # Start every selected run of this module now, originals (the longest) first.
+    selected = [item.callspec.params["case_mode"] for item in request.session.items
+                if item.module is request.module and hasattr(item, "callspec")
+                and "case_mode" in item.callspec.params]
+    for case in dict.fromkeys(case for case, _ in selected):
+        runs.original(case)
+    for case, mode in selected:
+        runs.migrated(case, mode)
+    yield runs
+    runs.close()
+
+
+@pytest.mark.parametrize("case_mode", PARAMS, ids=[f"{case.id}-{mode.name}" for case, mode in PARAMS])
+def test_migrated_program_prints_the_same_records_once(runs, case_mode):
+    case, mode = case_mode
+    original = runs.original(case).result()
+    migrated = runs.migrated(case, mode).result()
+    result = harness.compare_exactly_once(case.program, original, migrated)
+    assert result.ok, "\n".join(result.problems)
+    expected = mode.processes or PROCESS_COUNTS.get(case.program, {}).get(mode.name)
+    if expected is not None:
+        assert harness.process_count(migrated) == expected, (
+            f"{harness.process_count(migrated)} processes ran the worker, expected {expected}:\n"
+            + migrated.output[-2000:])
+
+
+def test_every_multiprocess_program_is_tested():
+    programs = sorted(p.name for p in harness.MP_PROGRAMS.glob("m*.py"))
+    assert len(programs) >= 8
+    assert programs == sorted({case.program for case in CASES})
+
+
+def _break_rule(rules: Path, code: str, value: str):
+    """Make rule `code` replace its match by `value` in both targets (a deliberate bug)."""
+    path = next(p for p in rules.glob("*.toml") if f'code = "{code}"' in p.read_text())
+    text = path.read_text()
+    start = text.index(f'code = "{code}"')
+    end = text.find("[[rule]]", start)
+    end = len(text) if end < 0 else end
+    block = re.sub(r"^transform = .*\n", "", text[start:end], flags=re.M)
+    block = re.sub(r"^\[rule\.replace\]\n(?:(?:tpu|portable) = .*\n)*", "", block, flags=re.M)
+    block = block.rstrip("\n") + f'\n\n[rule.replace]\ntpu = "{value}"\nportable = "{value}"\n\n'
+    path.write_text(text[:start] + block + text[end:])
+
+
+def test_a_broken_rank_rule_is_caught(runs, tmp_path):
+    """TPU021 (`xr.global_ordinal()`) answering 0 and TPU020 (`xr.world_size()`) answering 1:
+    under torchrun both processes believe they are rank 0 of 1, train on the whole batch and sum
+    each other's gradients; `if xr.global_ordinal() == 0:` prints on both. The comparison must
+    report the duplicate record and the changed numbers."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    _break_rule(rules, "TPU021", "0")
+    _break_rule(rules, "TPU020", "1")
+    case = next(c for c in CASES if c.program == "m07_rank_gated_logging.py")
+    copy = harness.migrate_many([harness.MP_PROGRAMS / case.program], tmp_path / "broken", rules_dir=rules)[case.program]
+    assert copy.read_text() != runs.copies[case.program].read_text(), "the mutation changed nothing"
+    broken = runs.migrated(case, TORCHRUN2, copy=copy).result()
+    result = harness.compare_exactly_once(case.program, runs.original(case).result(), broken)
+    assert not result.ok
+    assert broken.returncode == 0, broken.output[-3000:]  # it runs: only the comparison can tell
+    assert any(p.startswith("printed 2 times") and '"eval"' in p for p in result.problems), result.problems
+    assert any(re.match(r'@step \{"step": \d+, "loss": [^}]*\}: loss ', p) for p in result.problems), result.problems
+
+
+def test_a_dropped_gradient_all_reduce_is_caught(runs, tmp_path):
+    """TPU030 writing a bare `optimizer.step()` (what it did before it kept xm.optimizer_step's
+    all-reduce): at one process nothing changes, so only the 2-process run can tell, where each
+    replica steps with the gradients of its own slice and the averaged loss drifts."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    core = rules / "core.toml"
+    text = core.read_text()
+    start = text.index('code = "TPU030"')
+    end = text.index("[[rule]]", start)
+    block = text[start:end].replace('transform = "optimizer_step"\n', 'params = ["optimizer"]\n')
+    block = block.rstrip("\n") + '\n\n[rule.replace]\ntpu = "{optimizer_atom}.step()"\nportable = "{optimizer_atom}.step()"\n\n'
+    core.write_text(text[:start] + block + text[end:])
+    case = next(c for c in CASES if c.program == "m05_optimizer_step_no_ddp.py")
+    copy = harness.migrate_many([harness.MP_PROGRAMS / case.program], tmp_path / "broken", rules_dir=rules)[case.program]
+    assert "param.grad" not in copy.read_text() and "optimizer.step()" in copy.read_text()
+    original = runs.original(case).result()
+    single = runs.migrated(case, PYTHON, copy=copy).result()
+    assert harness.compare_exactly_once(case.program, original, single).ok  # one process: the same
+    broken = runs.migrated(case, TORCHRUN2, copy=copy).result()
+    result = harness.compare_exactly_once(case.program, original, broken)
+    assert broken.returncode == 0, broken.output[-3000:]
+    assert not result.ok
+    assert any(": loss " in p for p in result.problems), result.problems
