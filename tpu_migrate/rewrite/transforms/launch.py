@@ -7,6 +7,7 @@ import ast
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
+from tpu_migrate.rewrite.transforms.device import device_string_args
 from tpu_migrate.rewrite.transforms.common import (
     atom,
     code,
@@ -27,7 +28,8 @@ def init_process_group(call: cst.Call, sc: StatementContext):
         return call
     backend = bound["backend"]
     if not (isinstance(backend.value, cst.SimpleString) and backend.value.evaluated_value == "xla"):
-        return call
+        # `backend=args.backend or "xla"`: its "xla" strings, like any backend keyword's (TPU005)
+        return device_string_args(call, sc)
     if not sc.enabled("TPU070"):
         return call
     sc.consume_string()
@@ -56,9 +58,10 @@ def init_process_group(call: cst.Call, sc: StatementContext):
     if sc.file.target == "portable" and not sc.file.plans.workers and sc.can_prefix:
         # torchrun and friends start one process per accelerator: each must use its own
         # (an index-less device is the current one, 0 unless set; NCCL refuses duplicates).
+        os_name = plan.use("os")
         sc.before.append(parse_stmt(SELECT_LOCAL_DEVICE.format(
-            torch=plan.use("torch"), os=plan.use("os"), local_rank='int({os}.environ.get("LOCAL_RANK", 0))'
-        ).format(os=plan.use("os"))))
+            torch=plan.use("torch"), local_rank=f'int({os_name}.environ.get("LOCAL_RANK", 0))'
+        )))
     if sc.file.plans.workers and not sc.file.plans.other_inits:
         # The launcher's worker already joined the group; the program's own call (often on one
         # path only) runs where no launcher of this file made one, e.g. under torchrun.
@@ -210,7 +213,7 @@ def setup_worker(func: cst.FunctionDef, node: ast.FunctionDef, file) -> cst.Func
     if file.target == "portable":
         # One accelerator per process: each rank's index-less device is its own one.
         lines.append(SELECT_LOCAL_DEVICE.format(
-            torch=plan.use("torch"), os=os_name, local_rank=f'int({os_name}.environ["LOCAL_RANK"])'
+            torch=plan.use("torch"), local_rank=f'int({os_name}.environ["LOCAL_RANK"])'
         ).rstrip("\n"))
     if not file.plans.other_inits and func.name.value not in file.plans.self_initializing:
         backend = '"tpu_dist"' if file.target == "tpu" else ""
