@@ -71,10 +71,7 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
         )
         plans.main_guarded = _main_guarded(analysis.tree)
         for name in plans.workers:
-            body = analysis.functions[name].body
-            if any(isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-                   and stmt.value in init_process_group_calls(stmt) and is_xla_backend_init(stmt.value)
-                   for stmt in body):
+            if any(_starts_xla_group(stmt) for stmt in analysis.functions[name].body):
                 plans.self_initializing.add(name)
     return plans
 
@@ -89,6 +86,12 @@ def init_process_group_calls(tree: ast.AST) -> list[ast.Call]:
             if name == "init_process_group":
                 calls.append(node)
     return calls
+
+
+def _starts_xla_group(stmt: ast.stmt) -> bool:
+    """`dist.init_process_group("xla", ...)` as a statement of its own."""
+    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
+            and init_process_group_calls(stmt) == [stmt.value] and is_xla_backend_init(stmt.value))
 
 
 def is_xla_backend_init(call: ast.Call) -> bool:

@@ -194,10 +194,12 @@ def _launch_env(count: str, sc: StatementContext) -> list[str]:
 
 
 def _forked_without_main_guard(bound: dict, sc: StatementContext) -> bool:
+    """A module-level launch with the fork start method, outside `if __name__ == "__main__":`.
+    (Inside a function, the call that reaches it is usually guarded: not judged.)"""
     method = bound.get("start_method")
     if method is None or not isinstance(method.value, cst.SimpleString) or method.value.evaluated_value != "fork":
         return False
-    return not sc.file.plans.under_main_guard(sc.info.node)
+    return sc.scope.kind == "module" and not sc.file.plans.under_main_guard(sc.info.node)
 
 
 def setup_worker(func: cst.FunctionDef, node: ast.FunctionDef, file) -> cst.FunctionDef:
