@@ -74,3 +74,31 @@ def test_broken_notebook_is_an_error(cli, tmp_path):
     assert result.returncode == 2
     assert f"{bad}: error: not a readable notebook" in result.stderr.decode()
     assert bad.read_text() == '{"cells": [ "xla"'
+
+
+def notebook_with(tmp_path, *sources: str):
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps({
+        "cells": [{"cell_type": "markdown", "id": "m0", "metadata": {}, "source": "# notes"}] + [
+            {"cell_type": "code", "id": f"c{i}", "execution_count": None, "metadata": {}, "outputs": [],
+             "source": source} for i, source in enumerate(sources, start=1)],
+        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def test_an_open_todo_in_a_cell_is_manual_work_named_by_its_cell(cli, tmp_path):
+    notebook = notebook_with(tmp_path, "import torch", "x = 1\n# TODO(tpu-migrate): TPU060 start the workers\nrun()")
+    result = cli("rewrite", "--check", str(notebook))
+    assert result.returncode == 1
+    assert f"{notebook}:cell 2:2:1 TPU060 start the workers\n".encode() in result.stdout
+    assert b"1 manual finding(s)" in result.stdout
+
+
+def test_a_rewritten_notebook_reports_its_todo_once(cli, tmp_path):
+    notebook = tmp_path / "train.ipynb"
+    shutil.copyfile(NOTEBOOKS / "train_xla.ipynb", notebook)
+    cli("rewrite", str(notebook))
+    again = cli("rewrite", "--check", str(notebook))
+    assert again.returncode == 1
+    assert again.stdout.decode().count("TPU099") == 2  # the finding line and the summary line
+    assert b"1 manual finding(s)" in again.stdout

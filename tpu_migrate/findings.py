@@ -29,13 +29,26 @@ class Manual:
     cell: int | None = None  # notebooks: the code cell; `line` is then within the cell
 
 
+@dataclass(frozen=True)
+class Note:
+    """A warning about the input that is not a finding (an ignore comment naming no rule)."""
+
+    line: int
+    message: str
+    cell: int | None = None  # notebooks: the code cell; `line` is then within the cell
+
+
 @dataclass
 class FileResult:
     path: str
     changed: bool = False
     error: str | None = None
+    # The line the error is at, when it has one (a syntax error): SARIF and GitHub point there.
+    error_line: int | None = None
+    error_cell: int | None = None  # notebooks: the code cell of `error_line`
     fixes: list[Fix] = field(default_factory=list)
     manual: list[Manual] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
     # Set when `changed`; never serialised (the CLI writes or diffs it).
     original: bytes | None = None
     output: bytes | None = None

@@ -36,11 +36,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tpu_migrate import __version__
-from tpu_migrate.findings import FileResult, Fix, Manual
+from tpu_migrate.findings import FileResult, Fix, Manual, Note
 from tpu_migrate.rewrite.files import prefilter, read_regular, remove_quietly
 from tpu_migrate.rules import rules_dir
 
-FORMAT = 1
+FORMAT = 2  # 2: entries carry the notes (warnings) of a file
+ENTRY_LENGTH = 10
 TRUST_MARGIN_NS = 2_000_000_000
 MAX_ENTRIES = 500_000  # beyond this, entries not seen by the current run are dropped
 MAX_HELD_BYTES = 128 << 20  # source bytes held for the workers at once (see `cached_results`)
@@ -118,7 +119,8 @@ class Lookup(NamedTuple):
 
 class Cache:
     """Entries: absolute path -> [size, mtime_ns, ctime_ns, inode, trusted, digest, changed,
-    fixes [[code, line, col, cell]], manual [[code, line, col, message, cell]]]."""
+    fixes [[code, line, col, cell]], manual [[code, line, col, message, cell]],
+    notes [[line, message, cell]]]."""
 
     def __init__(self, path: Path | None, entries: dict):
         self.path = path
@@ -163,7 +165,7 @@ class Cache:
         if not stat.S_ISREG(st.st_mode):
             self.misses += 1
             return Lookup(None)
-        if (type(entry) is list and len(entry) == 9 and entry[4] is True
+        if (type(entry) is list and len(entry) == ENTRY_LENGTH and entry[4] is True
                 and entry[:4] == [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]):
             result = _result(path, entry, need_output)
             if result is not None:
@@ -174,14 +176,14 @@ class Cache:
         except OSError:
             self.misses += 1
             return Lookup(None)
-        valid = type(entry) is list and len(entry) == 9
+        valid = type(entry) is list and len(entry) == ENTRY_LENGTH
         if fingerprint.digest is None:
             result = FileResult(path)
-            if valid and entry[5:] == [None, False, [], []]:
+            if valid and entry[5:] == [None, False, [], [], []]:
                 self.hits += 1
             else:
                 self.misses += 1
-            if entry != [*_stat_fields(fingerprint), None, False, [], []]:
+            if entry != [*_stat_fields(fingerprint), None, False, [], [], []]:
                 self.store(path, fingerprint, result)
             return Lookup(result)
         if valid and entry[5] == fingerprint.digest:
@@ -203,6 +205,7 @@ class Cache:
             *_stat_fields(fingerprint), fingerprint.digest, result.changed,
             [[f.code, f.line, f.col, f.cell] for f in result.fixes],
             [[m.code, m.line, m.col, m.message, m.cell] for m in result.manual],
+            [[n.line, n.message, n.cell] for n in result.notes],
         ]
         self._touched.add(key)
 
@@ -215,7 +218,7 @@ class Cache:
             return
         on_disk = _load(self.path)
         merged = {key: entry for key, entry in {**self._entries, **on_disk}.items()
-                  if type(entry) is list and len(entry) == 9}
+                  if type(entry) is list and len(entry) == ENTRY_LENGTH}
         for key in self._touched:
             merged[key] = self._entries[key]
         if len(merged) > MAX_ENTRIES:
@@ -242,16 +245,17 @@ def _stat_fields(fingerprint: Fingerprint) -> list:
 
 
 def _result(path: str, entry: list, need_output: bool) -> FileResult | None:
-    changed, fixes, manual = entry[6], entry[7], entry[8]
+    changed, fixes, manual, notes = entry[6], entry[7], entry[8], entry[9]
     if changed is not False and (changed is not True or need_output):
         return None
-    if changed is False and fixes == [] and manual == []:
+    if changed is False and fixes == [] and manual == [] and notes == []:
         return FileResult(path)  # most files
     try:
         result = FileResult(
             path, changed=changed,
             fixes=[Fix(code, line, col, cell) for code, line, col, cell in fixes],
             manual=[Manual(code, line, col, message, cell=cell) for code, line, col, message, cell in manual],
+            notes=[Note(line, message, cell) for line, message, cell in notes],
         )
     except (TypeError, ValueError):  # a damaged entry: process the file again
         return None
@@ -259,6 +263,9 @@ def _result(path: str, entry: list, need_output: bool) -> FileResult | None:
         if not (type(finding.code) is str and type(finding.line) is int and type(finding.col) is int
                 and (finding.cell is None or type(finding.cell) is int)
                 and type(getattr(finding, "message", "")) is str):
+            return None
+    for note in result.notes:
+        if not (type(note.line) is int and type(note.message) is str and (note.cell is None or type(note.cell) is int)):
             return None
     return result
 

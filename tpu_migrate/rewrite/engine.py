@@ -15,14 +15,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import libcst as cst
 
-from tpu_migrate.findings import FileResult
-from tpu_migrate.rewrite import imports
+from tpu_migrate.findings import FileResult, Note
+from tpu_migrate.rewrite import imports, todos
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
 from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter, read_source
 from tpu_migrate.rewrite.names import analyze, is_xla_name
 from tpu_migrate.rewrite.plans import make_plans
 from tpu_migrate.rewrite.pool import run_tasks
-from tpu_migrate.rewrite.suppress import parse_suppressions
+from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rules import Catalog, load_catalog
 
@@ -52,9 +52,9 @@ def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | N
             new_text = new_text.replace("\n", "\r")
     except SyntaxError as exc:  # NUL bytes, say: the parser names no line
         return _failed(result, f"syntax error at line {exc.lineno}: {exc.msg}" if exc.lineno
-                       else f"cannot parse: {exc.msg}")
+                       else f"cannot parse: {exc.msg}", exc.lineno)
     except cst.ParserSyntaxError as exc:
-        return _failed(result, f"syntax error at line {exc.raw_line}: {exc.message}")
+        return _failed(result, f"syntax error at line {exc.raw_line}: {exc.message}", exc.raw_line)
     except (TooDeep, RecursionError, MemoryError) as exc:
         # Python's parser, libcst's printer and our walkers all recurse on nested expressions.
         return _failed(result, f"too deeply nested to rewrite ({str(exc) or type(exc).__name__})")
@@ -64,6 +64,7 @@ def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | N
         return _failed(result, f"cannot rewrite: {exc}; left unchanged")
     except WalkError as exc:
         return _failed(result, f"internal error: {exc}")
+    _report_open_work(text, result, catalog or load_catalog())
     if new_text is None or new_text == source.text:
         return result
     try:
@@ -77,12 +78,27 @@ def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | N
     return result
 
 
-def _failed(result: FileResult, error: str) -> FileResult:
+def _failed(result: FileResult, error: str, line: int | None = None) -> FileResult:
     """A file left unchanged by an error carries no fixes or findings from the partial run."""
     result.error = error
+    result.error_line = line or None
     result.fixes.clear()
     result.manual.clear()
+    result.notes.clear()
     return result
+
+
+def _report_open_work(text: str, result: FileResult, catalog: Catalog) -> None:
+    """Add the TODO(tpu-migrate) comments already in the input that no fresh finding stands for
+    (open manual work from an earlier run), and warn about ignore comments naming no rule.
+    Lines are the input's, like every finding's."""
+    fresh = list(result.manual)
+    result.manual.extend(todos.unaccounted(fresh, todos.open_todos(text)))
+    result.manual.sort(key=lambda m: (m.line, m.col, m.code))
+    known = {rule.code for rule in catalog.rules}
+    for line, code in unknown_codes(text, known):
+        result.notes.append(Note(line, f"unknown rule code {code} in a `# tpu-migrate: ignore[...]` comment "
+                                       "(see `tpu-migrate rules`)"))
 
 
 def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult) -> str | None:
@@ -255,9 +271,23 @@ def rewrite_path(path: str, options: Options, data: bytes | None = None) -> File
             from tpu_migrate.rewrite.notebooks import rewrite_notebook
 
             return rewrite_notebook(data, path, options)
-        return rewrite_bytes(data, path, options)
+        return _named_foreign_file(rewrite_bytes(data, path, options))
     except Exception as exc:  # noqa: BLE001 - one file's bug must not stop the run
         return FileResult(path, error=f"internal error: {type(exc).__name__}: {exc}")
+
+
+PYTHON_SUFFIXES = ("", ".py", ".pyw", ".pyi")
+
+
+def _named_foreign_file(result: FileResult) -> FileResult:
+    """A file named on the command line with another suffix (`requirements.txt`) that is not
+    Python either: say so, rather than report its syntax. Suffix-less scripts stay Python."""
+    suffix = os.path.splitext(result.path)[1].lower()
+    if suffix not in PYTHON_SUFFIXES and result.error is not None and result.error.startswith(
+            ("syntax error", "cannot parse", "cannot decode")):
+        result.error = f"not a Python file or notebook ({suffix} file); nothing to rewrite"
+        result.error_line = None
+    return result
 
 
 def _worker(args: tuple[str, Options, bytes | None]) -> FileResult:

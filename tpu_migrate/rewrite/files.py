@@ -22,11 +22,14 @@ SKIP_DIRS = frozenset(
 
 # Every rule needs one of these: torch_xla / optimum.tpu imports and "xla" strings, torch_xla's
 # environment variables (PJRT_DEVICE, XRT_TPU_CONFIG, XLA_USE_BF16), HF availability checks.
-_MARKERS = (b"xla", b"optimum", b"XLA_", b"PJRT_", b"XRT_", b"TPU_NUM_DEVICES", b"tpu_available")
+# And a `# TODO(tpu-migrate): ...` comment left by an earlier run is open manual work to report.
+_MARKERS = (b"xla", b"optimum", b"XLA_", b"PJRT_", b"XRT_", b"TPU_NUM_DEVICES", b"tpu_available",
+            b"TODO(tpu-migrate)")
 
 
 def prefilter(data: bytes) -> bool:
-    """False when the file cannot contain a torch_xla / optimum.tpu idiom: skip parsing it.
+    """False when the file cannot contain a torch_xla / optimum.tpu idiom or an open TODO of
+    ours: skip parsing it.
 
     Matching bytes avoids decoding; a file without any marker has nothing any rule could change.
     """
@@ -85,14 +88,72 @@ def _skipped_below(real: str, root: str) -> bool:
     return any(p in SKIP_DIRS or p.endswith(".egg-info") for p in parts)
 
 
+class Excluder:
+    """`exclude` globs, each matched against a path's name or its path relative to a base
+    directory (the pyproject.toml's directory for the configuration, the working directory for
+    `--exclude`), however the path was spelled on the command line (`.`, `./src`, absolute).
+
+    A pattern given as an absolute path is matched against the absolute path."""
+
+    def __init__(self, patterns: Iterable[tuple[str, str]] = ()):
+        # (pattern, absolute base); `./x` and `x/` mean `x`, as a user writes them.
+        self._patterns = [(self._clean(p), os.path.abspath(base)) for p, base in patterns if self._clean(p)]
+
+    @staticmethod
+    def _clean(pattern: str) -> str:
+        pattern = pattern.strip().rstrip("/")
+        while pattern.startswith("./"):
+            pattern = pattern[2:]
+        return pattern
+
+    def __bool__(self) -> bool:
+        return bool(self._patterns)
+
+    def matches(self, path: str) -> bool:
+        """True when `path` (a file or directory, relative to the working directory or
+        absolute) matches a pattern by name or by its path."""
+        return bool(self._patterns) and self._match(os.path.abspath(path), ancestor=False)
+
+    def matches_named(self, path: str) -> bool:
+        """For a path named on the command line: it, or a directory above it inside a pattern's
+        base, matches (what searching from there would have skipped; pre-commit names files one
+        by one). Directories above the base are not looked at: `build` must not exclude a whole
+        checkout that happens to live under a `build` directory."""
+        if not self._patterns:
+            return False
+        absolute = os.path.abspath(path)
+        if self._match(absolute, ancestor=False):
+            return True
+        parent = os.path.dirname(absolute)
+        while parent != absolute:
+            if self._match(parent, ancestor=True):
+                return True
+            absolute, parent = parent, os.path.dirname(parent)
+        return False
+
+    def _match(self, absolute: str, ancestor: bool) -> bool:
+        name = os.path.basename(absolute)
+        for pattern, base in self._patterns:
+            if fnmatch.fnmatch(absolute, pattern):
+                return True
+            relative = os.path.relpath(absolute, base)
+            inside = relative != os.curdir and relative != os.pardir and not relative.startswith(os.pardir + os.sep)
+            if ancestor and not inside:
+                continue
+            if fnmatch.fnmatch(name, pattern) or (inside and fnmatch.fnmatch(relative, pattern)):
+                return True
+        return False
+
+
 def discover(
-    paths: Iterable[str], exclude: Iterable[str] = (), clean_temp_files: bool = False,
+    paths: Iterable[str], exclude: Excluder | Iterable[str] = (), clean_temp_files: bool = False,
 ) -> Iterator[tuple[str, str | None]]:
     """Yield (path, error) for every Python file under `paths`, in a stable order.
 
     Explicitly named files are taken whatever their suffix (a named symlink is followed);
     directories are searched for *.py and *.ipynb, skipping virtual environments, build output
-    and VCS folders. `exclude` globs match a path's name or its whole relative path.
+    and VCS folders. `exclude` (an Excluder; plain globs are relative to the working
+    directory) skips what matches, named paths included.
 
     Symlinks inside a searched directory: a linked directory is never entered (its files, when it
     points into the tree, are found where they are; this also makes loops harmless), and a linked
@@ -103,13 +164,11 @@ def discover(
     `clean_temp_files`: remove the stale temporary files of an earlier run that was killed while
     writing (see `is_stale_temp`), in the directories searched and beside the files named.
     """
-    patterns = list(exclude)
+    if not isinstance(exclude, Excluder):
+        exclude = Excluder((pattern, os.curdir) for pattern in exclude)
+    excluded = exclude.matches
     seen: set[str] = set()
     swept: set[str] = set()
-
-    def excluded(path: str) -> bool:
-        name = os.path.basename(path)
-        return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(path, p) for p in patterns)
 
     def sweep(directory: str, names: Iterable[str]) -> None:
         for name in names:
@@ -129,9 +188,11 @@ def discover(
                     sweep(directory, os.listdir(directory))
                 except OSError:
                     pass
-            if not excluded(raw) and real not in seen:
+            if not exclude.matches_named(raw) and real not in seen:
                 seen.add(real)
                 yield raw, None
+            continue
+        if exclude.matches_named(raw):
             continue
         root_real = os.path.realpath(raw)
         # (path as shown, its real path) of the directories still to search, depth first.
@@ -262,6 +323,7 @@ def write_atomic(path: str, data: bytes, expected: bytes | None = None) -> None:
     """
     target = os.path.realpath(path)
     st = os.stat(target)
+    _refuse_read_only(target, st)
     directory, name = os.path.split(target)
     while len(os.fsencode(name)) > 200:  # names are 255 bytes at most; the end keeps the suffix
         name = name[1:]                   # `is_stale_temp` looks for
@@ -283,6 +345,14 @@ def write_atomic(path: str, data: bytes, expected: bytes | None = None) -> None:
         raise
 
 
+def _refuse_read_only(target: str, st: os.stat_result) -> None:
+    """The rename would replace a file we may not write (it only needs the directory), so ask
+    as open() would; and a file with no write bit at all was made read-only on purpose, which
+    root's open() would ignore."""
+    if not st.st_mode & 0o222 or not os.access(target, os.W_OK):
+        raise PermissionError(errno.EACCES, "Permission denied (the file is read-only)", target)
+
+
 def _keep_owner(fd: int, st: os.stat_result) -> None:
     mine = os.fstat(fd)
     if (mine.st_uid, mine.st_gid) == (st.st_uid, st.st_gid):
@@ -296,6 +366,6 @@ def _keep_owner(fd: int, st: os.stat_result) -> None:
             pass
 
 
-__all__ = ["prefilter", "discover", "decode", "encode", "write_atomic", "read_source", "read_regular",
+__all__ = ["prefilter", "discover", "Excluder", "decode", "encode", "write_atomic", "read_source", "read_regular",
            "remove_quietly", "parse_size",
            "format_size", "is_stale_temp", "DecodeError", "ChangedOnDisk"]

@@ -72,6 +72,13 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
     for finding in inner.manual:
         cell, within = cell_of(finding.line)
         result.manual.append(replace(finding, line=within, cell=cell))
+    for note in inner.notes:
+        cell, within = cell_of(note.line)
+        result.notes.append(replace(note, line=within, cell=cell))
+    if inner.error_line is not None:  # name the cell, as findings do
+        result.error_cell, result.error_line = cell_of(inner.error_line)
+        result.error = inner.error.replace(f"at line {inner.error_line}:",
+                                           f"at cell {result.error_cell}, line {result.error_line}:", 1)
     if not inner.changed:
         return result
     new_sources = _split_cells(inner.output.decode("utf-8"), magics)

@@ -22,3 +22,10 @@ def parse_suppressions(text: str) -> dict[int, frozenset[str]]:
         else:
             result[line] = frozenset(c.strip() for c in codes.split(",") if c.strip())
     return result
+
+
+def unknown_codes(text: str, known: set[str]) -> list[tuple[int, str]]:
+    """(line, code) for each code an ignore comment names that is no rule: a typo there would
+    otherwise silently suppress nothing."""
+    return [(line, code) for line, codes in sorted(parse_suppressions(text).items())
+            for code in sorted(codes) if code != ALL_CODES and code not in known]
