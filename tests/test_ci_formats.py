@@ -34,7 +34,9 @@ def test_rewrite_sarif_is_valid_and_complete(cli, tmp_path):
     region = first["locations"][0]["physicalLocation"]["region"]
     assert (region["startLine"], region["startColumn"]) == (7, 15)
     notes = run["invocations"][0]["toolExecutionNotifications"]
-    assert notes and "syntax error" in notes[0]["message"]["text"]
+    assert notes and "syntax error at line 2" in notes[0]["message"]["text"]
+    # At the line the message names, not at line 1.
+    assert notes[0]["locations"][0]["physicalLocation"]["region"]["startLine"] == 2
 
 
 def test_rewrite_github_annotations(cli):
@@ -43,6 +45,50 @@ def test_rewrite_github_annotations(cli):
     assert f"::warning file={MANUAL},line=7,col=15,title=TPU099::`xm.RateTracker`" in lines[0]
     assert any(l.startswith(f"::notice file={FIXABLE},line=5,col=10,title=TPU001::fixable") for l in lines)
     assert all(l.startswith("::") for l in lines)
+
+
+def test_syntax_error_annotation_is_at_its_line(cli, tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch_xla\n\ndef (:\n")
+    result = cli("rewrite", "--check", "--format", "github", str(broken))
+    assert result.stdout.decode().startswith(f"::error file={broken},line=3,title=tpu-migrate::syntax error at line 3")
+
+
+def notebook(tmp_path, *sources: str):
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps({
+        "cells": [{"cell_type": "code", "id": f"c{i}", "execution_count": None, "metadata": {}, "outputs": [],
+                   "source": source} for i, source in enumerate(sources)],
+        "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return path
+
+
+def test_notebook_findings_name_the_cell_not_a_line_of_the_ipynb(cli, tmp_path):
+    path = notebook(tmp_path, "import torch_xla.core.xla_model as xm", "x = 1\nt = xm.RateTracker()")
+    sarif = json.loads(cli("rewrite", "--check", "--format", "sarif", str(path)).stdout)
+    jsonschema.validate(sarif, SCHEMA)
+    [finding] = [r for r in sarif["runs"][0]["results"] if r["ruleId"] == "TPU099"]
+    location = finding["locations"][0]
+    assert location["physicalLocation"]["artifactLocation"]["uri"] == str(path)
+    assert location["physicalLocation"]["region"] == {"startLine": 1}  # the notebook, not line 2 of its JSON
+    assert location["logicalLocations"][0]["name"] == "cell 1"
+    assert location["properties"] == {"cell": 1, "cellLine": 2, "cellColumn": 5}
+    assert finding["message"]["text"].startswith("cell 1, line 2, col 5: `xm.RateTracker`")
+    github = cli("rewrite", "--check", "--format", "github", str(path)).stdout.decode()
+    assert f"::warning file={path},title=TPU099::cell 1, line 2, col 5: `xm.RateTracker`" in github
+    assert ",line=" not in github
+
+
+def test_notebook_syntax_error_names_its_cell(cli, tmp_path):
+    path = notebook(tmp_path, "import torch_xla", "x = 1\ndef (:")
+    result = cli("rewrite", "--check", "--format", "sarif", str(path))
+    doc = json.loads(result.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    [note] = doc["runs"][0]["invocations"][0]["toolExecutionNotifications"]
+    assert "syntax error at cell 1, line 2:" in note["message"]["text"]
+    assert note["locations"][0]["properties"] == {"cell": 1, "cellLine": 2}
+    github = cli("rewrite", "--check", "--format", "github", str(path)).stdout.decode()
+    assert github.startswith(f"::error file={path},title=tpu-migrate::syntax error at cell 1, line 2:")
 
 
 def test_diagnose_sarif_and_github(tmp_path):

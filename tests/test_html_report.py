@@ -91,3 +91,17 @@ def test_a_long_run_is_drawn_as_at_most_max_bars():
     assert "steps 4320-4324: 1 compile(s)" in page
     assert len([a for t, a in parser.tags if t == "circle" and "syncs" in a.get("class", "")]) == html.MAX_BARS
     assert "backend native &middot; 7000 steps &middot; the timeline shows the first 5000" in page
+
+
+def test_markdown_code_spans_are_rendered_as_code(tmp_path):
+    """Messages are written with Markdown backticks (`item`): the page shows them as <code>."""
+    out = tmp_path / "sync.html"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
+    program = ROOT / "fixtures" / "diagnose" / "host_sync_item.py"
+    result = subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", "--html", str(out), str(program)],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = out.read_text()
+    table = text[text.index('<table id="findings">'):text.index("</table>")]
+    assert "host sync <code>item</code> at" in table
+    assert "`" not in table

@@ -8,6 +8,7 @@ shaded.
 from __future__ import annotations
 
 import html
+import re
 
 from tpu_migrate.diagnose.analysis import Finding, StepRecord
 
@@ -17,6 +18,7 @@ MARKS = (("compiles", "#d62728", "compile"), ("syncs", "#1f77b4", "host sync"),
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
 h1 { font-size: 1.3rem; } h2 { font-size: 1.1rem; margin-top: 2rem; }
+code { font-family: ui-monospace, monospace; background: #f2f2f2; padding: 0 0.2em; }
 table { border-collapse: collapse; width: 100%; table-layout: fixed; }
 th, td { border: 1px solid #ccc; padding: .4rem; vertical-align: top; text-align: left; overflow-wrap: anywhere; }
 th:nth-child(1) { width: 8rem; } th:nth-child(3), th:nth-child(4) { width: 4.5rem; } th:nth-child(2) { width: 30%; }
@@ -96,6 +98,15 @@ def timeline_svg(steps: list[StepRecord], warmup_steps: int) -> str:
     return "\n".join(parts)
 
 
+_CODE_SPAN = re.compile(r"`([^`\n]+)`")
+
+
+def _inline(text: str) -> str:
+    """Escaped text with Markdown code spans (`xm.mark_step()`) as <code>, as the messages are
+    written for Markdown readers (SARIF, GitHub)."""
+    return _CODE_SPAN.sub(r"<code>\1</code>", html.escape(text))
+
+
 def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: list[Finding], exit_code: int,
            backend: str = "xla", total_steps: int | None = None) -> str:
     """`steps`: the steps recorded one by one; `total_steps`: all the program ran (more past the
@@ -105,7 +116,7 @@ def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: li
         f'<tr class="finding"><td class="kind-{html.escape(f.kind)}">{html.escape(f.kind)}</td>'
         f"<td>{html.escape(f.file)}:{f.line}{'' if f.rank is None else f' (rank {f.rank})'}</td>"
         f'<td class="count">{f.count}</td><td class="count">{f.first_step}</td>'
-        f'<td>{html.escape(f.message)}<div class="explanation">{html.escape(f.explanation or "")}</div></td></tr>'
+        f'<td>{_inline(f.message)}<div class="explanation">{_inline(f.explanation or "")}</div></td></tr>'
         for f in findings
     )
     table = (

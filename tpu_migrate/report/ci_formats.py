@@ -41,6 +41,28 @@ def _location(path: str, line: int, col: int | None = None) -> dict:
     return {"physicalLocation": {"artifactLocation": {"uri": _uri(path)}, "region": region}}
 
 
+def _cell_location(path: str, cell: int, line: int, col: int | None) -> dict:
+    """A finding inside a notebook cell: the notebook, plus the cell as a logical location and
+    properties. Its line is not the .ipynb file's line, so no region claims one: the region is
+    the file's first line, a file-level anchor (code scanning requires a start line)."""
+    location = _location(path, 1)
+    location["logicalLocations"] = [{"name": f"cell {cell}", "fullyQualifiedName": f"{_uri(path)}:cell {cell}",
+                                     "kind": "element"}]
+    location["properties"] = {"cell": cell, "cellLine": line, **({"cellColumn": col} if col else {})}
+    return location
+
+
+def _where(cell: int | None, line: int | None, col: int | None) -> str:
+    """The prefix that names a notebook cell in a message: `cell 3, line 2, col 5: `."""
+    if cell is None:
+        return ""
+    return f"cell {cell}" + (f", line {line}" if line else "") + (f", col {col}" if col else "") + ": "
+
+
+def _finding_location(path: str, line: int, col: int | None, cell: int | None) -> dict:
+    return _location(path, line, col) if cell is None else _cell_location(path, cell, line, col)
+
+
 def _sarif(driver: dict, results: list[dict], notifications: list[dict]) -> str:
     run = {"tool": {"driver": driver}, "results": results}
     run["invocations"] = [{"executionSuccessful": not notifications,
@@ -63,17 +85,19 @@ def rewrite_sarif(results: list[FileResult], catalog: Catalog) -> str:
     summaries = {rule.code: rule.summary for rule in catalog.rules}
     sarif_results, notifications = [], []
     for result in results:
-        if result.error is not None:
+        if result.error is not None:  # at the error's own line (a syntax error's), else the first
             notifications.append({"level": "error", "message": {"text": f"{result.path}: {result.error}"},
-                                  "locations": [_location(result.path, 1)]})
+                                  "locations": [_finding_location(result.path, result.error_line or 1, None,
+                                                                  result.error_cell)]})
         for fix in result.fixes:
-            sarif_results.append({"ruleId": fix.code, "level": "note",
-                                  "message": {"text": f"fixable: {summaries.get(fix.code, fix.code)}"},
-                                  "locations": [_location(result.path, fix.line, fix.col)]})
+            text = f"{_where(fix.cell, fix.line, fix.col)}fixable: {summaries.get(fix.code, fix.code)}"
+            sarif_results.append({"ruleId": fix.code, "level": "note", "message": {"text": text},
+                                  "locations": [_finding_location(result.path, fix.line, fix.col, fix.cell)]})
         for manual in result.manual:
-            sarif_results.append({"ruleId": manual.code, "level": "warning",
-                                  "message": {"text": manual.message},
-                                  "locations": [_location(result.path, manual.line, manual.col)]})
+            text = f"{_where(manual.cell, manual.line, manual.col)}{manual.message}"
+            sarif_results.append({"ruleId": manual.code, "level": "warning", "message": {"text": text},
+                                  "locations": [_finding_location(result.path, manual.line, manual.col,
+                                                                  manual.cell)]})
     driver = {"name": "tpu-migrate", "version": __version__, "informationUri": HOME, "rules": rules}
     return _sarif(driver, sarif_results, notifications)
 
@@ -99,9 +123,12 @@ def _escape(text: str, property_value: bool = False) -> str:
     return text
 
 
-def _annotation(level: str, path: str, line: int, col: int | None, title: str, message: str) -> str:
-    props = f"file={_escape(path, True)},line={line}"
-    if col:
+def _annotation(level: str, path: str, line: int | None, col: int | None, title: str, message: str) -> str:
+    """`line` None: a file-level annotation (a notebook cell's line is not the file's)."""
+    props = f"file={_escape(path, True)}"
+    if line is not None:
+        props += f",line={line}"
+    if line is not None and col:
         props += f",col={col}"
     props += f",title={_escape(title, True)}"
     return f"::{level} {props}::{_escape(message)}"
@@ -112,13 +139,22 @@ def rewrite_github(results: list[FileResult], catalog: Catalog) -> str:
     lines = []
     for result in results:
         if result.error is not None:
-            lines.append(_annotation("error", result.path, 1, None, "tpu-migrate", result.error))
+            line = None if result.error_cell is not None else result.error_line or 1
+            lines.append(_annotation("error", result.path, line, None, "tpu-migrate", result.error))
         for fix in result.fixes:
-            lines.append(_annotation("notice", result.path, fix.line, fix.col, fix.code,
-                                     f"fixable: {summaries.get(fix.code, fix.code)}"))
+            lines.append(_annotation("notice", result.path, *_file_line(fix.line, fix.col, fix.cell), fix.code,
+                                     f"{_where(fix.cell, fix.line, fix.col)}fixable: "
+                                     f"{summaries.get(fix.code, fix.code)}"))
         for manual in result.manual:
-            lines.append(_annotation("warning", result.path, manual.line, manual.col, manual.code, manual.message))
+            lines.append(_annotation("warning", result.path, *_file_line(manual.line, manual.col, manual.cell),
+                                     manual.code, f"{_where(manual.cell, manual.line, manual.col)}{manual.message}"))
     return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _file_line(line: int, col: int, cell: int | None) -> tuple[int | None, int | None]:
+    """The file's line and column for an annotation; none for a notebook cell's (the message
+    names the cell instead)."""
+    return (line, col) if cell is None else (None, None)
 
 
 def diagnose_github(findings: list[dict]) -> str:

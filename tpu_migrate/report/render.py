@@ -65,8 +65,21 @@ def unified_diff(result: FileResult) -> str:
 
 
 def _diff_names(path: str) -> tuple[str, str]:
-    """`a/x`, `b/x` for relative paths (git style); absolute paths as they are."""
-    return (path, path) if os.path.isabs(path) else (f"a/{path}", f"b/{path}")
+    """`a/x`, `b/x` with x relative to the working directory, however the path was spelled
+    (`./src/x.py`, `src//x.py`, an absolute path inside it), which `git apply` and `patch -p1`
+    take from the working directory; a path outside it stays absolute (`patch -p0`)."""
+    spelled = path.split(":cell ", 1)  # a notebook's cell: `nb.ipynb:cell 3`
+    name = ":cell ".join([diff_path(spelled[0]), *spelled[1:]])
+    return (name, name) if os.path.isabs(name) else (f"a/{name}", f"b/{name}")
+
+
+def diff_path(path: str) -> str:
+    """`path` relative to the working directory, in `/` form, or absolute when outside it."""
+    absolute = os.path.abspath(path)
+    relative = os.path.relpath(absolute, os.getcwd())
+    if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+        return absolute
+    return relative.replace(os.sep, "/")
 
 
 def _decode_for_diff(data: bytes) -> str:
@@ -97,9 +110,23 @@ def json_document(results: list[FileResult], summary: Summary, target: str, diff
     )
 
 
+def changed_file_lines(results: list[FileResult], mode: str) -> list[str]:
+    """One line per file written (`Rewrote: path`) or that would be (`Would rewrite: path`)."""
+    label = "Rewrote" if mode == "write" else "Would rewrite"
+    return [f"{label}: {result.path}" for result in results if result.changed]
+
+
+def note_lines(result: FileResult) -> list[str]:
+    """Warnings about the input (stderr): `path:line: warning: message`."""
+    return [f"{result.path}:{'' if n.cell is None else f'cell {n.cell}:'}{n.line}: warning: {n.message}"
+            for n in result.notes]
+
+
 def print_summary(summary: Summary, catalog: Catalog, mode: str, console: Console) -> None:
-    """A rich table on a terminal, plain lines otherwise (CI logs, pipes)."""
+    """A rich table on a terminal, plain lines otherwise (CI logs, pipes). Fixes are "fixed"
+    only when written; --check and --diff show them as "fixable"."""
     verb = {"write": "changed", "diff": "would change", "check": "would change"}[mode]
+    fixed = "fixed" if mode == "write" else "fixable"
     names = {r.code: r.name for r in catalog.rules}
     if not console.is_terminal:
         out = sys.stdout
@@ -109,7 +136,7 @@ def print_summary(summary: Summary, catalog: Catalog, mode: str, console: Consol
             f"{sum(summary.manual.values())} manual finding(s)\n"
         )
         for code, count in sorted(summary.fixes.items()):
-            out.write(f"  fixed   {code} {names.get(code, '')}: {count}\n")
+            out.write(f"  {fixed:<7} {code} {names.get(code, '')}: {count}\n")
         for code, count in sorted(summary.manual.items()):
             out.write(f"  manual  {code} {names.get(code, '')}: {count}\n")
         return
@@ -121,7 +148,7 @@ def print_summary(summary: Summary, catalog: Catalog, mode: str, console: Consol
     table.add_row(f"files {verb}", "", str(summary.changed), style="green" if summary.changed else None)
     table.add_row("errors", "", str(summary.errors), style="red" if summary.errors else None)
     for code, count in sorted(summary.fixes.items()):
-        table.add_row("fixed", f"{code} {names.get(code, '')}", str(count))
+        table.add_row(fixed, f"{code} {names.get(code, '')}", str(count))
     for code, count in sorted(summary.manual.items()):
         table.add_row("manual", f"{code} {names.get(code, '')}", str(count), style="yellow")
     console.print(table)
