@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,18 +30,43 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_write_mode_rewrites_in_place_and_exits_1(cli, project):
+def test_write_mode_rewrites_in_place_and_exits_0_when_nothing_remains(cli, project):
+    """ruff's model: a write that leaves no manual work succeeds, so `&&` chains go on."""
     result = cli("rewrite", "src", cwd=project)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 0, result.stderr
     assert (project / "src/pkg/train.py").read_text() == XLA_REWRITTEN
     assert (project / "src/pkg/clean.py").read_text() == CLEAN
     for skipped in (".venv/lib", "build", "__pycache__", ".git", "site-packages"):
         assert (project / "src" / skipped / "vendored.py").read_text() == XLA
-    # Plain output when not a terminal: one summary line, no box drawing.
-    assert b"2 file(s) scanned, 1 changed, 0 error(s), 2 fix(es)" in result.stdout
-    assert "─".encode() not in result.stdout
+    # Plain output when not a terminal: the files written, one summary line, no box drawing.
+    out = result.stdout.decode()
+    assert "Rewrote: src/pkg/train.py\n2 file(s) scanned, 1 changed, 0 error(s), 2 fix(es)" in out
+    assert "  fixed   TPU001 xla-device: 1\n" in out and "fixable" not in out
+    assert "─" not in out
     again = cli("rewrite", "src", cwd=project)
     assert again.returncode == 0, again.stdout
+    assert b"Rewrote" not in again.stdout
+
+
+def test_exit_non_zero_on_fix_fails_a_write_that_changed_files(cli, project):
+    result = cli("rewrite", "--exit-non-zero-on-fix", "src", cwd=project)
+    assert result.returncode == 1, result.stderr
+    assert (project / "src/pkg/train.py").read_text() == XLA_REWRITTEN
+    again = cli("rewrite", "--exit-non-zero-on-fix", "src", cwd=project)
+    assert again.returncode == 0, again.stdout
+    # --check and --diff are not affected by it; --exit-zero still wins.
+    (project / "src/pkg/train.py").write_text(XLA)
+    assert cli("rewrite", "--check", "--exit-non-zero-on-fix", "src", cwd=project).returncode == 1
+    assert cli("rewrite", "--exit-non-zero-on-fix", "--exit-zero", "src", cwd=project).returncode == 0
+
+
+def test_check_and_diff_list_the_files_that_would_change_as_fixable(cli, project):
+    for mode in ("--check", "--diff"):
+        out = cli("rewrite", mode, "src", cwd=project).stdout.decode()
+        assert "Would rewrite: src/pkg/train.py\n2 file(s) scanned, 1 would change" in out
+        assert "clean.py" not in out
+        assert "  fixable TPU001 xla-device: 1\n  fixable TPU010 step-marker: 1\n" in out
+        assert "fixed" not in out
 
 
 def test_diff_prints_a_unified_diff_and_writes_nothing(cli, project):
@@ -56,6 +83,57 @@ def test_check_writes_nothing_and_fails_on_pending_changes(cli, project):
     assert result.returncode == 1
     assert (project / "src/pkg/train.py").read_text() == XLA
     assert cli("rewrite", "--check", "src/pkg/clean.py", cwd=project).returncode == 0
+
+
+TODO_FIXTURE = FIXTURES / "TPU130-compile-backend" / "basic.in.py"
+TODO_LINE = '    # TODO(tpu-migrate): TPU130 TorchTPU rejects backend="inductor" for TPU tensors: use backend="tpu"\n'
+
+
+def test_open_todo_comments_stay_manual_work_after_the_write(cli, tmp_path):
+    """The written TODO is the only trace of the work once torch_xla is gone from the file: it
+    is reported (once, not twice) by every mode and format until a person removes it."""
+    path = tmp_path / "compile.py"
+    path.write_bytes(TODO_FIXTURE.read_bytes())
+    check = cli("rewrite", "--check", str(path))
+    assert check.returncode == 1
+    assert b"1 manual finding(s)" in check.stdout
+    write = cli("rewrite", str(path))
+    assert write.returncode == 1, write.stdout  # manual work remains
+    assert b"1 manual finding(s)" in write.stdout
+    text = path.read_text()
+    assert TODO_LINE in text and "xla" not in text
+    after = cli("rewrite", "--check", str(path))
+    assert after.returncode == 1
+    assert f"{path}:8:5 TPU130 TorchTPU rejects backend=\"inductor\"".encode() in after.stdout
+    assert b"0 would change, 0 error(s), 0 fix(es), 1 manual finding(s)" in after.stdout
+    assert cli("rewrite", "--diff", str(path)).returncode == 1
+    assert cli("rewrite", str(path)).returncode == 1 and path.read_text() == text  # nothing to write
+    doc = json.loads(cli("rewrite", "--check", "--format", "json", str(path)).stdout)
+    assert doc["files"][0]["manual"] == [{"code": "TPU130", "line": 8, "col": 5, "message":
+                                          'TorchTPU rejects backend="inductor" for TPU tensors: use backend="tpu"'}]
+    github = cli("rewrite", "--check", "--format", "github", str(path)).stdout.decode()
+    assert github.startswith(f"::warning file={path},line=8,col=5,title=TPU130::TorchTPU rejects")
+    sarif = json.loads(cli("rewrite", "--check", "--format", "sarif", str(path)).stdout)
+    [finding] = sarif["runs"][0]["results"]
+    assert finding["ruleId"] == "TPU130"
+    assert finding["locations"][0]["physicalLocation"]["region"] == {"startLine": 8, "startColumn": 5}
+    # A person did the work and removed the comment: green.
+    path.write_text(text.replace(TODO_LINE, ""))
+    done = cli("rewrite", "--check", str(path))
+    assert done.returncode == 0, done.stdout
+    assert b"0 manual finding(s)" in done.stdout
+
+
+def test_open_todos_are_found_in_files_the_byte_prefilter_would_skip(cli, tmp_path):
+    """No torch_xla marker left at all, only our comment: still open work. A TODO quoted in a
+    string is not a comment."""
+    path = tmp_path / "launch.py"
+    path.write_text("import os\n\n# TODO(tpu-migrate): TPU060 start the workers by hand\nos.getpid()\n"
+                    "s = '# TODO(tpu-migrate): TPU001 only a string'\n")
+    result = cli("rewrite", "--check", str(tmp_path))
+    assert result.returncode == 1
+    assert result.stdout.decode().splitlines()[0] == f"{path}:3:1 TPU060 start the workers by hand"
+    assert b"1 manual finding(s)" in result.stdout
 
 
 def test_manual_findings_are_listed_and_exit_1_even_without_changes(cli, tmp_path):
@@ -230,3 +308,86 @@ def run_in_terminal(args: list[str]) -> tuple[int, str]:
         output += chunk
     os.close(leader)
     return proc.returncode, output.decode(errors="replace")
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args], cwd=repo,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("spelling", [".", "./src", "src/", "./src/pkg/train.py", "ABS", "ABS/src/pkg/../pkg"])
+def test_diff_applies_with_git_apply_and_patch(cli, project, spelling):
+    """The whole of stdout (findings and summary lines included) is a patch that `git apply`
+    and `patch -p1` take, however the path was spelled."""
+    (project / "src/pkg/manual.py").write_text(MANUAL)
+    for skipped in (".venv", "build", "__pycache__", ".git", "site-packages"):
+        shutil.rmtree(project / "src" / skipped)
+    assert _git(project, "init", "-q").returncode == 0
+    _git(project, "add", "-A")
+    assert _git(project, "commit", "-q", "-m", "start").returncode == 0
+    result = cli("rewrite", "--diff", spelling.replace("ABS", str(project)), cwd=project)
+    assert result.returncode == 1
+    patch_file = project.parent / "change.diff"
+    patch_file.write_bytes(result.stdout)
+    assert "--- a/src/pkg/train.py\n+++ b/src/pkg/train.py\n" in result.stdout.decode()
+    checked = _git(project, "apply", "--check", str(patch_file))
+    assert checked.returncode == 0, checked.stderr
+    dry = subprocess.run(["patch", "-p1", "--dry-run", "-i", str(patch_file)], cwd=project,
+                         capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert _git(project, "apply", str(patch_file)).returncode == 0
+    assert (project / "src/pkg/train.py").read_text() == XLA_REWRITTEN
+    assert cli("rewrite", "--check", "src/pkg/train.py", cwd=project).returncode == 0
+
+
+def test_diff_of_a_file_outside_the_working_directory_keeps_its_absolute_path(cli, tmp_path):
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "here").mkdir()
+    path = tmp_path / "outside" / "t.py"
+    path.write_text(XLA)
+    out = cli("rewrite", "--diff", "../outside/t.py", cwd=tmp_path / "here").stdout.decode()
+    assert f"--- {path}\n+++ {path}\n" in out
+
+
+def test_a_read_only_file_is_refused_not_replaced(cli, tmp_path):
+    """The atomic rename only needs the directory: without this check a file nobody may write
+    would be replaced (even as root, whose open() ignores the mode)."""
+    locked = tmp_path / "locked.py"
+    locked.write_text(XLA)
+    locked.chmod(0o444)
+    (tmp_path / "free.py").write_text(XLA)
+    result = cli("rewrite", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.decode().splitlines() == [
+        f"{locked}: error: cannot write: Permission denied (the file is read-only)"]
+    assert locked.read_text() == XLA and stat.S_IMODE(locked.stat().st_mode) == 0o444
+    assert (tmp_path / "free.py").read_text() == XLA_REWRITTEN
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["free.py", "locked.py"]
+
+
+def test_an_ignore_comment_with_an_unknown_code_is_a_warning(cli, tmp_path):
+    path = tmp_path / "t.py"
+    path.write_text("import torch_xla.core.xla_model as xm\n\n"
+                    "device = xm.xla_device()  # tpu-migrate: ignore[TPU999, TPU001]\n")
+    result = cli("rewrite", "--check", "--format", "json", str(path))
+    assert result.returncode == 0  # TPU001 is suppressed: nothing to do
+    assert result.stderr.decode().splitlines() == [
+        f"{path}:3: warning: unknown rule code TPU999 in a `# tpu-migrate: ignore[...]` comment "
+        "(see `tpu-migrate rules`)"]
+    json.loads(result.stdout)  # stdout stays one document
+
+
+def test_a_named_file_that_is_not_python_says_so(cli, tmp_path):
+    (tmp_path / "requirements.txt").write_text("torch==2.9.0\ntorch_xla[tpu]==2.9.0\n")
+    (tmp_path / "script").write_text("import torch_xla\ndef broken(:\n")  # no suffix: a script
+    result = cli("rewrite", "requirements.txt", "script", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.decode().splitlines() == [
+        "requirements.txt: error: not a Python file or notebook (.txt file); nothing to rewrite",
+        "script: error: syntax error at line 2: invalid syntax"]
+
+
+def test_help_says_what_each_command_does(cli):
+    out = cli("--help").stdout.decode()
+    assert "diagnose  Run a program under a tracer; report TPU performance problems.\n" in out
+    assert "rewrite   Convert torch_xla idioms in files or directories to TorchTPU." in out

@@ -76,13 +76,40 @@ def test_config_is_found_from_a_subdirectory_path(cli, project):
         ("target = \n", "invalid TOML"),
     ],
 )
-def test_bad_config_is_a_usage_error_naming_the_problem(cli, project, body, message):
+def test_bad_config_is_one_error_line_naming_the_file_and_the_problem(cli, project, body, message):
     write_config(project, body)
     result = cli("rewrite", "--check", "src", cwd=project)
     assert result.returncode == 2
-    assert message in result.stderr.decode()
-    assert "pyproject.toml" in result.stderr.decode()
+    [line] = result.stderr.decode().splitlines()  # no click `Usage:` boilerplate
+    assert line.startswith(f"tpu-migrate: error: {project / 'pyproject.toml'}: ")
+    assert message in line
     assert (project / "src" / "train.py").read_text() == SOURCE
+
+
+@pytest.mark.parametrize("where, args", [
+    ("", ["."]), ("", ["src"]), ("", ["./src/"]), ("", ["src/train.py", "./src/legacy.py"]),
+    ("", ["ABS/src"]), ("", ["ABS/src/legacy.py", "ABS/src/train.py"]), ("src", ["."]), ("src", ["legacy.py", "train.py"]),
+])
+def test_config_excludes_are_relative_to_the_pyproject_whatever_the_path_spelling(cli, project, where, args):
+    write_config(project, 'exclude = ["src/legacy.py"]\n')
+    args = [a.replace("ABS", str(project)) for a in args]
+    result = cli("rewrite", "--check", "--format", "json", *args, cwd=project / where)
+    names = [Path(f["path"]).name for f in json.loads(result.stdout)["files"]]
+    assert names == ["train.py"], (args, names)
+
+
+def test_exclude_flags_are_relative_to_the_working_directory(cli, project):
+    def names(*args, cwd=project):
+        result = cli("rewrite", "--check", "--format", "json", *args, cwd=cwd)
+        return sorted(Path(f["path"]).name for f in json.loads(result.stdout)["files"])
+
+    for spelling in (".", "src", "./src", str(project / "src"), "src/legacy.py"):
+        assert "legacy.py" not in names("--exclude", "src/legacy.py", spelling, "src/train.py"), spelling
+        assert "legacy.py" not in names("--exclude", "./src/leg*", spelling, "src/train.py"), spelling
+    # Relative to where the command runs, not to the pyproject.toml or the PATH argument.
+    assert names("--exclude", "src/legacy.py", ".", cwd=project / "src") == ["legacy.py", "train.py"]
+    assert names("--exclude", "legacy.py", ".", cwd=project / "src") == ["train.py"]  # a name: anywhere
+    assert names("--exclude", "src", ".") == []  # a directory: everything below it
 
 
 def test_fix_level_safe_keeps_unsafe_code_without_todo_comments(cli, project):

@@ -1,11 +1,13 @@
 """The command-line face: `tpu-migrate rewrite`, `rules`, `explain`.
 
-Exit codes (like ruff): 0 nothing to do; 1 files changed / would change, or manual findings
-remain; 2 usage error, or an error in some file.
+Exit codes (like ruff): 0 nothing left to do; 1 manual work remains (findings, or TODO comments
+of an earlier run), or with --check / --diff files would change, or with --exit-non-zero-on-fix
+files were changed; 2 usage or configuration error, or an error in some file.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -18,14 +20,15 @@ from tpu_migrate.config import ConfigError, load_config
 from tpu_migrate.report import ci_formats
 from tpu_migrate.report import render
 from tpu_migrate.rewrite import cache as result_cache
-from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE, discover, parse_size, write_atomic
+from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE, Excluder, discover, parse_size, write_atomic
 from tpu_migrate.rules import RuleError, load_catalog
 
 PROGRESS_THRESHOLD = 50
 
 
 def _expand_codes(selectors: list[str], origin: str) -> frozenset[str]:
-    """Rule codes or code prefixes (`TPU0`) -> the set of matching codes."""
+    """Rule codes or code prefixes (`TPU0`) -> the set of matching codes. `origin`: the flag, or
+    the configuration file (whose mistakes are configuration errors, not usage errors)."""
     catalog = load_catalog()
     codes: set[str] = set()
     for selector in (s.strip().upper() for s in selectors):
@@ -33,7 +36,8 @@ def _expand_codes(selectors: list[str], origin: str) -> frozenset[str]:
             continue
         matching = {r.code for r in catalog.rules if r.code.startswith(selector)}
         if not matching:
-            raise click.UsageError(f"{origin}: no rule matches '{selector}' (see `tpu-migrate rules`)")
+            message = f"{origin}: no rule matches '{selector}' (see `tpu-migrate rules`)"
+            raise click.UsageError(message) if origin.startswith("--") else ConfigError(message)
         codes |= matching
     return frozenset(codes)
 
@@ -48,6 +52,13 @@ def _rewrite_paths(files, settings, jobs, sources=None):
     from tpu_migrate.rewrite.engine import rewrite_paths
 
     return rewrite_paths(files, Options(**settings), jobs, sources=sources)
+
+
+def _configuration_error(exc: Exception) -> None:
+    """One line naming the file and the problem, exit 2: the command line was fine, so click's
+    `Usage:` text would only hide the message."""
+    click.echo(f"tpu-migrate: error: {exc}", err=True)
+    sys.exit(2)
 
 
 def _size_option(ctx, param, value):
@@ -65,7 +76,7 @@ def main() -> None:
     """Port torch_xla / Optimum TPU code to native TorchTPU."""
 
 
-@main.command()
+@main.command(short_help="Convert torch_xla idioms in files or directories to TorchTPU.")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--diff", "mode", flag_value="diff", help="Print a unified diff; write nothing.")
 @click.option("--check", "mode", flag_value="check",
@@ -86,7 +97,9 @@ def main() -> None:
 @click.option("--exclude", multiple=True, metavar="GLOB",
               help="Skip files or directories matching GLOB (repeatable).")
 @click.option("--exit-zero", is_flag=True,
-              help="Exit 0 even when files change or manual findings remain (errors still exit 2).")
+              help="Exit 0 even when files would change or manual work remains (errors still exit 2).")
+@click.option("--exit-non-zero-on-fix", is_flag=True,
+              help="After writing, also exit 1 when files were changed (the pre-commit fix hook).")
 @click.option("--max-file-size", metavar="SIZE", default=None, show_default="1M", callback=_size_option,
               help="A file that mentions torch_xla and is larger than this is reported, not rewritten "
                    "(e.g. 500K, 4M; 0: no limit). Other files are only byte-scanned, whatever their size.")
@@ -94,7 +107,7 @@ def main() -> None:
               help="Neither read nor write the result cache (also: cache = false, TPU_MIGRATE_NO_CACHE=1).")
 @click.option("--verbose", "-v", is_flag=True, help="Say on stderr how many files came from the cache.")
 def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs, exclude, exit_zero,
-            max_file_size, no_cache, verbose) -> None:
+            exit_non_zero_on_fix, max_file_size, no_cache, verbose) -> None:
     """Convert torch_xla idioms in PATHS (files or directories) to TorchTPU.
 
     Settings come from [tool.tpu-migrate] in the nearest pyproject.toml; flags override them.
@@ -104,26 +117,31 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
         config = load_config(list(paths))
         catalog = load_catalog()
     except (ConfigError, RuleError) as exc:
-        raise click.UsageError(str(exc)) from None
-    origin = str(config.path) if config.path else "tpu-migrate"
+        _configuration_error(exc)
+    origin = f"{config.path}: [tool.tpu-migrate]" if config.path else "tpu-migrate"
     select_list = _split(select) if select is not None else config.select
     ignore_list = _split(ignore) if ignore is not None else config.ignore
     target = target or config.target or "tpu"
-    settings = dict(
-        target=target,
-        select=_expand_codes(select_list, "--select" if select else origin) if select_list is not None else None,
-        ignore=_expand_codes(ignore_list or [], "--ignore" if ignore else origin),
-        fix_level=fix_level or config.fix_level or "unsafe",
-        max_file_size=next((size for size in (max_file_size, config.max_file_size) if size is not None),
-                           DEFAULT_MAX_FILE_SIZE),
-    )
-    exclude = (*config.exclude, *exclude)
+    try:
+        settings = dict(
+            target=target,
+            select=_expand_codes(select_list, "--select" if select else origin) if select_list is not None else None,
+            ignore=_expand_codes(ignore_list or [], "--ignore" if ignore else origin),
+            fix_level=fix_level or config.fix_level or "unsafe",
+            max_file_size=next((size for size in (max_file_size, config.max_file_size) if size is not None),
+                               DEFAULT_MAX_FILE_SIZE),
+        )
+    except ConfigError as exc:
+        _configuration_error(exc)
+    # Config globs are relative to the pyproject.toml's directory, flags to the working directory.
+    excluder = Excluder([*((p, str(config.path.parent)) for p in config.exclude),
+                         *((p, os.curdir) for p in exclude)])
     stdout = Console(highlight=False, soft_wrap=True)
     stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
     results: list[FileResult] = []
     files: list[str] = []
-    for path, error in discover(paths, exclude, clean_temp_files=mode == "write"):
+    for path, error in discover(paths, excluder, clean_temp_files=mode == "write"):
         if error is not None:
             results.append(FileResult(path, error=error))
         else:
@@ -174,16 +192,27 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
                 sys.stdout.write(render.unified_diff(result))
             for line in render.finding_lines(result):
                 sys.stdout.write(line + "\n")
+        for line in render.changed_file_lines(results, mode):
+            sys.stdout.write(line + "\n")
         render.print_summary(summary, catalog, mode, stdout)
     for result in results:
+        for line in render.note_lines(result):
+            stderr.print(line, markup=False)
         if result.error is not None:
             stderr.print(render.error_line(result), markup=False)
+    sys.exit(_exit_status(summary, mode, exit_zero, exit_non_zero_on_fix))
 
+
+def _exit_status(summary: render.Summary, mode: str, exit_zero: bool, exit_non_zero_on_fix: bool) -> int:
+    """ruff's model: a write that leaves nothing to do succeeds (so `&&` chains go on); manual
+    work left (findings, open TODO comments) fails; --check and --diff also fail on what would
+    change; --exit-non-zero-on-fix also fails a write that changed files."""
     if summary.errors:
-        sys.exit(2)
-    if (summary.changed or sum(summary.manual.values())) and not exit_zero:
-        sys.exit(1)
-    sys.exit(0)
+        return 2
+    if exit_zero:
+        return 0
+    pending = summary.changed and (mode != "write" or exit_non_zero_on_fix)
+    return 1 if pending or sum(summary.manual.values()) else 0
 
 
 @main.command()
@@ -200,7 +229,7 @@ def rules(output_format) -> None:
         explain_report.print_rules(catalog, Console(highlight=False, soft_wrap=True))
 
 
-@main.command()
+@main.command(short_help="Show a rule's explanation and before/after example.")
 @click.argument("code")
 def explain(code) -> None:
     """Show a rule's explanation and its before/after example (from its test fixture)."""
@@ -230,7 +259,8 @@ def _fail_kinds(ctx, param, value):
     return frozenset(kinds)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+              short_help="Run a program under a tracer; report TPU performance problems.")
 @click.option("-m", "module", metavar="MODULE", help="Run a module, like `python -m MODULE`.")
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=2, show_default=True,
               help="Compiles before the end of this step are expected, not findings.")
