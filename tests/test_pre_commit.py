@@ -81,3 +81,28 @@ def test_both_hooks_fail_on_an_open_todo_until_it_is_removed(tmp_path, pre_commi
     git(repo, "add", "-A")
     done = git(repo, "commit", "-q", "-m", "add training script", env=env)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _readme_local_hook_config() -> str:
+    """The first YAML block of README's pre-commit section: the snippet users paste as is."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("### pre-commit"):]
+    return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_local_hook_works_as_pasted(tmp_path, pre_commit_home):
+    """README promises a snippet without placeholders: paste it, commit, and the check runs the
+    installed tpu-migrate (on PATH, as in a project's environment)."""
+    config = _readme_local_hook_config()
+    assert "<" not in config and "repo: local" in config
+    repo, env = make_repo(tmp_path, "tpu-migrate-check", pre_commit_home)
+    (repo / ".pre-commit-config.yaml").write_text(config)
+    git(repo, "add", "-A")
+    blocked = git(repo, "commit", "-q", "-m", "add training script", env=env)
+    assert blocked.returncode != 0
+    assert "1 would change" in blocked.stdout + blocked.stderr
+    assert (repo / "train.py").read_text() == XLA
+    (repo / "train.py").write_text(REWRITTEN)
+    git(repo, "add", "-A")
+    passed = git(repo, "commit", "-q", "-m", "add the migrated script", env=env)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
