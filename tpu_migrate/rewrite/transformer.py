@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from tpu_migrate.rewrite import transforms
+from tpu_migrate.rewrite import dependencies, transforms
 from tpu_migrate.rewrite.context import FileContext, StatementContext, cst_dotted
 
 from tpu_migrate.rewrite.plans import Plans
@@ -478,6 +478,17 @@ class ModuleRewriter:
         return frozenset(found)
 
     def report_leftovers(self, sc: StatementContext) -> None:
+        for line, col, module in sc.info.dynamic_imports:
+            if sc.enabled("TPU099"):
+                sc.needs_manual(
+                    "TPU099",
+                    f'imports "{module}" by name at run time, which TorchTPU does not provide: '
+                    "port what the module is used for by hand",
+                    where=(line, col),
+                )
+        for line, col, requirement in sc.info.requirements:
+            if sc.enabled(dependencies.CODE):
+                sc.needs_manual(dependencies.CODE, dependencies.message(requirement), where=(line, col))
         for ref in sc.leftover_refs():
             if sc.enabled("TPU099"):
                 sc.needs_manual(
