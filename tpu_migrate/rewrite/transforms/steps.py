@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import keyword
 
 import libcst as cst
 
@@ -97,11 +98,34 @@ def _optimizer_step_parts(call, qualname, sc: StatementContext, rule):
         return None
     step_args = []
     if "optimizer_args" in bound:
-        step_args = [cst.Arg(bound["optimizer_args"].value, star="**")]
+        step_args = _keyword_args(bound["optimizer_args"].value)
     optimizer = bound["optimizer"].value
     if not isinstance(optimizer, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
         optimizer = optimizer.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return optimizer, cst.Call(func=cst.Attribute(value=optimizer, attr=cst.Name("step")), args=step_args)
+
+
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+def _keyword_args(value: cst.BaseExpression) -> list[cst.Arg]:
+    """`optimizer_args={"closure": fn}` becomes `closure=fn`: a dict literal whose keys are
+    distinct strings that are identifiers (not keywords); anything else is passed as `**value`."""
+    if isinstance(value, cst.Dict) and not value.lpar:
+        keys = []
+        for element in value.elements:
+            if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.SimpleString):
+                break
+            key = element.key.evaluated_value
+            if not isinstance(key, str) or not key.isidentifier() or keyword.iskeyword(key) or key in keys:
+                break
+            keys.append(key)
+        else:
+            return clean_args([
+                cst.Arg(element.value, keyword=cst.Name(key), equal=_EQUAL)
+                for key, element in zip(keys, value.elements)
+            ])
+    return [cst.Arg(value, star="**")]
 
 
 def optimizer_step(call, qualname, sc: StatementContext, rule):
