@@ -454,6 +454,8 @@ class ModuleRewriter:
                 sc.rollback(snapshot)
                 result = small
         self.report_leftovers(sc)
+        if result is not small:
+            result = transforms.drop_loader_alias(result, sc)
         if result is not small and isinstance(result, cst.Expr) and _is_conditional_call(result.value):
             # `f() if cond else None` (or `else g()`) as a statement reads better as an `if` block.
             value = result.value
