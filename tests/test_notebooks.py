@@ -54,7 +54,31 @@ def test_findings_and_diffs_name_the_cell(cli, tmp_path):
     assert f"{notebook}:cell 5:2:7 TPU099" in out
     doc = json.loads(cli("rewrite", "--check", "--format", "json", str(notebook)).stdout)
     manual = doc["files"][0]["manual"]
-    assert [(m["code"], m["cell"], m["line"]) for m in manual] == [("TPU099", 5, 2)]
+    # `!pip install torch-xla` (cell 1) is reported too: the notebook still installs torch_xla.
+    assert [(m["code"], m["cell"], m["line"]) for m in manual] == [("TPU098", 1, 1), ("TPU099", 5, 2)]
+
+
+def test_install_lines_of_torch_xla_are_reported_and_kept(tmp_path):
+    import nbformat
+
+    from tpu_migrate.rewrite.context import Options
+    from tpu_migrate.rewrite.notebooks import rewrite_notebook
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_code_cell("!pip install -q torch_xla[tpu] -f https://example.com\n%pip install numpy"),
+        nbformat.v4.new_code_cell("%%bash\npip install optimum-tpu"),
+        nbformat.v4.new_code_cell("!pip install torch torchvision\n%conda install torch-xla"),
+        nbformat.v4.new_markdown_cell("!pip install torch_xla"),
+    ]
+    data = nbformat.writes(notebook).encode()
+    result = rewrite_notebook(data, "nb.ipynb", Options())
+    assert not result.changed and result.error is None  # a report line; the cells stay
+    assert [(m.code, m.cell, m.line, m.col) for m in result.manual] == [
+        ("TPU098", 0, 1, 17), ("TPU098", 1, 2, 13), ("TPU098", 2, 2, 16),
+    ]
+    assert "torch_xla[tpu]" in result.manual[0].message
+    assert rewrite_notebook(data, "nb.ipynb", Options(ignore=frozenset({"TPU098"}))).manual == []
 
 
 def test_notebook_with_nothing_to_change_stays_byte_identical(cli, tmp_path):

@@ -208,8 +208,22 @@ def import_lines(text: str) -> set[int]:
     for node in ast.walk(ast.parse(text)):
         guard = (isinstance(node, ast.If) and len(node.body) == 1 and isinstance(node.body[0], ast.Raise)
                  and "ImportError" in ast.unparse(node.body[0]))
-        if isinstance(node, (ast.Import, ast.ImportFrom)) or guard:
+        # The module-level helper an xm.save fix adds once (TPU050's `_cpu_copies`).
+        helper = isinstance(node, ast.FunctionDef) and node.name.startswith("_cpu_copies")
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or guard or helper:
             lines.update(range(node.lineno, node.end_lineno + 1))
+    return lines
+
+
+def emptied_if_headers(text: str, touched: list[tuple[int, int]]) -> set[int]:
+    """Header lines of the `if`s without `else` whose whole body is reported: a removed
+    statement can take its emptied `if` with it (TPU010)."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.If) and not node.orelse and all(
+            any(start <= stmt.lineno and stmt.end_lineno <= end for start, end in touched) for stmt in node.body
+        ):
+            lines.update(range(node.lineno, node.body[0].lineno))
     return lines
 
 
@@ -244,22 +258,30 @@ def worker_headers(text: str, result) -> list[tuple[int, int]]:
 def unexplained_changes(old: str, new: str, result) -> list[tuple[list[str], list[str]]]:
     touched = reported_spans(old, result)
     old_lines, new_lines = python_lines(old), python_lines(new)
-    old_imports, new_imports = import_lines(old), import_lines(new)
+    old_imports, new_imports = import_lines(old) | emptied_if_headers(old, touched), import_lines(new)
     bad = []
-    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    # Blank lines may come and go anywhere, and import management's lines (added imports, the
+    # helper an xm.save fix adds) are explained: compare the other lines, which keeps a large
+    # insertion from pairing unrelated lines.
+    old_kept = [n for n, line in enumerate(old_lines) if line.strip() and n + 1 not in old_imports]
+    new_kept = [n for n, line in enumerate(new_lines) if line.strip() and n + 1 not in new_imports]
+    matcher = difflib.SequenceMatcher(
+        None, [old_lines[n] for n in old_kept], [new_lines[n] for n in new_kept], autojunk=False
+    )
+    for tag, k1, k2, l1, l2 in matcher.get_opcodes():
         if tag == "equal":
             continue
-        # Old lines i1+1..i2 (1-based) go, new lines come in their place. A removed line must be
-        # an import (or blank) or lie on a reported statement; added lines must be imports (or
-        # blank, or `pass` for an emptied block), or sit on or right beside a reported statement
-        # (a TODO above it, a line added in it).
+        # Old lines go, new lines come in their place. A removed line must lie on a reported
+        # statement; added lines must be `pass` for an emptied block, or sit on
+        # or right beside a reported statement (a TODO above it, a line added in it).
+        olds, news = old_kept[k1:k2], new_kept[l1:l2]
+        i1 = olds[0] if olds else (old_kept[k1 - 1] + 1 if k1 else 0)
+        i2 = olds[-1] + 1 if olds else (old_kept[k1] if k1 < len(old_kept) else len(old_lines))
         beside = any(start - 1 <= i2 and i1 <= end for start, end in touched)
-        removed = all(n + 1 in old_imports or not old_lines[n].strip()
-                      or any(start <= n + 1 <= end for start, end in touched) for n in range(i1, i2))
-        added = beside or all(n + 1 in new_imports or new_lines[n].strip() in ("", "pass") for n in range(j1, j2))
+        removed = all(any(start <= n + 1 <= end for start, end in touched) for n in olds)
+        added = beside or all(new_lines[n].strip() == "pass" for n in news)
         if not (removed and added):
-            bad.append((old_lines[i1:i2], new_lines[j1:j2]))
+            bad.append(([old_lines[n] for n in olds], [new_lines[n] for n in news]))
     return bad
 
 

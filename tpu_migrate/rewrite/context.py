@@ -52,6 +52,9 @@ class ImportPlan:
         self._dist_imported = analysis.module_alias("torch.distributed") is not None
         self.names["dist"] = dist or f"{self.names['torch']}.distributed"
         self._dist_as_attribute = dist is None
+        copy_name = analysis.module_alias("copy")
+        self._copy_imported = copy_name is not None
+        self.names["copy"] = copy_name or "copy"
         os_name = analysis.module_alias("os")
         self._os_imported = os_name is not None
         self.names["os"] = os_name or "os"
@@ -74,13 +77,15 @@ class ImportPlan:
 
     def fill(self, template: str, **extra: str) -> str:
         values = dict(extra)
-        for placeholder in ("torch", "dist", "os", "transformers"):
+        for placeholder in ("torch", "dist", "os", "transformers", "copy"):
             if "{" + placeholder + "}" in template:
                 values[placeholder] = self.use(placeholder)
         return template.format(**values)
 
     def imports_to_add(self) -> list[str]:
         lines = []
+        if "copy" in self._used and not self._copy_imported:
+            lines.append("import copy")
         if "os" in self._used and not self._os_imported:
             lines.append("import os")
         if "torch" in self._used and not self._torch_imported:
@@ -117,6 +122,23 @@ class FileContext:
     workers: set[str] = field(default_factory=set)
     # (scope id, name) of variables bound to a device loader and rewritten to the plain loader.
     loader_vars: dict[tuple[int, str], cst.BaseExpression] = field(default_factory=dict)
+    # Blocks that rules generated, by id (the node is kept, so the id stays its own): the body
+    # of a rank guard ("guard", its condition), of xm.save's barrier ("barrier", None), or the
+    # `pass` left where a removed statement was ("pass", None). The walker tidies these up.
+    generated: dict[int, tuple[cst.CSTNode, str, str | None]] = field(default_factory=dict)
+    # Where import removal deleted the first module-level import line (imports.RemovedImports):
+    # the imports the new code needs go there when the file has no group of their kind.
+    removed_imports: object = None
+    # Module-level helper functions the new code calls, by name (transforms/steps.py CPU_COPIES).
+    helpers: dict[str, str] = field(default_factory=dict)
+    helper_code: dict[str, str] = field(default_factory=dict)  # name -> its `def`
+
+    def mark(self, node: cst.CSTNode, kind: str, condition: str | None = None) -> None:
+        self.generated[id(node)] = (node, kind, condition)
+
+    def generated_kind(self, node: cst.CSTNode | None) -> tuple[str | None, str | None]:
+        entry = self.generated.get(id(node)) if node is not None else None
+        return (entry[1], entry[2]) if entry is not None and entry[0] is node else (None, None)
 
     @property
     def target(self) -> str:

@@ -252,7 +252,9 @@ def _rewrite_module(module, tree, text, options, catalog, result, convert_guards
     new_module = ModuleRewriter(file, file.plans).rewrite_module(module, tree)
     unused = imports.unused_xla_names(file)
     new_module = imports.remove_unused(new_module, file, unused)
-    new_module = imports.add_needed(new_module, file.plan.imports_to_add())
+    new_module = imports.add_needed(
+        new_module, file.plan.imports_to_add(), file.removed_imports, file.helper_code.values()
+    )
     file.kept_xla_imports = {b.name for b in analysis.imports if is_xla_name(b.qualname) and b.key not in unused}
     return new_module, file
 

@@ -13,6 +13,7 @@ The count errs on the side of keeping an import, never on removing a used one.
 from __future__ import annotations
 
 import ast
+import sys
 
 import libcst as cst
 
@@ -54,20 +55,162 @@ def remove_unused(module: cst.Module, file: FileContext, unused: set[str]) -> cs
         if isinstance(b.stmt, ast.Import) and any(a.name == SIDE_EFFECT_BACKEND for a in b.stmt.names)
     ]
     remover = _ImportRemover(unused, lambda: _availability_check(file), lambda q: removable(q, file))
-    new_body, carry = remover.block(module.body)
+    new_body, carry = remover.block(module.body, top=True)
     for where in backend_lines[: remover.backend_removed]:
         file.fixes.append(Fix("TPU070", *where))
+    file.removed_imports = remover.first_removed
     footer = [*carry, *module.footer] if carry else module.footer
     return module.with_changes(body=new_body, footer=footer)
 
 
-def add_needed(module: cst.Module, lines: list[str]) -> cst.Module:
+def add_needed(
+    module: cst.Module, lines: list[str], hint: RemovedImports | None = None, helpers=()
+) -> cst.Module:
+    """Add the imports the new code needs where a reviewer would: `import os` with the file's
+    standard-library imports, `import torch` & co. with its torch imports, else where the
+    torch_xla import they replace was (`hint`); else after the leading import block. Then the
+    helper functions (`helpers`: their code), after the imports."""
+    if helpers:
+        module = _add_helpers(module, list(helpers))
     if not lines:
         return module
     body = list(module.body)
+    start, end = _leading_imports_start(body), _leading_imports_end(body)
+    hint_index = hint.index if hint is not None and start <= hint.index <= end else None
+    for line in lines:
+        new = parse_stmt(line + "\n")
+        family = _family(new)
+        anchors = [i for i in range(start, end) if _is_import_line(body[i]) and _family(body[i]) == family]
+        if not anchors and family == "transformers":
+            anchors = [i for i in range(start, end) if _is_import_line(body[i]) and _family(body[i]) == "torch"]
+        if anchors:
+            index = _sorted_position(body, anchors[-1], new, start)
+            if index < anchors[-1] + 1 and index == _group_start(body, anchors[-1], start):
+                # First of its group: it takes the group's leading lines.
+                new = new.with_changes(leading_lines=body[index].leading_lines)
+                body[index] = body[index].with_changes(leading_lines=[])
+        elif family != "stdlib" and hint_index is not None:
+            index = hint_index
+            new = new.with_changes(leading_lines=hint.take())
+            if index < len(body) and hint.next_leading_lines is not None:
+                body[index] = body[index].with_changes(leading_lines=hint.next_leading_lines)
+            if index > start and _family(body[index - 1]) == "stdlib" and not _has_blank(new):
+                new = new.with_changes(leading_lines=[cst.EmptyLine(), *new.leading_lines])
+        elif family == "stdlib" and start < end and _is_import_line(body[start]):
+            # No standard-library group yet: one of its own at the top of the block.
+            index = start
+            if hint_index == start and hint.next_leading_lines is not None:
+                # What is there got the leading lines of the removed import above it.
+                new = new.with_changes(leading_lines=hint.take())
+            else:
+                new = new.with_changes(leading_lines=body[start].leading_lines)
+            body[start] = body[start].with_changes(leading_lines=[cst.EmptyLine()])
+        else:
+            index = end
+        body.insert(index, new)
+        end += 1
+        if hint_index is not None and index <= hint_index:
+            hint_index += 1
+    return module.with_changes(body=body)
+
+
+def _add_helpers(module: cst.Module, helpers: list[str]) -> cst.Module:
+    body = list(module.body)
     index = _leading_imports_end(body)
-    new = [parse_stmt(line + "\n") for line in lines]
+    blank = [cst.EmptyLine(), cst.EmptyLine()]
+    new = [parse_stmt(code).with_changes(leading_lines=blank) for code in helpers]
+    if index < len(body):
+        following = body[index]
+        lines = list(following.leading_lines)
+        blanks = 0
+        while blanks < len(lines) and lines[blanks].comment is None:
+            blanks += 1
+        if blanks < 2:  # two blank lines after a function
+            body[index] = following.with_changes(leading_lines=[*[cst.EmptyLine()] * (2 - blanks), *lines])
+    if index == 0:
+        new[0] = new[0].with_changes(leading_lines=[])
     return module.with_changes(body=[*body[:index], *new, *body[index:]])
+
+
+class RemovedImports:
+    """Where the first module-level import line that import removal deleted was: `index` in
+    the new body, its leading lines, and the original leading lines of the statement after it
+    (which received them)."""
+
+    def __init__(self, index: int, leading_lines):
+        self.index = index
+        self.leading_lines = list(leading_lines)
+        self.next_leading_lines = None
+
+    def take(self) -> list:
+        """The removed lines' leading lines, for the first import put in their place."""
+        lines, self.leading_lines = self.leading_lines, []
+        return lines
+
+
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"__future__"}
+
+
+def _family(stmt: cst.BaseStatement) -> str | None:
+    """"stdlib", "torch", "transformers" or "other" for an import line (its first name)."""
+    if not _is_import_line(stmt):
+        return None
+    top = _module_of(stmt).partition(".")[0]
+    if top in ("torch", "transformers"):
+        return top
+    if top == "torch_xla":  # a torch_xla import that stays: torch's group
+        return "torch"
+    return "stdlib" if top in _STDLIB else "other"
+
+
+def _module_of(stmt: cst.SimpleStatementLine) -> str:
+    small = stmt.body[0]
+    if isinstance(small, cst.Import):
+        return cst.helpers.get_full_name_for_node(small.names[0].name) or ""
+    if small.relative or small.module is None:
+        return "."
+    return cst.helpers.get_full_name_for_node(small.module) or ""
+
+
+def _sort_key(stmt: cst.SimpleStatementLine) -> tuple[int, str]:
+    """isort's default order within a group: `import x` lines, then `from x import y`."""
+    return (0 if isinstance(stmt.body[0], cst.Import) else 1, _module_of(stmt).lower())
+
+
+def _has_blank(stmt: cst.BaseStatement) -> bool:
+    return any(line.comment is None for line in stmt.leading_lines)
+
+
+def _group_start(body, index: int, start: int) -> int:
+    """The first line of the import group (lines not separated by blank or comment lines)."""
+    while index > start and not body[index].leading_lines and _is_import_line(body[index - 1]):
+        index -= 1
+    return index
+
+
+def _sorted_position(body, anchor: int, new, start: int) -> int:
+    """Where `new` goes in the anchor's group: its sorted place when the group is sorted
+    (isort's order), else right after the anchor."""
+    first, last = _group_start(body, anchor, start), anchor
+    while last + 1 < len(body) and _is_import_line(body[last + 1]) and not body[last + 1].leading_lines:
+        last += 1
+    keys = [_sort_key(body[i]) for i in range(first, last + 1)]
+    if keys != sorted(keys):
+        return anchor + 1
+    key = _sort_key(new)
+    for i in range(first, last + 1):
+        if keys[i - first] > key:
+            return i
+    return last + 1
+
+
+def _leading_imports_start(body: list[cst.BaseStatement]) -> int:
+    index = 1 if body and _is_docstring(body[0]) else 0
+    while index < len(body) and _is_future(body[index]):
+        index += 1
+    while index < len(body) and _is_notebook_magic(body[index]):
+        index += 1
+    return index
 
 
 def _is_import_line(stmt: cst.BaseStatement) -> bool:
@@ -156,16 +299,25 @@ class _ImportRemover:
         self.backend_removed = 0
         self.availability_check = availability_check
         self.removed_any = False
+        self.first_removed: RemovedImports | None = None  # module level, for add_needed
 
-    def block(self, stmts):
+    def block(self, stmts, top: bool = False):
         out, carry = [], []
+        hint = None
         for stmt in stmts:
             new = self.statement(stmt)
             if new is None:
                 # Comment lines above a removed import stay; its same-line comment (`# noqa`,
                 # `# registers the backend`) was about the import and goes with it.
+                if top and self.first_removed is None:
+                    hint = self.first_removed = RemovedImports(len(out), stmt.leading_lines)
+                elif hint is not None:
+                    hint.leading_lines.extend(stmt.leading_lines)
                 carry.extend(stmt.leading_lines)
                 continue
+            if hint is not None:
+                hint.next_leading_lines = list(new.leading_lines)
+                hint = None
             if carry:
                 new = new.with_changes(leading_lines=merge_leading_lines(carry, new.leading_lines))
                 carry = []

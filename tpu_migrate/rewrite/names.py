@@ -22,6 +22,8 @@ import ast
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tpu_migrate.rewrite.dependencies import DISTRIBUTION, REQUIREMENT, REQUIREMENT_KEYWORDS
+
 XLA_ROOTS = ("torch_xla", "torch_xla_py", "optimum.tpu")
 
 # Qualified names outside torch_xla that rules look at.
@@ -157,10 +159,15 @@ class StmtInfo:
     # A reference to torch_xla, optimum.tpu, or a name some rule handles.
     flagged: bool = False
     env_string: bool = False  # mentions an environment variable of torch_xla's runtime
+    # `importlib.import_module("torch_xla...")` / `__import__("torch_xla...")`: (line, col, module)
+    dynamic_imports: list[tuple[int, int, str]] = field(default_factory=list)
+    # Requirement strings naming torch_xla / optimum-tpu (`"torch_xla[tpu]~=2.5"`): (line, col, text)
+    requirements: list[tuple[int, int, str]] = field(default_factory=list)
 
     @property
     def interesting(self) -> bool:
-        return self.forced or self.flagged or self.env_string or bool(self.xla_strings)
+        return (self.forced or self.flagged or self.env_string or bool(self.xla_strings)
+                or bool(self.dynamic_imports) or bool(self.requirements))
 
 
 @dataclass
@@ -354,6 +361,8 @@ class _Walker:
             return
         if isinstance(node, ast.Constant):
             if isinstance(node.value, str):
+                if ("xla" in node.value or "tpu" in node.value) and DISTRIBUTION.match(node.value):
+                    _add_requirement(info, node)
                 if node.value.startswith("xla"):
                     info.xla_strings.append((node.lineno, node.col_offset + 1))
                 elif node.value in ENV_NAMES:
@@ -392,11 +401,40 @@ class _Walker:
             target_scope.assigned.add(node.target.id)
             self.expr(node.value, scope, info)
             return
+        if isinstance(node, ast.Call):
+            module = dynamic_xla_import(node)
+            if module is not None:
+                info.dynamic_imports.append((node.lineno, node.col_offset + 1, module))
+            for keyword in node.keywords:
+                if keyword.arg in REQUIREMENT_KEYWORDS:
+                    # `install_requires=["torch_xla"]`: here a bare name is a requirement too.
+                    for sub in ast.walk(keyword.value):
+                        if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and REQUIREMENT.match(sub.value):
+                            _add_requirement(info, sub)
         for sub in ast.iter_child_nodes(node):
             if isinstance(sub, ast.expr):
                 self.expr(sub, scope, info)
             elif isinstance(sub, ast.AST):
                 self.child(sub, scope, info)
+
+
+def _add_requirement(info: StmtInfo, node: ast.Constant) -> None:
+    entry = (node.lineno, node.col_offset + 1, node.value)
+    if entry not in info.requirements:
+        info.requirements.append(entry)
+
+
+def dynamic_xla_import(call: ast.Call) -> str | None:
+    """The module of `importlib.import_module("torch_xla...")`, `import_module(...)` or
+    `__import__("torch_xla...")` (a literal name under torch_xla / optimum.tpu), else None."""
+    func = call.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    if name not in ("import_module", "__import__") or not call.args:
+        return None
+    first = call.args[0]
+    if isinstance(first, ast.Constant) and isinstance(first.value, str) and is_xla_name(first.value):
+        return first.value
+    return None
 
 
 def analyze(

@@ -14,7 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from tpu_migrate.findings import FileResult
+from tpu_migrate.findings import FileResult, Manual
+from tpu_migrate.rewrite import dependencies
 from tpu_migrate.rewrite.context import Options
 from tpu_migrate.rewrite.engine import rewrite_bytes
 from tpu_migrate.rewrite.files import prefilter
@@ -36,9 +37,11 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
     except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds for a bad file
         result.error = f"not a readable notebook: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return result
+    installs = _install_findings(notebook, options)
     cells = [i for i, cell in enumerate(notebook.cells)
              if cell.cell_type == "code" and not cell.source.lstrip().startswith("%%")]
     if not cells:
+        result.manual.extend(installs)
         return result
     magics: list[str] = []
     parts: list[str] = []
@@ -79,6 +82,9 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
         result.error_cell, result.error_line = cell_of(inner.error_line)
         result.error = inner.error.replace(f"at line {inner.error_line}:",
                                            f"at cell {result.error_cell}, line {result.error_line}:", 1)
+    if not result.error and installs:
+        result.manual.extend(installs)
+        result.manual.sort(key=lambda m: (m.cell, m.line, m.col, m.code))
     if not inner.changed:
         return result
     new_sources = _split_cells(inner.output.decode("utf-8"), magics)
@@ -96,6 +102,28 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
             result.output += b"\n"
         result.cell_diffs = diffs
     return result
+
+
+def _install_findings(notebook, options: Options) -> list[Manual]:
+    """TPU098 for the shell lines and magics that install torch_xla / optimum-tpu
+    (`!pip install torch_xla[tpu]`, `%pip install torch-xla`, or such a line in a `%%bash`
+    cell): a report line, the cell is left as it is."""
+    if not options.enabled(dependencies.CODE):
+        return []
+    found = []
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        shell_cell = cell.source.lstrip().startswith(("%%bash", "%%sh", "%%script", "%%capture"))
+        for number, text in enumerate(cell.source.split("\n"), start=1):
+            if not (shell_cell or MAGIC.match(text)):
+                continue
+            install = dependencies.install_line(text)
+            if install is not None:
+                column, package = install
+                found.append(Manual(dependencies.CODE, number, column + 1,
+                                    dependencies.message(text.strip().lstrip("!%")), cell=index))
+    return found
 
 
 def _split_cells(module: str, magics: list[str]) -> dict[int, str]:

@@ -33,6 +33,9 @@ class Plans:
     main_guarded: set[int] = field(default_factory=set)
     # Workers whose own body starts the "xla" process group on every path (TPU070 converts it).
     self_initializing: set[str] = field(default_factory=set)
+    # (id(scope), name) of loader variables whose loops can iterate the plain loader itself
+    # (a name nothing rebinds afterwards): the variable and its assignment go.
+    inline_loaders: dict[tuple[int, str], str] = field(default_factory=dict)
 
     @property
     def workers(self) -> set[str]:
@@ -63,6 +66,9 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
                         plans.loader_vars.add((id(info.scope), name))
                         for loop in loops:
                             loop.forced = True
+                        loader = _inline_loader(analysis, node, [loop.node for loop in loops], info.scope)
+                        if loader is not None:
+                            plans.inline_loaders[(id(info.scope), name)] = loader
     if plans.loader_vars:
         mark_subtrees(analysis.tree.body, analysis.infos)
     if plans.spawn_workers:
@@ -74,6 +80,92 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
             if any(_starts_xla_group(stmt) for stmt in analysis.functions[name].body):
                 plans.self_initializing.add(name)
     return plans
+
+
+def _inline_loader(analysis: Analysis, assign: ast.Assign, loops: list[ast.stmt], scope: Scope) -> str | None:
+    """The loader's name when `alias = MpDeviceLoader(loader, device)` can go and its loops
+    iterate `loader` directly with the same result: `loader` is a name that nothing binds from
+    the assignment on, `alias` is bound only there, no `global` / `nonlocal` names either, and
+    every loop runs after the assignment (in a later statement of the same block)."""
+    call = assign.value
+    loader = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "loader"), None)
+    alias = assign.targets[0].id
+    if not isinstance(loader, ast.Name) or loader.id == alias or scope.kind not in ("function", "module"):
+        return None
+    tree = analysis.tree
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Global, ast.Nonlocal)) and {loader.id, alias} & set(node.names):
+            return None
+    owner = _enclosing_body(tree, assign)
+    if owner is None:
+        return None
+    block, index = owner
+    later = block[index + 1 :]
+    if not all(any(loop is n for stmt in later for n in ast.walk(stmt)) for loop in loops):
+        return None
+    function = _enclosing_function(tree, assign)
+    stores = _stores(function.body if function is not None else tree.body)
+    if any(name == loader.id and line >= assign.lineno for name, line in stores):
+        return None
+    if sum(name == alias for name, _ in stores) != 1:
+        return None
+    return loader.id
+
+
+def _enclosing_body(tree: ast.Module, target: ast.stmt) -> tuple[list[ast.stmt], int] | None:
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list):
+                for i, stmt in enumerate(block):
+                    if stmt is target:
+                        return block, i
+        for holder in (*getattr(node, "handlers", ()), *getattr(node, "cases", ())):
+            for i, stmt in enumerate(holder.body):
+                if stmt is target:
+                    return holder.body, i
+    return None
+
+
+def _enclosing_function(tree: ast.Module, target: ast.stmt):
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(n is target for n in ast.walk(node)):
+            if best is None or node.lineno > best.lineno:
+                best = node
+    return best
+
+
+_OWN_SCOPE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
+              ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _stores(body: list[ast.stmt]) -> list[tuple[str, int]]:
+    """(name, line) of the bindings made in a scope's own body (nested scopes left out)."""
+    found: list[tuple[str, int]] = []
+    stack: list[ast.AST] = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.append((node.name, node.lineno))
+            stack.extend(node.decorator_list)
+            continue
+        if isinstance(node, _OWN_SCOPE):
+            continue
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            found.append((node.id, node.lineno))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.extend(((a.asname or a.name).partition(".")[0], node.lineno) for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            found.append((node.name, node.lineno))
+        elif isinstance(node, ast.NamedExpr):
+            found.append((node.target.id, node.lineno))
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            found.append((node.name, node.lineno))
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            found.append((node.rest, node.lineno))
+        stack.extend(ast.iter_child_nodes(node))
+    return found
 
 
 def init_process_group_calls(tree: ast.AST) -> list[ast.Call]:

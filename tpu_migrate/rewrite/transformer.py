@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from collections.abc import Sequence
 
 import libcst as cst
 
-from tpu_migrate.rewrite import transforms
+from tpu_migrate.rewrite import dependencies, transforms
 from tpu_migrate.rewrite.context import FileContext, StatementContext, cst_dotted
 
 from tpu_migrate.rewrite.plans import Plans
+from tpu_migrate.rewrite.transforms.common import GLOBAL_MASTER, LOCAL_MASTER
 
 TODO_PREFIX = "# TODO(tpu-migrate): "
 
@@ -322,6 +324,13 @@ class ModuleRewriter:
         self.file = file
         self.plans = plans
         self.analysis = file.analysis
+        names = file.plan.names  # formatted, not filled: comparing uses no module
+        self.rank_tests = frozenset({LOCAL_MASTER.format(**names), GLOBAL_MASTER.format(**names)})
+        # The rank test of the `if` whose body is being rewritten (only some ranks run here),
+        # None outside such a body or in a nested function.
+        self.rank_gate: str | None = None
+        # Barriers taken out of a rank-gated body, put after the outermost rank-gated `if`.
+        self.after: list[cst.BaseStatement] | None = None
 
     # -- blocks -----------------------------------------------------------------------------
 
@@ -373,7 +382,40 @@ class ModuleRewriter:
             raise WalkError("statement count mismatch")
         if unchanged:
             return stmts, []
-        return out, carry
+        return self.tidy(out), carry
+
+    def tidy(self, out: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """Generated rank guards, as a reviewer would write them: consecutive guards with the
+        same test become one `if`; a guard inside an `if` with the same test is dropped (its
+        body stays); a barrier inside a rank-gated `if` goes after it, where every rank
+        reaches it (inside, the other ranks would never join it: torch_xla's xm.save there
+        hung the same way)."""
+        kinds = [self.file.generated_kind(getattr(stmt, "body", None)) for stmt in out]
+        if not any(kind for kind, _ in kinds):
+            return out
+        result: list[cst.BaseStatement] = []
+        previous: str | None = None  # the condition of the guard just before, if any
+        for stmt, (kind, condition) in zip(out, kinds):
+            plain = isinstance(stmt, cst.If) and stmt.orelse is None
+            if kind == "guard" and plain and condition == self.rank_gate:
+                inner = list(stmt.body.body)
+                inner[0] = _prepend_lines(inner[0], list(stmt.leading_lines))
+                result.extend(inner)
+                previous = None
+                continue
+            if kind == "barrier" and plain and self.rank_gate is not None and self.after is not None:
+                if not any(self.file.generated_kind(b.body)[0] == "barrier" for b in self.after):
+                    self.after.append(stmt)  # its leading lines are empty: it never comes first
+                continue
+            if kind == "guard" and plain and condition == previous and not stmt.leading_lines:
+                last = result[-1]
+                body = last.body.with_changes(body=[*last.body.body, *stmt.body.body])
+                self.file.mark(body, "guard", condition)
+                result[-1] = last.with_changes(body=body)
+                continue
+            result.append(stmt)
+            previous = condition if kind == "guard" and plain else None
+        return result
 
     def untouched(self, stmt: cst.BaseCompoundStatement, node: ast.stmt) -> bool:
         """Nothing in this compound statement, header or body, can change."""
@@ -397,6 +439,9 @@ class ModuleRewriter:
         if not new_body:
             new_body = [cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carry)]
             carry = []
+            block = body.with_changes(body=new_body)
+            self.file.mark(block, "pass")  # an `if` left with only this may go (compound)
+            return block
         footer = [*carry, *body.footer] if carry else body.footer
         return body.with_changes(body=new_body, footer=footer)
 
@@ -454,6 +499,8 @@ class ModuleRewriter:
                 sc.rollback(snapshot)
                 result = small
         self.report_leftovers(sc)
+        if result is not small:
+            result = transforms.drop_loader_alias(result, sc)
         if result is not small and isinstance(result, cst.Expr) and _is_conditional_call(result.value):
             # `f() if cond else None` (or `else g()`) as a statement reads better as an `if` block.
             value = result.value
@@ -478,6 +525,17 @@ class ModuleRewriter:
         return frozenset(found)
 
     def report_leftovers(self, sc: StatementContext) -> None:
+        for line, col, module in sc.info.dynamic_imports:
+            if sc.enabled("TPU099"):
+                sc.needs_manual(
+                    "TPU099",
+                    f'imports "{module}" by name at run time, which TorchTPU does not provide: '
+                    "port what the module is used for by hand",
+                    where=(line, col),
+                )
+        for line, col, requirement in sc.info.requirements:
+            if sc.enabled(dependencies.CODE):
+                sc.needs_manual(dependencies.CODE, dependencies.message(requirement), where=(line, col))
         for ref in sc.leftover_refs():
             if sc.enabled("TPU099"):
                 sc.needs_manual(
@@ -488,7 +546,7 @@ class ModuleRewriter:
 
     # -- compound statements ----------------------------------------------------------------
 
-    def compound(self, stmt: cst.BaseCompoundStatement, node: ast.stmt):
+    def compound(self, stmt: cst.BaseCompoundStatement, node: ast.stmt, elif_: bool = False):
         info = self.analysis.info(node)
         sc = StatementContext(self.file, info) if info.interesting else None
         prefix: list[cst.BaseStatement] = []
@@ -505,7 +563,14 @@ class ModuleRewriter:
             stmt = ExprRewriter(sc, stmt).rewrite(stmt)
 
         # Bodies first (their statements pair with the ast), then insertions at their start.
-        stmt = self.children(stmt, node)
+        collect = isinstance(stmt, cst.If) and not elif_ and self.rank_gate is None
+        if collect:
+            outer_after, self.after = self.after, []
+        try:
+            stmt = self.children(stmt, node)
+        finally:
+            if collect:
+                after, self.after = self.after, outer_after
         if prefix:
             stmt = transforms.insert_at_body_start(stmt, prefix)
         if (
@@ -519,7 +584,22 @@ class ModuleRewriter:
             self.report_leftovers(sc)
             if sc.todos:
                 stmt = _add_todos(stmt, sc.todos, self.comments_above(info))
+        if not elif_ and self._emptied_if(stmt, sc):
+            return [], _comments_of_removed_if(stmt)
+        if collect and after:
+            return [stmt, *after], []
         return [stmt], []
+
+    def _emptied_if(self, stmt, sc) -> bool:
+        """An `if` without `else` whose body only held statements the rules removed (`if step %
+        10 == 0: xm.mark_step()`), and whose test cannot do anything (no call): it can go."""
+        return (
+            isinstance(stmt, cst.If)
+            and stmt.orelse is None
+            and self.file.generated_kind(stmt.body)[0] == "pass"
+            and (sc is None or not (sc.todos or sc.leftover_refs()))
+            and _inert(stmt.test)
+        )
 
     def unwrapped(self, statements, node, info, sc):
         """`with torch_xla.step():` is gone: its body takes its place in the enclosing block."""
@@ -531,9 +611,16 @@ class ModuleRewriter:
 
     def children(self, stmt: cst.BaseCompoundStatement, node: ast.stmt):
         if isinstance(stmt, cst.If):
-            changes = {"body": self.body_block(stmt.body, node.body)}
+            test = _CODEGEN.code_for_node(stmt.test)
+            outer = self.rank_gate
+            if test in self.rank_tests:
+                self.rank_gate = test
+            try:
+                changes = {"body": self.body_block(stmt.body, node.body)}
+            finally:
+                self.rank_gate = outer
             if isinstance(stmt.orelse, cst.If):
-                produced, _ = self.compound(stmt.orelse, node.orelse[0])
+                produced, _ = self.compound(stmt.orelse, node.orelse[0], elif_=True)
                 changes["orelse"] = produced[0]
             elif stmt.orelse is not None:
                 changes["orelse"] = stmt.orelse.with_changes(
@@ -547,7 +634,15 @@ class ModuleRewriter:
                     body=self.body_block(stmt.orelse.body, node.orelse)
                 )
             return stmt.with_changes(**changes)
-        if isinstance(stmt, (cst.With, cst.FunctionDef, cst.ClassDef)):
+        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
+            # A function's body runs wherever it is called: no enclosing rank test holds there.
+            outer, outer_after = self.rank_gate, self.after
+            self.rank_gate, self.after = None, None
+            try:
+                return stmt.with_changes(body=self.body_block(stmt.body, node.body))
+            finally:
+                self.rank_gate, self.after = outer, outer_after
+        if isinstance(stmt, cst.With):
             return stmt.with_changes(body=self.body_block(stmt.body, node.body))
         if isinstance(stmt, (cst.Try, cst.TryStar)):
             handlers = [
@@ -576,6 +671,57 @@ class ModuleRewriter:
 # -- helpers ----------------------------------------------------------------------------------
 
 
+# Expressions that compute without calling anything the program defines (comparisons and
+# arithmetic on names and attributes): an `if` with such a test and nothing in it can go.
+_INERT = (
+    cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString,
+    cst.ConcatenatedString, cst.Comparison, cst.ComparisonTarget, cst.BinaryOperation,
+    cst.UnaryOperation, cst.BooleanOperation,
+)
+
+
+def _inert(node: cst.CSTNode) -> bool:
+    if not isinstance(node, _INERT):
+        return False
+    if isinstance(node, cst.Attribute):
+        return _inert(node.value)
+    if isinstance(node, cst.Name):
+        return True
+    children = [c for c in node.children if not isinstance(c, _SYNTAX)]
+    return all(_inert(child) for child in children)
+
+
+_SYNTAX = (
+    cst.BaseParenthesizableWhitespace, cst.LeftParen, cst.RightParen, cst.BaseBinaryOp,
+    cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseUnaryOp,
+)
+
+
+def _comments_of_removed_if(stmt: cst.If) -> list[cst.EmptyLine]:
+    """What stays of a removed `if`: the comments above it and in its body (as for a removed
+    statement), not its blank lines."""
+    lines = [line for line in stmt.leading_lines if line.comment is not None]
+    header = stmt.body.header.comment
+    if header is not None and not _about_xla(header.value):
+        lines.append(cst.EmptyLine(indent=True, comment=header))
+    for inner in stmt.body.body:
+        lines.extend(line for line in inner.leading_lines if line.comment is not None)
+    lines.extend(line for line in stmt.body.footer if line.comment is not None)
+    return lines
+
+
+# A trailing comment about torch_xla's machinery: it described the statement a rule removed.
+_XLA_WORDS = re.compile(
+    r"xla|\bxm\.|\bxmp\b|\bxr\.|mark_step|\bsync|all[-_ ]?reduce|rendezvous|pjrt|\bxrt\b|step marker|"
+    r"\bgraph|\btpu",
+    re.IGNORECASE,
+)
+
+
+def _about_xla(comment: str) -> bool:
+    return bool(_XLA_WORDS.search(comment))
+
+
 def _requote(node, quote: str, other: str):
     """Rewrite the simple strings under `node` that use `quote` to use `other`."""
     if isinstance(node, cst.SimpleString):
@@ -602,8 +748,10 @@ def _block_of(call: cst.Call) -> cst.IndentedBlock:
     return cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Expr(call)])])
 
 
-def _comment_of(ws: cst.TrailingWhitespace) -> list[cst.EmptyLine]:
-    if ws.comment is None:
+def _comment_of(ws: cst.TrailingWhitespace, removed: bool = False) -> list[cst.EmptyLine]:
+    """A trailing comment as a line of its own. `removed`: its statement is gone, and a comment
+    about torch_xla (`# sync the graph`) would then describe the next statement: dropped."""
+    if ws.comment is None or (removed and _about_xla(ws.comment.value)):
         return []
     return [cst.EmptyLine(indent=True, comment=ws.comment)]
 
@@ -664,7 +812,7 @@ def _rebuild_line(line: cst.SimpleStatementLine, pieces, todos, present=frozense
 
     removed_comments: list[cst.EmptyLine] = []
     if not out:
-        removed_comments = [*line.leading_lines, *_comment_of(line.trailing_whitespace)]
+        removed_comments = [*line.leading_lines, *_comment_of(line.trailing_whitespace, removed=True)]
         return [], removed_comments
     if len(out) == 1 and isinstance(out[0], cst.SimpleStatementLine) and all(
         not isinstance(p, list) for p in pieces
@@ -673,9 +821,11 @@ def _rebuild_line(line: cst.SimpleStatementLine, pieces, todos, present=frozense
     else:
         out[0] = _prepend_lines(out[0], list(line.leading_lines))
         last = out[-1]
-        if isinstance(last, cst.SimpleStatementLine):
+        if len(out) == 1 and isinstance(last, cst.SimpleStatementLine):
             out[-1] = last.with_changes(trailing_whitespace=line.trailing_whitespace)
         elif line.trailing_whitespace.comment is not None:
+            # Several statements replace the line (`xm.optimizer_step(opt)  # all-reduce +
+            # step`): its comment describes them all, so it goes above them, not on the last.
             out[0] = _prepend_lines(out[0], _comment_of(line.trailing_whitespace))
     if todos:
         if any(isinstance(p, list) for p in pieces):

@@ -75,6 +75,7 @@ from tpu_migrate.rewrite.transforms.launch import (
 from tpu_migrate.rewrite.transforms.loaders import (
     device_loader,
     device_loader_loop,
+    drop_loader_alias,
 )
 from tpu_migrate.rewrite.transforms.steps import (
     step_closure,
@@ -230,6 +231,7 @@ __all__ = [
     "device_call",
     "device_loader",
     "device_loader_loop",
+    "drop_loader_alias",
     "device_param_default",
     "device_string_args",
     "device_type_compare",

@@ -25,7 +25,22 @@ PORTABLE_DEVICE = '{torch}.accelerator.current_accelerator(check_available=True)
 GLOBAL_RANK = '({dist}.get_rank() if {dist}.is_initialized() else int({os}.environ.get("RANK", 0)))'
 GLOBAL_MASTER = GLOBAL_RANK + " == 0"
 LOCAL_MASTER = 'int({os}.environ.get("LOCAL_RANK", 0)) == 0'
-TO_CPU = "{torch}.utils._pytree.tree_map_only({torch}.Tensor, lambda t: t.cpu(), {obj})"
+# What xm.save saved: CPU copies of the tensors, however nested. torch 2.9 has no public pytree
+# module (torch.utils.pytree comes later), so a small helper is added to the file, once.
+CPU_COPIES = '''def {name}(obj):
+    """`obj` with its tensors copied to the CPU, through dicts, lists and tuples (as xm.save saved)."""
+    if isinstance(obj, {torch}.Tensor):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        copied = {copy}.copy(obj)  # the same type and attributes (a state dict's _metadata)
+        for key, value in obj.items():
+            copied[key] = {name}(value)
+        return copied
+    if isinstance(obj, (list, tuple)):
+        values = [{name}(value) for value in obj]
+        return type(obj)(*values) if hasattr(obj, "_fields") else type(obj)(values)
+    return obj
+'''
 TO_DEVICE = "{torch}.utils._pytree.tree_map_only({torch}.Tensor, lambda t: t.to({device}), {obj})"
 
 XLA_DEVICE = re.compile(r"xla(:\d+)?\Z")
@@ -112,3 +127,18 @@ def is_xla(qualname: str) -> bool:
 def quote_of(node: cst.BaseExpression) -> str:
     text = code(node)
     return "'" if text.rstrip()[-1:] == "'" else '"'
+
+
+def helper(sc: StatementContext, base: str, template: str) -> str:
+    """The name of a module-level helper function the file gets once (a name bound nowhere)."""
+    file = sc.file
+    name = file.helpers.get(base)
+    if name is None:
+        bound = file.analysis.bound_names
+        name, n = base, 1
+        while name in bound:
+            n += 1
+            name = f"{base}{n}"
+        file.helpers[base] = name
+        file.helper_code[name] = file.plan.fill(template, name=name)
+    return name

@@ -110,7 +110,8 @@ def device_loader_loop(stmt: cst.For, sc: StatementContext, plans, expr_rewriter
                 where=(sc.info.node.lineno, sc.info.node.col_offset + 1),
             )
             return stmt, []
-        loader = iterable
+        inline = plans.inline_loaders.get((id(sc.scope), iterable.value))
+        loader = cst.Name(inline) if inline is not None else iterable
     else:
         return stmt, []
     if not _move_target_ok(target):
@@ -155,3 +156,15 @@ def device_loader(call, qualname, sc: StatementContext, rule):
         qualname,
     )
     return call
+
+
+def drop_loader_alias(result, sc: StatementContext):
+    """`alias = loader`, left by a device loader whose loops now iterate `loader` itself
+    (Plans.inline_loaders): the statement goes. Else `result` unchanged."""
+    if not (isinstance(result, cst.Assign) and len(result.targets) == 1
+            and isinstance(result.targets[0].target, cst.Name) and isinstance(result.value, cst.Name)):
+        return result
+    key = (id(sc.scope), result.targets[0].target.value)
+    if sc.file.plans.inline_loaders.get(key) == result.value.value and key in sc.file.loader_vars:
+        return []
+    return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import keyword
 
 import libcst as cst
 
@@ -13,7 +14,8 @@ from tpu_migrate.rewrite.transforms.common import (
     GLOBAL_RANK,
     GLOBAL_MASTER,
     LOCAL_MASTER,
-    TO_CPU,
+    CPU_COPIES,
+    helper,
     code,
     bind,
     literal_bool,
@@ -82,7 +84,11 @@ def master_print_statement(call, qualname, sc: StatementContext, rule, plans):
     if parts is None:
         return None
     condition, printed = parts
-    return [if_block(condition, [cst.SimpleStatementLine(body=[cst.Expr(printed)])])]
+    guard = if_block(condition, [cst.SimpleStatementLine(body=[cst.Expr(printed)])])
+    # Marked: consecutive prints share one guard, and one inside an `if` with the same test
+    # needs none (transformer.py).
+    sc.file.mark(guard.body, "guard", condition)
+    return [guard]
 
 
 
@@ -97,11 +103,34 @@ def _optimizer_step_parts(call, qualname, sc: StatementContext, rule):
         return None
     step_args = []
     if "optimizer_args" in bound:
-        step_args = [cst.Arg(bound["optimizer_args"].value, star="**")]
+        step_args = _keyword_args(bound["optimizer_args"].value)
     optimizer = bound["optimizer"].value
     if not isinstance(optimizer, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
         optimizer = optimizer.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
     return optimizer, cst.Call(func=cst.Attribute(value=optimizer, attr=cst.Name("step")), args=step_args)
+
+
+_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+def _keyword_args(value: cst.BaseExpression) -> list[cst.Arg]:
+    """`optimizer_args={"closure": fn}` becomes `closure=fn`: a dict literal whose keys are
+    distinct strings that are identifiers (not keywords); anything else is passed as `**value`."""
+    if isinstance(value, cst.Dict) and not value.lpar:
+        keys = []
+        for element in value.elements:
+            if not isinstance(element, cst.DictElement) or not isinstance(element.key, cst.SimpleString):
+                break
+            key = element.key.evaluated_value
+            if not isinstance(key, str) or not key.isidentifier() or keyword.iskeyword(key) or key in keys:
+                break
+            keys.append(key)
+        else:
+            return clean_args([
+                cst.Arg(element.value, keyword=cst.Name(key), equal=_EQUAL)
+                for key, element in zip(keys, value.elements)
+            ])
+    return [cst.Arg(value, star="**")]
 
 
 def optimizer_step(call, qualname, sc: StatementContext, rule):
@@ -161,14 +190,24 @@ def xla_save_statement(call, qualname, sc: StatementContext, rule, plans):
         return None
     sc.fixed(rule.code, qualname)
     plan = sc.file.plan
-    tree = plan.fill(TO_CPU, obj=code(bound["data"].value))
+    tree = f"{helper(sc, '_cpu_copies', CPU_COPIES)}({code(bound['data'].value)})"
     save = plan.fill("{torch}.save") + f"({tree}, {code(bound['file_or_path'].value)})"
     # xm.save ended with a rendezvous: no rank reads the file before it is written.
     barrier = plan.fill("if {dist}.is_initialized():\n    {dist}.barrier()\n")
     if not master_only:
-        return [parse_stmt(save + "\n"), parse_stmt(barrier)]
+        return [parse_stmt(save + "\n"), _barrier(barrier, sc)]
     condition = plan.fill(GLOBAL_RANK + " == 0" if global_master else LOCAL_MASTER)
-    return [parse_stmt(f"if {condition}:\n    {save}\n"), parse_stmt(barrier)]
+    guard = parse_stmt(f"if {condition}:\n    {save}\n")
+    sc.file.mark(guard.body, "guard", condition)
+    return [guard, _barrier(barrier, sc)]
+
+
+def _barrier(text: str, sc: StatementContext) -> cst.If:
+    """xm.save's closing rendezvous. Marked: inside a rank-gated `if`, where only some ranks
+    would reach it (and wait for ever), the walker moves it after that `if` (transformer.py)."""
+    barrier = parse_stmt(text)
+    sc.file.mark(barrier.body, "barrier")
+    return barrier
 
 
 
