@@ -68,3 +68,25 @@ def test_other_files_and_names():
 ])
 def test_install_lines(line, expected):
     assert install_line(line) == expected
+
+
+def test_the_cli_reports_dependency_files_found_or_named(cli, tmp_path):
+    """`rewrite .` finds requirements*.txt and pyproject.toml beside the code and reports what
+    still installs torch_xla (exit 1 under --check); named, a requirements file is scanned, not
+    parsed as Python; neither is ever written."""
+    (tmp_path / "requirements-tpu.txt").write_text("numpy\ntorch-xla[tpu]==2.5.0  # the runtime\n")
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\ndependencies = ["torch_xla>=2.5"]\n')
+    (tmp_path / "setup.cfg").write_text("[metadata]\nname = x\n")  # nothing to report
+    (tmp_path / "train.py").write_text("import os\n")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    result = cli("rewrite", "--check", "--no-cache", ".", cwd=tmp_path)
+    out = result.stdout.decode()
+    assert result.returncode == 1, out + result.stderr.decode()
+    assert "requirements-tpu.txt:2:1 TPU098" in out and "pyproject.toml:3:18 TPU098" in out
+    assert "4 file(s) scanned" in out and "2 manual finding(s)" in out
+    named = cli("rewrite", "--no-cache", "requirements-tpu.txt", cwd=tmp_path)
+    assert named.returncode == 1 and b"requirements-tpu.txt:2:1 TPU098" in named.stdout
+    assert b"not a Python file" not in named.stdout + named.stderr
+    ignored = cli("rewrite", "--check", "--no-cache", "--ignore", "TPU098", ".", cwd=tmp_path)
+    assert ignored.returncode == 0, ignored.stdout.decode()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -18,6 +18,8 @@ import libcst as cst
 from tpu_migrate.findings import FileResult, Note
 from tpu_migrate.rewrite import imports, todos
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
+from tpu_migrate.rewrite.dependencies import CODE as DEPENDENCY_CODE
+from tpu_migrate.rewrite.dependencies import is_dependency_file, scan_dependency_file
 from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter, read_source
 from tpu_migrate.rewrite.names import analyze, is_xla_name
 from tpu_migrate.rewrite.plans import make_plans
@@ -273,6 +275,9 @@ def rewrite_path(path: str, options: Options, data: bytes | None = None) -> File
             from tpu_migrate.rewrite.notebooks import rewrite_notebook
 
             return rewrite_notebook(data, path, options)
+        if is_dependency_file(path):  # requirements*.txt, pyproject.toml: reported, never written
+            manual = scan_dependency_file(path, data) if options.enabled(DEPENDENCY_CODE) else []
+            return FileResult(path, manual=manual)
         return _named_foreign_file(rewrite_bytes(data, path, options))
     except Exception as exc:  # noqa: BLE001 - one file's bug must not stop the run
         return FileResult(path, error=f"internal error: {type(exc).__name__}: {exc}")

@@ -14,6 +14,8 @@ import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from tpu_migrate.rewrite.dependencies import is_dependency_file
+
 SKIP_DIRS = frozenset(
     {".git", ".hg", ".svn", ".venv", "venv", "build", "dist", "site-packages", "__pycache__",
      ".tox", ".nox", ".mypy_cache", ".pytest_cache", "node_modules"}
@@ -151,8 +153,9 @@ def discover(
     """Yield (path, error) for every Python file under `paths`, in a stable order.
 
     Explicitly named files are taken whatever their suffix (a named symlink is followed);
-    directories are searched for *.py and *.ipynb, skipping virtual environments, build output
-    and VCS folders. `exclude` (an Excluder; plain globs are relative to the working
+    directories are searched for *.py and *.ipynb, and for the dependency files that may still
+    install torch_xla (requirements*.txt, pyproject.toml, ...: dependencies.DEPENDENCY_FILES),
+    skipping virtual environments, build output and VCS folders. `exclude` (an Excluder; plain globs are relative to the working
     directory) skips what matches, named paths included.
 
     Symlinks inside a searched directory: a linked directory is never entered (its files, when it
@@ -221,7 +224,7 @@ def discover(
                     if name not in SKIP_DIRS and not name.endswith(".egg-info") and not excluded(entry.path):
                         subdirs.append((entry.path, os.path.join(real_dir, name)))
                     continue
-                if not name.endswith((".py", ".ipynb")) or excluded(entry.path):
+                if not (name.endswith((".py", ".ipynb")) or is_dependency_file(name)) or excluded(entry.path):
                     continue
                 if link:
                     real = os.path.realpath(entry.path)
