@@ -378,12 +378,13 @@ def test_an_ignore_comment_with_an_unknown_code_is_a_warning(cli, tmp_path):
 
 
 def test_a_named_file_that_is_not_python_says_so(cli, tmp_path):
-    (tmp_path / "requirements.txt").write_text("torch==2.9.0\ntorch_xla[tpu]==2.9.0\n")
+    # (requirements*.txt and the other dependency files are scanned: tests/test_dependencies.py)
+    (tmp_path / "notes.txt").write_text("we still use torch_xla: see xm.mark_step(\n")
     (tmp_path / "script").write_text("import torch_xla\ndef broken(:\n")  # no suffix: a script
-    result = cli("rewrite", "requirements.txt", "script", cwd=tmp_path)
+    result = cli("rewrite", "notes.txt", "script", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.decode().splitlines() == [
-        "requirements.txt: error: not a Python file or notebook (.txt file); nothing to rewrite",
+        "notes.txt: error: not a Python file or notebook (.txt file); nothing to rewrite",
         "script: error: syntax error at line 2: invalid syntax"]
 
 

@@ -94,14 +94,15 @@ def test_config_excludes_are_relative_to_the_pyproject_whatever_the_path_spellin
     write_config(project, 'exclude = ["src/legacy.py"]\n')
     args = [a.replace("ABS", str(project)) for a in args]
     result = cli("rewrite", "--check", "--format", "json", *args, cwd=project / where)
-    names = [Path(f["path"]).name for f in json.loads(result.stdout)["files"]]
+    # (pyproject.toml is scanned too, for torch_xla requirements: TPU098)
+    names = [Path(f["path"]).name for f in json.loads(result.stdout)["files"] if f["path"].endswith(".py")]
     assert names == ["train.py"], (args, names)
 
 
 def test_exclude_flags_are_relative_to_the_working_directory(cli, project):
     def names(*args, cwd=project):
         result = cli("rewrite", "--check", "--format", "json", *args, cwd=cwd)
-        return sorted(Path(f["path"]).name for f in json.loads(result.stdout)["files"])
+        return sorted(Path(f["path"]).name for f in json.loads(result.stdout)["files"] if f["path"].endswith(".py"))
 
     for spelling in (".", "src", "./src", str(project / "src"), "src/legacy.py"):
         assert "legacy.py" not in names("--exclude", "src/legacy.py", spelling, "src/train.py"), spelling
