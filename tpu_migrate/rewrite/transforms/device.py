@@ -171,22 +171,23 @@ def _string_hint(node: cst.BaseExpression) -> str | None:
     return hint_of(_string_value(node)) if isinstance(node, cst.SimpleString) else None
 
 
+# The operands a value may come from: `a if c else b`, `a or b`.
+_BRANCHES = {cst.IfExp: ("body", "orelse"), cst.BooleanOperation: ("left", "right")}
+
+
 def _convert(value: cst.BaseExpression, hint: str, sc: StatementContext, string: bool = True,
              nested: bool = False) -> cst.BaseExpression:
     """A value whose name says device or backend: its "xla" strings converted (the value itself,
     either branch of `a if c else b`, an operand of `or` / `and`, `field(default=...)`)."""
-    if isinstance(value, cst.IfExp):
-        body = _convert(value.body, hint, sc, string, True)
-        orelse = _convert(value.orelse, hint, sc, string, True)
-        if body is value.body and orelse is value.orelse:
-            return value
-        return value.with_changes(body=body, orelse=orelse)
-    if isinstance(value, cst.BooleanOperation):
-        left = _convert(value.left, hint, sc, string, True)
-        right = _convert(value.right, hint, sc, string, True)
-        if left is value.left and right is value.right:
-            return value
-        return value.with_changes(left=left, right=right)
+    branches = _BRANCHES.get(type(value))
+    if branches:
+        changed = {}
+        for name in branches:
+            part = getattr(value, name)
+            new = _convert(part, hint, sc, string, True)
+            if new is not part:
+                changed[name] = new
+        return value.with_changes(**changed) if changed else value
     if isinstance(value, cst.Call) and _callee(value) == "field":
         args = [
             a.with_changes(value=_convert(a.value, hint, sc, string))
