@@ -155,8 +155,8 @@ def discover(
     Explicitly named files are taken whatever their suffix (a named symlink is followed);
     directories are searched for *.py and *.ipynb, and for the dependency files that may still
     install torch_xla (requirements*.txt, pyproject.toml, ...: dependencies.DEPENDENCY_FILES),
-    skipping virtual environments, build output and VCS folders. `exclude` (an Excluder; plain globs are relative to the working
-    directory) skips what matches, named paths included.
+    skipping virtual environments, build output and VCS folders. `exclude` (an Excluder; plain
+    globs are relative to the working directory) skips what matches, named paths included.
 
     Symlinks inside a searched directory: a linked directory is never entered (its files, when it
     points into the tree, are found where they are; this also makes loops harmless), and a linked
