@@ -111,8 +111,13 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
     dist = plan.use("dist")
     call_args = _spread(args)
     # torchrun started this process as one of the workers: torch_xla.launch called fn itself.
+    # The group the worker joined goes before the interpreter exits: a gloo group left to the
+    # exit can abort the process ("terminate called without an active exception", seen under
+    # torchrun), and torchrun then fails the job.
     lines = [f"if {dist}.is_torchelastic_launched():",
-             f'    {fn}(int({os_name}.environ["LOCAL_RANK"]){call_args})']
+             f'    {fn}(int({os_name}.environ["LOCAL_RANK"]){call_args})',
+             f"    if {dist}.is_initialized():",
+             f"        {dist}.destroy_process_group()"]
     rendezvous = [f'{os_name}.environ.setdefault("MASTER_ADDR", "127.0.0.1")',
                   f'{os_name}.environ.setdefault("MASTER_PORT", "29500")']
     single = _single_process(bound, launch)
