@@ -103,12 +103,17 @@ def target_name(assign: cst.Assign | None) -> str | None:
 
 def fresh_name(sc: StatementContext, base: str) -> str:
     """A name bound nowhere in the file (nor given out before in this statement)."""
-    bound = sc.file.analysis.bound_names
+    name = _unused(base, sc.file.analysis.bound_names, sc.new_names)
+    sc.new_names.add(name)
+    return name
+
+
+def _unused(base: str, *taken: set[str]) -> str:
+    """`base`, or `base2`, `base3`, ...: the first in none of `taken`."""
     name, n = base, 1
-    while name in bound or name in sc.new_names:
+    while any(name in names for names in taken):
         n += 1
         name = f"{base}{n}"
-    sc.new_names.add(name)
     return name
 
 def given(bound: dict, name: str) -> bool:
@@ -134,11 +139,7 @@ def helper(sc: StatementContext, base: str, template: str) -> str:
     file = sc.file
     name = file.helpers.get(base)
     if name is None:
-        bound = file.analysis.bound_names
-        name, n = base, 1
-        while name in bound:
-            n += 1
-            name = f"{base}{n}"
+        name = _unused(base, file.analysis.bound_names)
         file.helpers[base] = name
         file.helper_code[name] = file.plan.fill(template, name=name)
     return name
