@@ -61,6 +61,19 @@ class ImportPlan:
         transformers = analysis.module_alias("transformers")
         self._transformers_imported = transformers is not None
         self.names["transformers"] = transformers or "transformers"
+        # Modules only the helpers and conversions of TPU155-TPU158 use: the file's own name
+        # for them, else the module's name, else (that name is taken: `from time import time`)
+        # an alias of its own.
+        self._modules: dict[str, str | None] = {}  # placeholder -> the import to add, if any
+        for module in ("time", "loguru"):
+            alias = analysis.module_alias(module)
+            if alias is not None:
+                self.names[module], self._modules[module] = alias, None
+            elif module not in bound:
+                self.names[module], self._modules[module] = module, f"import {module}"
+            else:
+                self.names[module] = f"_{module}_module"
+                self._modules[module] = f"import {module} as _{module}_module"
 
     def use(self, placeholder: str) -> str:
         self._used.add(placeholder)
@@ -77,7 +90,7 @@ class ImportPlan:
 
     def fill(self, template: str, **extra: str) -> str:
         values = dict(extra)
-        for placeholder in ("torch", "dist", "os", "transformers", "copy"):
+        for placeholder in ("torch", "dist", "os", "transformers", "copy", "time", "loguru"):
             if "{" + placeholder + "}" in template:
                 values[placeholder] = self.use(placeholder)
         return template.format(**values)
@@ -88,6 +101,8 @@ class ImportPlan:
             lines.append("import copy")
         if "os" in self._used and not self._os_imported:
             lines.append("import os")
+        if "time" in self._used and self._modules["time"]:
+            lines.append(self._modules["time"])
         if "torch" in self._used and not self._torch_imported:
             lines.append("import torch")
         if "dist" in self._used and not self._dist_imported:
@@ -97,6 +112,8 @@ class ImportPlan:
                 lines.append(f"import torch.distributed as {self.names['dist']}")
         if "transformers" in self._used and not self._transformers_imported:
             lines.append("import transformers")
+        if "loguru" in self._used and self._modules["loguru"]:
+            lines.append(self._modules["loguru"])
         return lines
 
 
@@ -266,15 +283,18 @@ class StatementContext:
         if todo:
             self.todos.append(finding)
 
-    def snapshot(self) -> tuple[int, Counter, frozenset[str], int]:
+    def snapshot(self) -> tuple[int, Counter, frozenset[str], int, frozenset[str]]:
         """What `rollback` needs to forget the fixes made since."""
-        return len(self.file.fixes), Counter(self.file.removed_roots), self.file.plan.used(), len(self.before)
+        file = self.file
+        return len(file.fixes), Counter(file.removed_roots), file.plan.used(), len(self.before), frozenset(file.helpers)
 
-    def rollback(self, snapshot: tuple[int, Counter, frozenset[str], int]) -> None:
+    def rollback(self, snapshot: tuple[int, Counter, frozenset[str], int, frozenset[str]]) -> None:
         """Forget the fixes made since `snapshot`: their code was thrown away (the arguments of
         a call left for a human are kept byte for byte). The references they consumed stay
         consumed: the call's own finding covers them."""
-        count, removed, used, before = snapshot
+        count, removed, used, before, helpers = snapshot
+        for base in set(self.file.helpers) - helpers:  # helpers only the thrown-away code called
+            del self.file.helper_code[self.file.helpers.pop(base)]
         del self.file.fixes[count:]
         self.file.removed_roots = removed
         self.file.plan.restore(used)

@@ -474,6 +474,8 @@ class ModuleRewriter:
 
     def small_statement(self, small: cst.BaseSmallStatement, sc: StatementContext):
         removed = transforms.environment_statement(small, sc)
+        if removed is None:
+            removed = transforms.metrics_print_statement(small, sc)
         if removed is not None:
             return removed
         call = None

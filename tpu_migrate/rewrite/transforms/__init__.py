@@ -77,6 +77,13 @@ from tpu_migrate.rewrite.transforms.loaders import (
     device_loader_loop,
     drop_loader_alias,
 )
+from tpu_migrate.rewrite.transforms.reporting import (
+    helper_call,
+    helper_reference,
+    metrics_print_statement,
+    xla_logger,
+    xla_logger_statement,
+)
 from tpu_migrate.rewrite.transforms.steps import (
     step_closure,
     is_master_ordinal,
@@ -107,6 +114,8 @@ CALL = {
     "master_print": master_print,
     "optimizer_step": optimizer_step,
     "device_loader": device_loader,
+    "helper": helper_call,
+    "xla_logger": xla_logger,
 }
 
 STATEMENT = {
@@ -123,6 +132,7 @@ STATEMENT = {
     "xla_save": xla_save_statement,
     "spawn": spawn_statement,
     "optimizer_step": optimizer_step_statement,
+    "xla_logger": xla_logger_statement,
 }
 
 # Statement rules that also convert `name = call(...)` (they take the Assign).
@@ -132,6 +142,7 @@ ASSIGN = frozenset({"all_reduce", "all_gather", "mesh_reduce", "optimizer_step"}
 REFERENCE = {
     "reduce_op_constant": reduce_op_constant,
     "xla_compile": xla_compile_reference,
+    "helper": helper_reference,
 }
 
 QUALNAME_CALLS = {
@@ -252,6 +263,7 @@ __all__ = [
     "matmul_precision",
     "memory_info",
     "mesh_reduce_statement",
+    "metrics_print_statement",
     "optimizer_step",
     "optimizer_step_statement",
     "optimum_auto_model",

@@ -134,12 +134,13 @@ def quote_of(node: cst.BaseExpression) -> str:
     return "'" if text.rstrip()[-1:] == "'" else '"'
 
 
-def helper(sc: StatementContext, base: str, template: str) -> str:
-    """The name of a module-level helper function the file gets once (a name bound nowhere)."""
+def helper(sc: StatementContext, base: str, template: str, **names: str) -> str:
+    """The name of a module-level helper function (or class) the file gets once (a name bound
+    nowhere); `names` fill the template's other placeholders (the helpers it calls)."""
     file = sc.file
     name = file.helpers.get(base)
     if name is None:
         name = _unused(base, file.analysis.bound_names)
         file.helpers[base] = name
-        file.helper_code[name] = file.plan.fill(template, name=name)
+        file.helper_code[name] = file.plan.fill(template, name=name, **names)
     return name
