@@ -76,6 +76,7 @@ from tpu_migrate.rewrite.transforms.loaders import (
     device_loader,
     device_loader_loop,
     drop_loader_alias,
+    sample_generator,
 )
 from tpu_migrate.rewrite.transforms.steps import (
     step_closure,
@@ -107,6 +108,7 @@ CALL = {
     "master_print": master_print,
     "optimizer_step": optimizer_step,
     "device_loader": device_loader,
+    "sample_generator": sample_generator,
 }
 
 STATEMENT = {
@@ -261,6 +263,7 @@ __all__ = [
     "remove_step_marker",
     "remove_step_marker_statement",
     "rendezvous_statement",
+    "sample_generator",
     "setup_worker",
     "spawn_statement",
     "torch_compile",
