@@ -285,20 +285,21 @@ class StatementContext:
 
     def snapshot(self) -> tuple[int, Counter, frozenset[str], int, frozenset[str]]:
         """What `rollback` needs to forget the fixes made since."""
-        file = self.file
-        return len(file.fixes), Counter(file.removed_roots), file.plan.used(), len(self.before), frozenset(file.helpers)
+        return (len(self.file.fixes), Counter(self.file.removed_roots), self.file.plan.used(),
+                len(self.before), frozenset(self.file.helpers))
 
     def rollback(self, snapshot: tuple[int, Counter, frozenset[str], int, frozenset[str]]) -> None:
         """Forget the fixes made since `snapshot`: their code was thrown away (the arguments of
-        a call left for a human are kept byte for byte). The references they consumed stay
-        consumed: the call's own finding covers them."""
+        a call left for a human are kept byte for byte), and with it the calls of the helpers
+        added since. The references they consumed stay consumed: the call's own finding covers
+        them."""
         count, removed, used, before, helpers = snapshot
-        for base in set(self.file.helpers) - helpers:  # helpers only the thrown-away code called
-            del self.file.helper_code[self.file.helpers.pop(base)]
         del self.file.fixes[count:]
         self.file.removed_roots = removed
         self.file.plan.restore(used)
         del self.before[before:]
+        for base in set(self.file.helpers) - helpers:
+            del self.file.helper_code[self.file.helpers.pop(base)]
 
     def leftover_refs(self) -> list[Ref]:
         from tpu_migrate.rewrite.names import is_xla_name

@@ -76,6 +76,7 @@ from tpu_migrate.rewrite.transforms.loaders import (
     device_loader,
     device_loader_loop,
     drop_loader_alias,
+    sample_generator,
 )
 from tpu_migrate.rewrite.transforms.reporting import (
     helper_call,
@@ -116,6 +117,7 @@ CALL = {
     "device_loader": device_loader,
     "helper": helper_call,
     "xla_logger": xla_logger,
+    "sample_generator": sample_generator,
 }
 
 STATEMENT = {
@@ -273,6 +275,7 @@ __all__ = [
     "remove_step_marker",
     "remove_step_marker_statement",
     "rendezvous_statement",
+    "sample_generator",
     "setup_worker",
     "spawn_statement",
     "torch_compile",

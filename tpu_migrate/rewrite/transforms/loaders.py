@@ -1,4 +1,11 @@
-"""Device loaders: `MpDeviceLoader` / `ParallelLoader` become the plain loader plus a move (TPU040)."""
+"""Device loaders: `MpDeviceLoader` / `ParallelLoader` become the plain loader plus a move (TPU040);
+`xu.SampleGenerator(data, n)` becomes `[data] * n` (TPU041).
+
+Iterated in a `for` of the same function, the loop iterates the plain loader and moves each batch.
+Held anywhere else (an attribute, an argument, a return value), `MpDeviceLoader(loader, device)`
+becomes a small class added to the file (DEVICE_LOADER) that keeps what callers use of it: a new
+pass over `loader` at every `iter()` (each epoch), batches moved to `device`, `len()`.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +19,36 @@ from tpu_migrate.rewrite.transforms.common import (
     TO_DEVICE,
     code,
     bind,
+    given,
+    helper,
 )
+
+# What an MpDeviceLoader is to the code that holds it. It keeps `_loader` and `_device`, which
+# code around MpDeviceLoader reads (Lightning: `dataloader._loader.dataset`).
+DEVICE_LOADER = '''class {name}:
+    """pl.MpDeviceLoader's stand-in: each pass moves `loader`'s batches to `device` anew."""
+
+    def __init__(self, loader, device):
+        self._loader = loader
+        self._device = device
+
+    def __iter__(self):
+        for batch in self._loader:
+            yield ''' + TO_DEVICE.replace("{device}", "self._device").replace("{obj}", "batch") + '''
+
+    def __len__(self):
+        return len(self._loader)
+'''
+# MpDeviceLoader's keywords that only tune its background threads and its implicit
+# `torch_xla.sync()` every `batches_per_execution` batches (eager TorchTPU has no step to cut);
+# `batchdim` is stored by ParallelLoader and never read. Dropping them keeps the batches.
+_TUNING_KEYWORDS = frozenset({"loader_prefetch_size", "device_prefetch_size",
+                              "host_to_device_transfer_threads", "batches_per_execution", "batchdim"})
+# MpDeviceLoader's own state, which the added class does not have.
+_LOADER_INTERNALS = frozenset({"_parallel_loader", "_parallel_loader_kwargs"})
+# Marks a loop-only loader variable that stays a loader (the added class, or the call left for a
+# human): its loops stay as they are.
+LOOPS_KEPT = cst.Name("_loops_kept")
 
 
 def _loader_parts(expr: cst.BaseExpression, sc: StatementContext):
@@ -24,8 +60,7 @@ def _loader_parts(expr: cst.BaseExpression, sc: StatementContext):
         bound = bind(expr, ["loader", "device"])
         if bound is None or "loader" not in bound or "device" not in bound:
             return None
-        if set(bound) - {"loader", "device", "loader_prefetch_size", "device_prefetch_size",
-                         "host_to_device_transfer_threads"}:
+        if set(bound) - {"loader", "device"} - _TUNING_KEYWORDS:
             return None
         return bound["loader"].value, bound["device"].value, [qualname]
     if (
@@ -102,6 +137,8 @@ def device_loader_loop(stmt: cst.For, sc: StatementContext, plans, expr_rewriter
         loader, device, consumed = parts
     elif isinstance(iterable, cst.Name) and (id(sc.scope), iterable.value) in plans.loader_vars:
         device = sc.file.loader_vars.get((id(sc.scope), iterable.value))
+        if device is LOOPS_KEPT:
+            return stmt, []
         if device is None:
             sc.needs_manual(
                 "TPU040",
@@ -133,29 +170,67 @@ def device_loader_loop(stmt: cst.For, sc: StatementContext, plans, expr_rewriter
 
 
 def device_loader(call, qualname, sc: StatementContext, rule):
-    """A device loader outside a `for` header: fine only when assigned to a loop-only variable."""
+    """A device loader outside a `for` header: the plain loader where it is assigned to a
+    loop-only variable, else the added class (DEVICE_LOADER) in its place."""
     node = sc.info.node
     plans = sc.file.plans
-    if (
+    loop_only = (
         qualname == MP_DEVICE_LOADER
         and isinstance(node, ast.Assign)
         and isinstance(node.targets[0], ast.Name)
         and (id(sc.scope), node.targets[0].id) in plans.loader_vars
-    ):
+    )
+    if loop_only:
         parts = _loader_parts(call, sc)
-        if parts is not None:
-            loader, device, _ = parts
-            if _movable_device(device, sc):
-                sc.file.loader_vars[(id(sc.scope), node.targets[0].id)] = device
-                sc.fixed(rule.code, qualname)
-                return loader
+        if parts is not None and _movable_device(parts[1], sc):
+            sc.file.loader_vars[(id(sc.scope), node.targets[0].id)] = parts[1]
+            sc.fixed(rule.code, qualname)
+            return parts[0]
+    if qualname != MP_DEVICE_LOADER:
+        sc.needs_manual(
+            rule.code,
+            "replace the device loader with the plain DataLoader and move each batch with "
+            ".to(device) in the loop; without the move the batches stay on the CPU",
+            qualname,
+        )
+        return call
+    if loop_only:
+        sc.file.loader_vars[(id(sc.scope), node.targets[0].id)] = LOOPS_KEPT
+    return _wrapped_loader(call, qualname, sc, rule)
+
+
+def _wrapped_loader(call, qualname, sc: StatementContext, rule):
+    """`MpDeviceLoader(loader, device, ...)` -> `_DeviceLoader(loader, device)`, or the call
+    kept with a manual finding saying what the class would not keep."""
+    bound = bind(call, ["loader", "device"])
+    if bound is None or "loader" not in bound or "device" not in bound:
+        problem = "cannot read the loader and device arguments"
+    elif given(bound, "input_sharding"):
+        problem = "`input_sharding=` shards each batch over the SPMD mesh (DTensor placements)"
+    elif set(bound) - {"loader", "device", "input_sharding"} - _TUNING_KEYWORDS:
+        unknown = sorted(set(bound) - {"loader", "device", "input_sharding"} - _TUNING_KEYWORDS)
+        problem = f"unknown argument `{unknown[0]}=`"
+    elif _reads_loader_internals(sc):
+        problem = "the file reads MpDeviceLoader's `_parallel_loader` state, which a plain loader lacks"
+    else:
+        name = helper(sc, "_DeviceLoader", DEVICE_LOADER)
+        sc.fixed(rule.code, qualname)
+        return cst.Call(
+            func=cst.Name(name),
+            args=[cst.Arg(bound["loader"].value), cst.Arg(bound["device"].value)],
+        )
     sc.needs_manual(
         rule.code,
-        "replace the device loader with the plain DataLoader and move each batch with "
-        ".to(device) in the loop; without the move the batches stay on the CPU",
+        f"{problem}; replace the device loader by hand: the plain DataLoader, each batch moved "
+        "with .to(device)",
         qualname,
     )
     return call
+
+
+def _reads_loader_internals(sc: StatementContext) -> bool:
+    return any(isinstance(node, ast.Attribute) and node.attr in _LOADER_INTERNALS
+               for node in ast.walk(sc.file.analysis.tree))
 
 
 def drop_loader_alias(result, sc: StatementContext):
@@ -168,3 +243,19 @@ def drop_loader_alias(result, sc: StatementContext):
     if sc.file.plans.inline_loaders.get(key) == result.value.value and key in sc.file.loader_vars:
         return []
     return result
+
+
+def sample_generator(call, qualname, sc: StatementContext, rule):
+    """`xu.SampleGenerator(data, sample_count)` -> `[data] * sample_count`: the same object `n`
+    times, on every pass, with `len()` `n`, as the generator gave."""
+    bound = bind(call, ["data", "sample_count"])
+    if bound is None or "data" not in bound or "sample_count" not in bound:
+        sc.needs_manual(rule.code, f"cannot read the arguments: {rule.summary}", qualname)
+        return call
+    sc.fixed(rule.code, qualname)
+    count = bound["sample_count"].value
+    if not isinstance(count, (cst.Name, cst.Attribute, cst.Call, cst.Subscript, cst.Integer)):
+        count = count.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return cst.BinaryOperation(
+        left=cst.List([cst.Element(bound["data"].value)]), operator=cst.Multiply(), right=count
+    )
