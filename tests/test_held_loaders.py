@@ -1,7 +1,7 @@
 """The code TPU040 and TPU041 write for a device loader held outside a loop, run for real: the
 migrated module is executed and its loader compared with what torch_xla's classes gave.
 
-The CPU differential run (fixtures/programs/p13_held_device_loader.py) cannot see a move to the
+The CPU differential run (fixtures/programs/p14_held_device_loader.py) cannot see a move to the
 device, since its device is the CPU; here the device is `meta`, so a batch left behind shows."""
 
 from __future__ import annotations
