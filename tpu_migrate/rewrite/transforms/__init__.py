@@ -21,12 +21,13 @@ from tpu_migrate.rewrite.transforms.amp_compile import (
     xla_compile_reference,
 )
 from tpu_migrate.rewrite.transforms.collectives import (
-    all_gather_statement,
+    all_gather,
     all_reduce_value,
     all_reduce_statement,
     broadcast_master_param_statement,
     collective_broadcast_statement,
     mesh_reduce_statement,
+    mesh_reduce_value,
     reduce_gradients_statement,
     reduce_op_constant,
     rendezvous_statement,
@@ -95,6 +96,8 @@ from tpu_migrate.rewrite.transforms.steps import (
 CALL = {
     "step_closure": step_closure,
     "all_reduce": all_reduce_value,
+    "all_gather": all_gather,
+    "mesh_reduce": mesh_reduce_value,
     "manual_seed": manual_seed,
     "xla_autocast": xla_autocast,
     "xla_compile": xla_compile,
@@ -111,7 +114,6 @@ CALL = {
 
 STATEMENT = {
     "all_reduce": all_reduce_statement,
-    "all_gather": all_gather_statement,
     "collective_broadcast": collective_broadcast_statement,
     "broadcast_master_param": broadcast_master_param_statement,
     "rendezvous": rendezvous_statement,
@@ -126,7 +128,7 @@ STATEMENT = {
 }
 
 # Statement rules that also convert `name = call(...)` (they take the Assign).
-ASSIGN = frozenset({"all_reduce", "all_gather", "mesh_reduce", "optimizer_step"})
+ASSIGN = frozenset({"all_reduce", "mesh_reduce", "optimizer_step"})
 
 # Rules applied to a bare reference (not a call): `xm.REDUCE_SUM`, `@torch_xla.compile`.
 REFERENCE = {
@@ -215,7 +217,7 @@ __all__ = [
     "step_closure",
     "LOOSE",
     "atom",
-    "all_gather_statement",
+    "all_gather",
     "all_reduce_statement",
     "all_reduce_value",
     "autocast",
@@ -252,6 +254,7 @@ __all__ = [
     "matmul_precision",
     "memory_info",
     "mesh_reduce_statement",
+    "mesh_reduce_value",
     "optimizer_step",
     "optimizer_step_statement",
     "optimum_auto_model",
