@@ -21,7 +21,8 @@ from tpu_migrate.rewrite.transforms.amp_compile import (
     xla_compile_reference,
 )
 from tpu_migrate.rewrite.transforms.collectives import (
-    all_gather,
+    all_gather_statement,
+    all_gather_value,
     all_reduce_value,
     all_reduce_statement,
     broadcast_master_param_statement,
@@ -96,7 +97,7 @@ from tpu_migrate.rewrite.transforms.steps import (
 CALL = {
     "step_closure": step_closure,
     "all_reduce": all_reduce_value,
-    "all_gather": all_gather,
+    "all_gather": all_gather_value,
     "mesh_reduce": mesh_reduce_value,
     "manual_seed": manual_seed,
     "xla_autocast": xla_autocast,
@@ -114,6 +115,7 @@ CALL = {
 
 STATEMENT = {
     "all_reduce": all_reduce_statement,
+    "all_gather": all_gather_statement,
     "collective_broadcast": collective_broadcast_statement,
     "broadcast_master_param": broadcast_master_param_statement,
     "rendezvous": rendezvous_statement,
@@ -128,7 +130,7 @@ STATEMENT = {
 }
 
 # Statement rules that also convert `name = call(...)` (they take the Assign).
-ASSIGN = frozenset({"all_reduce", "mesh_reduce", "optimizer_step"})
+ASSIGN = frozenset({"all_reduce", "all_gather", "mesh_reduce", "optimizer_step"})
 
 # Rules applied to a bare reference (not a call): `xm.REDUCE_SUM`, `@torch_xla.compile`.
 REFERENCE = {
@@ -217,7 +219,8 @@ __all__ = [
     "step_closure",
     "LOOSE",
     "atom",
-    "all_gather",
+    "all_gather_statement",
+    "all_gather_value",
     "all_reduce_statement",
     "all_reduce_value",
     "autocast",

@@ -144,18 +144,41 @@ def _reduce_into(target: str, tensor: str, op: str, scale: str | None, sc: State
     return lines
 
 
-def all_gather(call, qualname, sc: StatementContext, rule):
-    """`xm.all_gather(value, dim)` -> `_all_gather(value, dim)`, a helper added to the file: the
-    value may be a tensor or a list of tensors, which only the run can tell. A call in place of
-    a call: it runs where and as often as the original, in any expression."""
+def all_gather_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
+    """`y = xm.all_gather(x, dim=d)` -> `y = _all_gather(x, d)`."""
+    gather = _gather_call(call, qualname, sc, rule)
+    if gather is None:
+        return None
+    line = f"{code(assign.targets[0].target)} = {gather}" if target_name(assign) else gather
+    return parse_block([line])
+
+
+def all_gather_value(call, qualname, sc: StatementContext, rule):
+    """`xm.all_gather(x)` inside a larger expression: like the other collectives, it goes into a
+    fresh name just before the statement (so it runs on every rank even where the statement
+    prints on one, `xm.master_print(...)`). Where that could change how often it runs (a
+    comprehension, `a if c else b`), the helper call takes the call's place instead."""
+    gather = _gather_call(call, qualname, sc, rule)
+    if gather is None:
+        return call
+    if not sc.can_hoist:
+        return parse_expr(gather)
+    name = fresh_name(sc, "gathered")
+    sc.before.extend(parse_block([f"{name} = {gather}"]))
+    return cst.Name(name)
+
+
+def _gather_call(call, qualname, sc: StatementContext, rule) -> str | None:
+    """`_all_gather(value, dim)`, a helper added to the file: the value may be a tensor or a
+    list of tensors, which only the run can tell; None after a manual finding."""
     bound = bind(call, ["value", "dim", "groups", "output", "pin_layout"])
     if bound is None or "value" not in bound or given(bound, "groups") or given(bound, "output"):
         sc.needs_manual(rule.code, "xm.all_gather with groups=, output= or unpacked arguments: "
                         "gather by hand (dist.all_gather into a list, then torch.cat)", qualname)
-        return call
+        return None
     dim = f", {code(bound['dim'].value)}" if "dim" in bound else ""
     sc.fixed(rule.code, qualname)
-    return parse_expr(f"{helper(sc, '_all_gather', ALL_GATHER)}({code(bound['value'].value)}{dim})")
+    return f"{helper(sc, '_all_gather', ALL_GATHER)}({code(bound['value'].value)}{dim})"
 
 
 def collective_broadcast_statement(call, qualname, sc: StatementContext, rule, plans):
