@@ -253,7 +253,8 @@ def _spawn_worker(call: ast.Call, statement: ast.stmt, scope: Scope, analysis: A
         (k.value for k in call.keywords if k.arg == "fn"), None
     )
     if not isinstance(fn, ast.Name):
-        return Worker(refusal="the worker is not a name of this file (an attribute, a lambda, a call ...)")
+        return Worker(refusal=f"the worker `{ast.unparse(fn)}` is not a plain name of this file (an "
+                      "attribute of another module, a lambda, a call ...)")
     if scope.lookup(fn.id) is not None:
         return Worker(refusal=f"the worker `{fn.id}` is imported from another module")
     name = fn.id if fn.id in analysis.functions else _aliased_function(fn, statement, analysis)
