@@ -1,6 +1,8 @@
 """Multi-process differential tests: each torch_xla program in fixtures/programs/multiprocess/
 covers one launch or rank idiom (xmp.spawn, torch_xla.launch, a conditional process group,
-xm.optimizer_step, xm.save, rank-gated logging, DistributedSampler, rendezvous / mesh_reduce).
+xm.optimizer_step, xm.save, rank-gated logging, DistributedSampler, rendezvous / mesh_reduce,
+a `def main(*args)` worker passed through a variable with collectives inside expressions, a
+plain process that creates an xla:// group itself).
 
 The original runs at world size 1 on XLA:CPU (torch_xla runs only one CPU process here); its
 records do not depend on the world size (see the programs' docstrings), so the migrated program
@@ -74,6 +76,8 @@ CASES = [
     Case("m07_rank_gated_logging.py"),
     Case("m08_sampler_device_loader.py"),
     Case("m09_rendezvous_mesh_reduce.py"),
+    Case("m10_varargs_worker_in_variable.py", extra_modes=(Mode("fake2", fake_accelerators=2),)),
+    Case("m11_plain_process_group.py"),
 ]
 PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
 PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]

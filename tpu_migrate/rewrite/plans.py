@@ -20,10 +20,19 @@ MP_DEVICE_LOADER = "torch_xla.distributed.parallel_loader.MpDeviceLoader"
 PARALLEL_LOADER = "torch_xla.distributed.parallel_loader.ParallelLoader"
 
 
+@dataclass(frozen=True)
+class Worker:
+    """What a launch starts: a function of this file, or a reason to leave the launch alone."""
+    name: str | None = None
+    refusal: str | None = None
+
+
 @dataclass
 class Plans:
     # id(ast statement of the spawn call) -> name of the worker function to set up
     spawn_workers: dict[int, str] = field(default_factory=dict)
+    # id(ast statement of a spawn call left for a human) -> why
+    spawn_refusals: dict[int, str] = field(default_factory=dict)
     # (id(scope), name) of variables bound to a device loader that are only iterated
     loader_vars: set[tuple[int, str]] = field(default_factory=set)
     # The file creates a process group other than with the "xla" backend (set when it
@@ -53,9 +62,11 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
         if not info.refs:
             continue
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
-            worker = _spawn_worker(node.value, info.scope, analysis, canonical)
-            if worker and enabled("TPU060", info):
-                plans.spawn_workers[id(node)] = worker
+            worker = _spawn_worker(node.value, node, info.scope, analysis, canonical)
+            if worker is not None and worker.refusal is not None:
+                plans.spawn_refusals[id(node)] = worker.refusal
+            elif worker is not None and enabled("TPU060", info):
+                plans.spawn_workers[id(node)] = worker.name
         elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                 qualname = _call_qualname(node.value, info.scope, canonical)
@@ -143,16 +154,10 @@ _OWN_SCOPE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
 def _stores(body: list[ast.stmt]) -> list[tuple[str, int]]:
     """(name, line) of the bindings made in a scope's own body (nested scopes left out)."""
     found: list[tuple[str, int]] = []
-    stack: list[ast.AST] = list(body)
-    while stack:
-        node = stack.pop()
+    for node in _own_nodes(body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             found.append((node.name, node.lineno))
-            stack.extend(node.decorator_list)
-            continue
-        if isinstance(node, _OWN_SCOPE):
-            continue
-        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             found.append((node.id, node.lineno))
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             found.extend(((a.asname or a.name).partition(".")[0], node.lineno) for a in node.names)
@@ -164,8 +169,21 @@ def _stores(body: list[ast.stmt]) -> list[tuple[str, int]]:
             found.append((node.name, node.lineno))
         elif isinstance(node, ast.MatchMapping) and node.rest:
             found.append((node.rest, node.lineno))
-        stack.extend(ast.iter_child_nodes(node))
     return found
+
+
+def _own_nodes(body: list[ast.stmt]):
+    """The nodes of a scope's own body: a nested function or class is met (with its
+    decorators), its body is not; lambdas and comprehensions are left out."""
+    stack: list[ast.AST] = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield node
+            stack.extend(node.decorator_list)
+        elif not isinstance(node, _OWN_SCOPE):
+            yield node
+            stack.extend(ast.iter_child_nodes(node))
 
 
 def init_process_group_calls(tree: ast.AST) -> list[ast.Call]:
@@ -222,29 +240,71 @@ def _call_qualname(call: ast.Call, scope: Scope, canonical) -> str | None:
     return canonical(qualname) if qualname else None
 
 
-def _spawn_worker(call: ast.Call, scope: Scope, analysis: Analysis, canonical) -> str | None:
+def _spawn_worker(call: ast.Call, statement: ast.stmt, scope: Scope, analysis: Analysis, canonical) -> Worker | None:
+    """The worker function an `xmp.spawn` / `torch_xla.launch` call starts, or why it cannot
+    be converted; None for another call."""
     if _call_qualname(call, scope, canonical) not in SPAWN_NAMES:
         return None
     if any(isinstance(a, ast.Starred) for a in call.args) or any(
         k.arg is None for k in call.keywords
     ):
-        return None
+        return Worker(refusal="the call passes *args or **kwargs")
     fn = call.args[0] if call.args else next(
         (k.value for k in call.keywords if k.arg == "fn"), None
     )
-    if not isinstance(fn, ast.Name) or fn.id not in analysis.functions:
-        return None
-    if scope.lookup(fn.id) is not None:  # an imported name, not the module's def
-        return None
-    worker = analysis.functions[fn.id]
-    if not (worker.args.posonlyargs or worker.args.args):
-        return None  # the worker must accept the process index
+    if not isinstance(fn, ast.Name):
+        return Worker(refusal=f"the worker `{ast.unparse(fn)}` is not a plain name of this file (an "
+                      "attribute of another module, a lambda, a call ...)")
+    if scope.lookup(fn.id) is not None:
+        return Worker(refusal=f"the worker `{fn.id}` is imported from another module")
+    name = fn.id if fn.id in analysis.functions else _aliased_function(fn, statement, analysis)
+    if name is None:
+        return Worker(refusal=f"`{fn.id}` is neither a module-level function of this file nor a "
+                      "name assigned one exactly once (`fn = worker`)")
+    worker = analysis.functions[name]
+    if not (worker.args.posonlyargs or worker.args.args or worker.args.vararg):
+        return Worker(refusal=f"the worker `{name}` takes no parameter for the process index")
     nprocs = next((k.value for k in call.keywords if k.arg == "nprocs"), None)
     if nprocs is None and len(call.args) >= 3:
         nprocs = call.args[2]
     if nprocs is not None and not is_simple(nprocs):
+        return Worker(refusal="nprocs is an expression that may not be repeated: assign it to a name first")
+    return Worker(name=name)
+
+
+def _aliased_function(fn: ast.Name, statement: ast.stmt, analysis: Analysis) -> str | None:
+    """The module-level function that `fn` names through one plain assignment before the
+    launch (`fn = _mp_fn`), in the launch's own function or else at module level; None when
+    `fn` is bound any other way (a parameter, twice, `global`, a loop target ...)."""
+    tree = analysis.tree
+    if any(isinstance(n, (ast.Global, ast.Nonlocal)) and fn.id in n.names for n in ast.walk(tree)):
         return None
-    return fn.id
+    function = _enclosing_function(tree, statement)
+    bodies = [tree.body]
+    if function is not None:
+        params = function.args
+        every = [*params.posonlyargs, *params.args, *params.kwonlyargs, params.vararg, params.kwarg]
+        if any(p is not None and p.arg == fn.id for p in every):
+            return None
+        # A function nested in another (or in a class) could see an enclosing binding instead.
+        bodies = [function.body] + ([tree.body] if any(s is function for s in tree.body) else [])
+    for body in bodies:
+        bindings = [name for name, _ in _stores(body) if name == fn.id]
+        if not bindings:
+            continue
+        assigns = [n for n in _own_nodes(body) if isinstance(n, ast.Assign)
+                   and any(isinstance(t, ast.Name) and t.id == fn.id for t in n.targets)]
+        if len(bindings) != 1 or len(assigns) != 1:
+            return None
+        assign = assigns[0]
+        if (
+            len(assign.targets) != 1
+            or not isinstance(assign.value, ast.Name) or assign.value.id not in analysis.functions
+            or (body is not tree.body and assign.lineno > statement.lineno)
+        ):
+            return None
+        return assign.value.id
+    return None
 
 
 def is_simple(node: ast.expr) -> bool:

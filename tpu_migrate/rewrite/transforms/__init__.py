@@ -22,11 +22,13 @@ from tpu_migrate.rewrite.transforms.amp_compile import (
 )
 from tpu_migrate.rewrite.transforms.collectives import (
     all_gather_statement,
+    all_gather_value,
     all_reduce_value,
     all_reduce_statement,
     broadcast_master_param_statement,
     collective_broadcast_statement,
     mesh_reduce_statement,
+    mesh_reduce_value,
     reduce_gradients_statement,
     reduce_op_constant,
     rendezvous_statement,
@@ -103,6 +105,8 @@ from tpu_migrate.rewrite.transforms.steps import (
 CALL = {
     "step_closure": step_closure,
     "all_reduce": all_reduce_value,
+    "all_gather": all_gather_value,
+    "mesh_reduce": mesh_reduce_value,
     "manual_seed": manual_seed,
     "xla_autocast": xla_autocast,
     "xla_compile": xla_compile,
@@ -229,6 +233,7 @@ __all__ = [
     "LOOSE",
     "atom",
     "all_gather_statement",
+    "all_gather_value",
     "all_reduce_statement",
     "all_reduce_value",
     "autocast",
@@ -265,6 +270,7 @@ __all__ = [
     "matmul_precision",
     "memory_info",
     "mesh_reduce_statement",
+    "mesh_reduce_value",
     "metrics_print_statement",
     "optimizer_step",
     "optimizer_step_statement",

@@ -7,6 +7,8 @@ import libcst.matchers as m
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_expr
 from tpu_migrate.rewrite.transforms.common import (
+    ALL_GATHER,
+    helper,
     code,
     bind,
     atom,
@@ -100,10 +102,7 @@ def all_reduce_value(call, qualname, sc: StatementContext, rule):
     bound = bind(call, ["reduce_type", "inputs", "scale", "groups", "pin_layout"])
     inputs = bound.get("inputs") if bound else None
     if not sc.can_hoist:
-        where = ("in a lambda, comprehension or conditional expression, where it may run several "
-                 "times or not at all" if sc.hoist_blocked else "in the header of a compound statement")
-        sc.needs_manual(rule.code, f"xm.all_reduce used as a value {where}: reduce it into a name "
-                        "in a statement of its own, then run the tool again", qualname)
+        _cannot_hoist(sc, rule, qualname, "xm.all_reduce", "reduce it")
         return call
     if (
         inputs is None or "reduce_type" not in bound or given(bound, "groups")
@@ -120,6 +119,13 @@ def all_reduce_value(call, qualname, sc: StatementContext, rule):
     sc.before.extend(parse_block(_reduce_into(name, atom(inputs.value), op, scale, sc)))
     sc.fixed(rule.code, qualname)
     return cst.Name(name)
+
+
+def _cannot_hoist(sc: StatementContext, rule, qualname: str, what: str, verb: str) -> None:
+    where = ("in a lambda, comprehension or conditional expression, where it may run several "
+             "times or not at all" if sc.hoist_blocked else "in the header of a compound statement")
+    sc.needs_manual(rule.code, f"{what} used as a value {where}: {verb} into a name in a statement "
+                    "of its own, then run the tool again", qualname)
 
 
 def _operand(node: cst.BaseExpression) -> str:
@@ -139,31 +145,40 @@ def _reduce_into(target: str, tensor: str, op: str, scale: str | None, sc: State
 
 
 def all_gather_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
-    bound = bind(call, ["value", "dim", "groups", "output", "pin_layout"])
-    target = target_name(assign)
-    if (
-        target is None or bound is None or "value" not in bound
-        or given(bound, "groups") or given(bound, "output")
-        or not isinstance(bound["value"].value, (cst.Name, cst.Attribute))
-    ):
-        sc.needs_manual(
-            rule.code, "assign xm.all_gather(name, dim=...) to a name to convert it "
-            "(dist.all_gather into a list, then torch.cat)", qualname,
-        )
+    """`y = xm.all_gather(x, dim=d)` -> `y = _all_gather(x, d)`."""
+    gather = _gather_call(call, qualname, sc, rule)
+    if gather is None:
         return None
-    plan = sc.file.plan
-    dist, torch = plan.use("dist"), plan.use("torch")
-    value = code(bound["value"].value)
-    dim = code(bound["dim"].value) if "dim" in bound else "0"
+    line = f"{code(assign.targets[0].target)} = {gather}" if target_name(assign) else gather
+    return parse_block([line])
+
+
+def all_gather_value(call, qualname, sc: StatementContext, rule):
+    """`xm.all_gather(x)` inside a larger expression: like the other collectives, it goes into a
+    fresh name just before the statement (so it runs on every rank even where the statement
+    prints on one, `xm.master_print(...)`). Where that could change how often it runs (a
+    comprehension, `a if c else b`), the helper call takes the call's place instead."""
+    gather = _gather_call(call, qualname, sc, rule)
+    if gather is None:
+        return call
+    if not sc.can_hoist:
+        return parse_expr(gather)
+    name = fresh_name(sc, "gathered")
+    sc.before.extend(parse_block([f"{name} = {gather}"]))
+    return cst.Name(name)
+
+
+def _gather_call(call, qualname, sc: StatementContext, rule) -> str | None:
+    """`_all_gather(value, dim)`, a helper added to the file: the value may be a tensor or a
+    list of tensors, which only the run can tell; None after a manual finding."""
+    bound = bind(call, ["value", "dim", "groups", "output", "pin_layout"])
+    if bound is None or "value" not in bound or given(bound, "groups") or given(bound, "output"):
+        sc.needs_manual(rule.code, "xm.all_gather with groups=, output= or unpacked arguments: "
+                        "gather by hand (dist.all_gather into a list, then torch.cat)", qualname)
+        return None
+    dim = f", {code(bound['dim'].value)}" if "dim" in bound else ""
     sc.fixed(rule.code, qualname)
-    return parse_block([
-        f"if {dist}.is_initialized():",
-        f"    {target} = [{torch}.empty_like({value}) for _ in range({dist}.get_world_size())]",
-        f"    {dist}.all_gather({target}, {value})",
-        f"    {target} = {torch}.cat({target}, dim={dim})",
-        "else:",
-        f"    {target} = {value}",
-    ])
+    return f"{helper(sc, '_all_gather', ALL_GATHER)}({code(bound['value'].value)}{dim})"
 
 
 def collective_broadcast_statement(call, qualname, sc: StatementContext, rule, plans):
@@ -217,19 +232,41 @@ def mesh_reduce_statement(call, qualname, sc: StatementContext, rule, plans, ass
     if target is None or bound is None or "data" not in bound or "reduce_fn" not in bound:
         sc.needs_manual(rule.code, "assign xm.mesh_reduce(...) to a name to convert it", qualname)
         return None
+    sc.fixed(rule.code, qualname)
+    return parse_block(_mesh_reduce_into(target, bound, sc))
+
+
+def mesh_reduce_value(call, qualname, sc: StatementContext, rule):
+    """`xm.mesh_reduce(tag, data, fn)` inside a larger expression (`return ...`, `print(...)`):
+    the reduction goes in statements just before, into a fresh name that takes the call's place."""
+    if not sc.can_hoist:
+        _cannot_hoist(sc, rule, qualname, "xm.mesh_reduce", "reduce it")
+        return call
+    bound = bind(call, ["tag", "data", "reduce_fn"])
+    if bound is None or "data" not in bound or "reduce_fn" not in bound:
+        sc.needs_manual(rule.code, "cannot read the arguments of xm.mesh_reduce", qualname)
+        return call
+    name = fresh_name(sc, "reduced")
+    sc.before.extend(parse_block(_mesh_reduce_into(name, bound, sc)))
+    sc.fixed(rule.code, qualname)
+    return cst.Name(name)
+
+
+def _mesh_reduce_into(target: str, bound: dict, sc: StatementContext) -> list[str]:
+    """`target` = reduce_fn applied to `data` from every process (a world of one: `[data]`).
+    The data may be any picklable object (a number, a numpy value): all_gather_object."""
     dist = sc.file.plan.use("dist")
     data = code(bound["data"].value)
     # `acc = xm.mesh_reduce("t", acc, fn)`: gathering into `acc` would overwrite the value sent.
     gathered = fresh_name(sc, "gathered") if m.findall(bound["data"].value, m.Name(target)) else target
-    sc.fixed(rule.code, qualname)
-    return parse_block([
+    return [
         f"if {dist}.is_initialized():",
         f"    {gathered} = [None] * {dist}.get_world_size()",
         f"    {dist}.all_gather_object({gathered}, {data})",
         "else:",
         f"    {gathered} = [{data}]",
         f"{target} = {atom(bound['reduce_fn'].value)}({gathered})",
-    ])
+    ]
 
 
 def reduce_gradients_statement(call, qualname, sc: StatementContext, rule, plans):

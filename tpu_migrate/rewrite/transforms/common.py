@@ -41,6 +41,18 @@ CPU_COPIES = '''def {name}(obj):
         return type(obj)(*values) if hasattr(obj, "_fields") else type(obj)(values)
     return obj
 '''
+# What xm.all_gather returned: for a tensor, the tensors of every process concatenated along
+# `dim` (a new tensor in a world of one); for a list of tensors, that for each of them.
+ALL_GATHER = '''def {name}(value, dim=0):
+    """`value` from every process, concatenated along `dim`; a list of tensors: each of them (as xm.all_gather did)."""
+    if isinstance(value, (list, tuple)):
+        return [{name}(tensor, dim) for tensor in value]
+    if not {dist}.is_initialized():
+        return value.clone()
+    parts = [{torch}.empty_like(value) for _ in range({dist}.get_world_size())]
+    {dist}.all_gather(parts, value.contiguous())
+    return {torch}.cat(parts, dim=dim)
+'''
 TO_DEVICE = "{torch}.utils._pytree.tree_map_only({torch}.Tensor, lambda t: t.to({device}), {obj})"
 
 XLA_DEVICE = re.compile(r"xla(:\d+)?\Z")

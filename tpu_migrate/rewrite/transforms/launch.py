@@ -10,6 +10,7 @@ from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.transforms.device import device_string_args
 from tpu_migrate.rewrite.transforms.common import (
     atom,
+    parse_block,
     code,
     bind,
     fresh_name,
@@ -33,7 +34,7 @@ def init_process_group(call: cst.Call, sc: StatementContext):
     if not sc.enabled("TPU070"):
         return call
     sc.consume_string()
-    sc.fixed("TPU070", "torch.distributed.init_process_group")
+    where = sc.fixed("TPU070", "torch.distributed.init_process_group")
     plan = sc.file.plan
     method = bound.get("init_method")
     drop_method = (
@@ -55,6 +56,19 @@ def init_process_group(call: cst.Call, sc: StatementContext):
                 arg = arg.with_changes(value=cst.SimpleString(f"{q}tpu_dist{q}"))
         args.append(arg)
     new = call.with_changes(args=clean_args(args))
+    if drop_method and not sc.file.plans.workers:
+        # xla:// took rank and world size from torch_xla's runtime: `python train.py` needed no
+        # environment. env:// reads it: a process no launcher started is rank 0 of 1 (what a
+        # launcher such as torchrun set is kept).
+        if sc.can_prefix:
+            os_name = plan.use("os")
+            sc.before.extend(parse_block([*_rendezvous_defaults(os_name),
+                                          f'{os_name}.environ.setdefault("RANK", "0")',
+                                          f'{os_name}.environ.setdefault("WORLD_SIZE", "1")']))
+        else:
+            sc.needs_manual("TPU070", "the env:// rendezvous needs RANK, WORLD_SIZE, MASTER_ADDR and "
+                            "MASTER_PORT, which `python train.py` does not set (xla:// needed none): "
+                            "set them before this statement", where=where)
     if sc.file.target == "portable" and not sc.file.plans.workers and sc.can_prefix:
         # torchrun and friends start one process per accelerator: each must use its own
         # (an index-less device is the current one, 0 unless set; NCCL refuses duplicates).
@@ -73,11 +87,11 @@ def init_process_group(call: cst.Call, sc: StatementContext):
 
 def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
     if id(sc.info.node) not in plans.spawn_workers:
+        why = plans.spawn_refusals.get(id(sc.info.node), "the call is too dynamic to convert")
         sc.needs_manual(
             rule.code,
-            "launch with torch.multiprocessing.spawn (start method spawn) and call "
-            "dist.init_process_group in the worker: the worker is not a function of this file "
-            "or the call is too dynamic to convert",
+            f"launch with torch.multiprocessing.spawn (start method spawn) and call "
+            f"dist.init_process_group in the worker: {why}",
             qualname,
         )
         return None
@@ -118,8 +132,7 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
              f'    {fn}(int({os_name}.environ["LOCAL_RANK"]){call_args})',
              f"    if {dist}.is_initialized():",
              f"        {dist}.destroy_process_group()"]
-    rendezvous = [f'{os_name}.environ.setdefault("MASTER_ADDR", "127.0.0.1")',
-                  f'{os_name}.environ.setdefault("MASTER_PORT", "29500")']
+    rendezvous = _rendezvous_defaults(os_name)
     single = _single_process(bound, launch)
     if single is not None:
         # torch_xla ran fn(0, *args) in this process (nprocs=1, debug_single_process=True).
@@ -139,6 +152,12 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
                + f"({fn}{', args=' + code(args) if args is not None else ''}, nprocs={count})"]
     lines += ["else:", *_indent(spawned)]
     return [parse_stmt("\n".join(lines) + "\n")]
+
+
+def _rendezvous_defaults(os_name: str) -> list[str]:
+    """Where the env:// rendezvous meets when no launcher said (torch_xla's needed no address)."""
+    return [f'{os_name}.environ.setdefault("MASTER_ADDR", "127.0.0.1")',
+            f'{os_name}.environ.setdefault("MASTER_PORT", "29500")']
 
 
 def _spread(args: cst.BaseExpression | None) -> str:
@@ -211,7 +230,8 @@ def setup_worker(func: cst.FunctionDef, node: ast.FunctionDef, file) -> cst.Func
     """Start a spawned worker with its rank and the process group, as torch_xla's runtime
     gave every worker its rank and world size whether or not the program made a group."""
     params = [*func.params.posonly_params, *func.params.params]
-    index = params[0].name.value
+    # The launcher calls fn(index, *args): `def main(*args)` gets the index as args[0].
+    index = params[0].name.value if params else f"{func.params.star_arg.name.value}[0]"
     plan = file.plan
     os_name, dist = plan.use("os"), plan.use("dist")
     # Under torchrun the launcher set RANK (the global rank, on several hosts) and LOCAL_RANK.
