@@ -14,6 +14,8 @@ from tpu_migrate.rewrite.names import Analysis, Ref, Scope, StmtInfo
 from tpu_migrate.rules import Catalog, Rule
 
 ALL_CODES = "*"
+# Placeholders of rule templates for standard-library modules (in the order they are imported).
+_STDLIB_MODULES = ("copy", "functools", "os")
 
 
 @dataclass(frozen=True)
@@ -52,12 +54,13 @@ class ImportPlan:
         self._dist_imported = analysis.module_alias("torch.distributed") is not None
         self.names["dist"] = dist or f"{self.names['torch']}.distributed"
         self._dist_as_attribute = dist is None
-        copy_name = analysis.module_alias("copy")
-        self._copy_imported = copy_name is not None
-        self.names["copy"] = copy_name or "copy"
-        os_name = analysis.module_alias("os")
-        self._os_imported = os_name is not None
-        self.names["os"] = os_name or "os"
+        # Standard-library modules the new code may use: the file's alias, else the module name.
+        self._stdlib_imported = set()
+        for module in _STDLIB_MODULES:
+            alias = analysis.module_alias(module)
+            if alias is not None:
+                self._stdlib_imported.add(module)
+            self.names[module] = alias or module
         transformers = analysis.module_alias("transformers")
         self._transformers_imported = transformers is not None
         self.names["transformers"] = transformers or "transformers"
@@ -77,17 +80,14 @@ class ImportPlan:
 
     def fill(self, template: str, **extra: str) -> str:
         values = dict(extra)
-        for placeholder in ("torch", "dist", "os", "transformers", "copy"):
+        for placeholder in ("torch", "dist", "transformers", *_STDLIB_MODULES):
             if "{" + placeholder + "}" in template:
                 values[placeholder] = self.use(placeholder)
         return template.format(**values)
 
     def imports_to_add(self) -> list[str]:
-        lines = []
-        if "copy" in self._used and not self._copy_imported:
-            lines.append("import copy")
-        if "os" in self._used and not self._os_imported:
-            lines.append("import os")
+        lines = [f"import {module}" for module in _STDLIB_MODULES
+                 if module in self._used and module not in self._stdlib_imported]
         if "torch" in self._used and not self._torch_imported:
             lines.append("import torch")
         if "dist" in self._used and not self._dist_imported:

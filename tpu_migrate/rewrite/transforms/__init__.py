@@ -89,6 +89,15 @@ from tpu_migrate.rewrite.transforms.steps import (
     unwrap_step_context,
     xla_save_statement,
 )
+from tpu_migrate.rewrite.transforms.utilities import (
+    cpu_copies,
+    initialize_cache_statement,
+    process_query,
+    sync_batch_norm,
+    sync_batch_norm_reference,
+    xla_checkpoint,
+    xla_checkpoint_reference,
+)
 
 
 
@@ -107,6 +116,10 @@ CALL = {
     "master_print": master_print,
     "optimizer_step": optimizer_step,
     "device_loader": device_loader,
+    "xla_checkpoint": xla_checkpoint,
+    "sync_batch_norm": sync_batch_norm,
+    "cpu_copies": cpu_copies,
+    "process_query": process_query,
 }
 
 STATEMENT = {
@@ -123,6 +136,7 @@ STATEMENT = {
     "xla_save": xla_save_statement,
     "spawn": spawn_statement,
     "optimizer_step": optimizer_step_statement,
+    "initialize_cache": initialize_cache_statement,
 }
 
 # Statement rules that also convert `name = call(...)` (they take the Assign).
@@ -132,6 +146,8 @@ ASSIGN = frozenset({"all_reduce", "all_gather", "mesh_reduce", "optimizer_step"}
 REFERENCE = {
     "reduce_op_constant": reduce_op_constant,
     "xla_compile": xla_compile_reference,
+    "xla_checkpoint": xla_checkpoint_reference,
+    "sync_batch_norm": sync_batch_norm_reference,
 }
 
 QUALNAME_CALLS = {
