@@ -2,7 +2,8 @@
 covers one launch or rank idiom (xmp.spawn, torch_xla.launch, a conditional process group,
 xm.optimizer_step, xm.save, rank-gated logging, DistributedSampler, rendezvous / mesh_reduce,
 a `def main(*args)` worker passed through a variable with collectives inside expressions, a
-plain process that creates an xla:// group itself).
+plain process that creates an xla:// group itself, SyncBatchNorm with a batch sliced by process
+index and count).
 
 The original runs at world size 1 on XLA:CPU (torch_xla runs only one CPU process here); its
 records do not depend on the world size (see the programs' docstrings), so the migrated program
@@ -78,6 +79,7 @@ CASES = [
     Case("m09_rendezvous_mesh_reduce.py"),
     Case("m10_varargs_worker_in_variable.py", extra_modes=(Mode("fake2", fake_accelerators=2),)),
     Case("m11_plain_process_group.py"),
+    Case("m12_sync_batch_norm_process_index.py"),
 ]
 PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
 PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]
@@ -219,3 +221,43 @@ def test_a_dropped_gradient_all_reduce_is_caught(runs, tmp_path):
     assert broken.returncode == 0, broken.output[-3000:]
     assert not result.ok
     assert any(": loss " in p for p in result.problems), result.problems
+
+
+def test_torch_sync_batch_norm_in_place_of_torch_xla_s_is_caught(runs, tmp_path):
+    """TPU126 renaming xf.SyncBatchNorm to torch.nn.SyncBatchNorm (the obvious conversion): the
+    migrated launch starts a process group (of one process under `python`), and there
+    torch.nn.SyncBatchNorm refuses CPU tensors, so the portable program fails even at world
+    size 1. (Without a group it runs, with an unbiased running_var: p13's evaluation differs.)"""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    path = rules / "utilities.toml"
+    text = path.read_text()
+    start = text.index('code = "TPU126"')
+    end = text.index("[[rule]]", start)
+    block = text[start:end].replace('transform = "sync_batch_norm"\n', "")
+    block = block.rstrip("\n") + '\n\n[rule.rename]\ntpu = "{torch}.nn.SyncBatchNorm"\nportable = "{torch}.nn.SyncBatchNorm"\n\n'
+    path.write_text(text[:start] + block + text[end:])
+    case = next(c for c in CASES if c.program == "m12_sync_batch_norm_process_index.py")
+    copy = harness.migrate_many([harness.MP_PROGRAMS / case.program], tmp_path / "broken", rules_dir=rules)[case.program]
+    assert "torch.nn.SyncBatchNorm(8)" in copy.read_text()
+    broken = runs.migrated(case, PYTHON, copy=copy).result()
+    assert broken.returncode != 0 and not broken.records
+    assert "ValueError: SyncBatchNorm expected input tensor to be on GPU" in broken.output, broken.output[-3000:]
+
+
+def test_process_index_as_node_rank_is_caught(runs, tmp_path):
+    """TPU167 / TPU168 answering the node's rank and the node count (one process per host, as
+    under torch_xla SPMD) instead of the rank and world size: under torchrun on one node both
+    processes take the whole batch, and the processes cover 32 samples instead of 16."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    _break_rule(rules, "TPU167", 'int({os}.environ.get(\\"NODE_RANK\\", 0))')
+    _break_rule(rules, "TPU168", 'int({os}.environ.get(\\"NNODES\\", 1))')
+    case = next(c for c in CASES if c.program == "m12_sync_batch_norm_process_index.py")
+    copy = harness.migrate_many([harness.MP_PROGRAMS / case.program], tmp_path / "broken", rules_dir=rules)[case.program]
+    assert "NODE_RANK" in copy.read_text()
+    broken = runs.migrated(case, TORCHRUN2, copy=copy).result()
+    result = harness.compare_exactly_once(case.program, runs.original(case).result(), broken)
+    assert broken.returncode == 0, broken.output[-3000:]
+    assert not result.ok
+    assert any(": samples " in p for p in result.problems), result.problems

@@ -14,6 +14,8 @@ from tpu_migrate.rewrite.names import Analysis, Ref, Scope, StmtInfo
 from tpu_migrate.rules import Catalog, Rule
 
 ALL_CODES = "*"
+# Placeholders of rule templates for standard-library modules (in the order they are imported).
+_STDLIB_MODULES = ("copy", "functools", "os", "time")
 
 
 @dataclass(frozen=True)
@@ -52,20 +54,11 @@ class ImportPlan:
         self._dist_imported = analysis.module_alias("torch.distributed") is not None
         self.names["dist"] = dist or f"{self.names['torch']}.distributed"
         self._dist_as_attribute = dist is None
-        copy_name = analysis.module_alias("copy")
-        self._copy_imported = copy_name is not None
-        self.names["copy"] = copy_name or "copy"
-        os_name = analysis.module_alias("os")
-        self._os_imported = os_name is not None
-        self.names["os"] = os_name or "os"
-        transformers = analysis.module_alias("transformers")
-        self._transformers_imported = transformers is not None
-        self.names["transformers"] = transformers or "transformers"
-        # Modules only the helpers and conversions of TPU155-TPU158 use: the file's own name
-        # for them, else the module's name, else (that name is taken: `from time import time`)
-        # an alias of its own.
+        # Modules the new code may use (standard library, then loguru for TPU158): the file's
+        # own name for them, else the module's name, else (that name is taken: `from time import
+        # time`) an alias of its own.
         self._modules: dict[str, str | None] = {}  # placeholder -> the import to add, if any
-        for module in ("time", "loguru"):
+        for module in (*_STDLIB_MODULES, "loguru"):
             alias = analysis.module_alias(module)
             if alias is not None:
                 self.names[module], self._modules[module] = alias, None
@@ -74,6 +67,9 @@ class ImportPlan:
             else:
                 self.names[module] = f"_{module}_module"
                 self._modules[module] = f"import {module} as _{module}_module"
+        transformers = analysis.module_alias("transformers")
+        self._transformers_imported = transformers is not None
+        self.names["transformers"] = transformers or "transformers"
 
     def use(self, placeholder: str) -> str:
         self._used.add(placeholder)
@@ -90,19 +86,14 @@ class ImportPlan:
 
     def fill(self, template: str, **extra: str) -> str:
         values = dict(extra)
-        for placeholder in ("torch", "dist", "os", "transformers", "copy", "time", "loguru"):
+        for placeholder in ("torch", "dist", "transformers", *_STDLIB_MODULES, "loguru"):
             if "{" + placeholder + "}" in template:
                 values[placeholder] = self.use(placeholder)
         return template.format(**values)
 
     def imports_to_add(self) -> list[str]:
-        lines = []
-        if "copy" in self._used and not self._copy_imported:
-            lines.append("import copy")
-        if "os" in self._used and not self._os_imported:
-            lines.append("import os")
-        if "time" in self._used and self._modules["time"]:
-            lines.append(self._modules["time"])
+        lines = [self._modules[module] for module in _STDLIB_MODULES
+                 if module in self._used and self._modules[module]]
         if "torch" in self._used and not self._torch_imported:
             lines.append("import torch")
         if "dist" in self._used and not self._dist_imported:

@@ -99,6 +99,15 @@ from tpu_migrate.rewrite.transforms.steps import (
     unwrap_step_context,
     xla_save_statement,
 )
+from tpu_migrate.rewrite.transforms.utilities import (
+    cpu_copies,
+    initialize_cache_statement,
+    process_query,
+    sync_batch_norm,
+    sync_batch_norm_reference,
+    xla_checkpoint,
+    xla_checkpoint_reference,
+)
 
 
 
@@ -122,6 +131,10 @@ CALL = {
     "helper": helper_call,
     "xla_logger": xla_logger,
     "sample_generator": sample_generator,
+    "xla_checkpoint": xla_checkpoint,
+    "sync_batch_norm": sync_batch_norm,
+    "cpu_copies": cpu_copies,
+    "process_query": process_query,
 }
 
 STATEMENT = {
@@ -139,6 +152,7 @@ STATEMENT = {
     "spawn": spawn_statement,
     "optimizer_step": optimizer_step_statement,
     "xla_logger": xla_logger_statement,
+    "initialize_cache": initialize_cache_statement,
 }
 
 # Statement rules that also convert `name = call(...)` (they take the Assign).
@@ -149,6 +163,8 @@ REFERENCE = {
     "reduce_op_constant": reduce_op_constant,
     "xla_compile": xla_compile_reference,
     "helper": helper_reference,
+    "xla_checkpoint": xla_checkpoint_reference,
+    "sync_batch_norm": sync_batch_norm_reference,
 }
 
 QUALNAME_CALLS = {
