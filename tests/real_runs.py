@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -282,11 +283,14 @@ class Share:
     before: dict[str, int] = field(default_factory=lambda: {"other": 0, "spmd/fsdp": 0})
     after: dict[str, int] = field(default_factory=lambda: {"other": 0, "spmd/fsdp": 0})
 
+    left: Counter = field(default_factory=Counter)  # qualified names still referenced after
+
     def add(self, before: str, after: str) -> None:
-        self.files += 1
+        self.files += bool(xla_references(before))
         for counts, text in ((self.before, before), (self.after, after)):
             for _, name in xla_references(text):
                 counts["spmd/fsdp" if is_spmd_fsdp(name) else "other"] += 1
+        self.left.update(name for _, name in xla_references(after))
 
     def converted(self, kind: str) -> tuple[int, int]:
         return max(self.before[kind] - self.after[kind], 0), self.before[kind]
@@ -321,6 +325,8 @@ def share_report(result: Share) -> str:
         total_done, total = total_done + done, total + before
         lines.append(f"  {kind:<10} {done:>5} of {before:>5} references converted ({_percent(done, before)})")
     lines.append(f"  {'all':<10} {total_done:>5} of {total:>5} references converted ({_percent(total_done, total)})")
+    lines.append("most frequent references left:")
+    lines += [f"  {count:>5}  {name}" for name, count in result.left.most_common(15)]
     return "\n".join(lines)
 
 
