@@ -6,6 +6,7 @@ import ast
 import keyword
 
 import libcst as cst
+import libcst.matchers as m
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.names import DDP_NAMES
@@ -20,6 +21,7 @@ from tpu_migrate.rewrite.transforms.common import (
     bind,
     literal_bool,
     clean_args,
+    fresh_name,
     given,
     if_block,
     is_xla,
@@ -52,8 +54,34 @@ def is_master_ordinal(call, qualname, sc: StatementContext, rule):
     return parse_expr(sc.file.plan.fill(template))
 
 
-def _master_print_parts(call, qualname, sc: StatementContext, rule):
-    """(condition, print call) or None after a manual finding."""
+# Callees that neither communicate nor change the program's state: skipping them on the ranks
+# the print's guard leaves out changes nothing. xm.master_print evaluated its arguments on every
+# rank, so an argument calling anything else (the program's `evaluate()`, which may run a
+# collective every rank must join) is computed before the guard.
+_QUIET_CALLEES = frozenset({
+    "abs", "bool", "dict", "float", "format", "int", "len", "list", "max", "min", "repr", "round",
+    "sorted", "str", "sum", "tuple", "type",  # builtins
+    "item", "tolist", "numpy", "cpu", "detach", "mean", "numel", "size", "dim", "to",  # tensors
+    "join", "upper", "lower", "strip", "keys", "values", "items", "get", "getenv",  # str, dict, os
+    "time", "perf_counter", "monotonic", "strftime", "now",  # clocks
+    "get_rank", "get_world_size", "is_initialized", "is_available",  # what rank rules write
+})
+
+
+def _calls_anything(expression: cst.BaseExpression) -> bool:
+    """Whether `expression` calls something outside `_QUIET_CALLEES` (anything it cannot name)."""
+    for call in m.findall(expression, m.Call()):
+        func = call.func
+        name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
+        if name not in _QUIET_CALLEES:
+            return True
+    return False
+
+
+def _master_print_parts(call, qualname, sc: StatementContext, rule, hoist: list | None):
+    """(condition, print call) or None after a manual finding. Arguments that must be computed
+    on every rank are bound to fresh names by statements appended to `hoist` (None: the print
+    is a value where nothing can go before it)."""
     args, local = [], False
     for arg in call.args:
         name = arg.keyword.value if arg.keyword is not None else None
@@ -65,6 +93,15 @@ def _master_print_parts(call, qualname, sc: StatementContext, rule):
             continue
         if name == "fd":
             arg = arg.with_changes(keyword=cst.Name("file"))
+        if _calls_anything(arg.value):
+            if hoist is None:
+                sc.needs_manual(rule.code, "an argument calls a function that xm.master_print ran on every "
+                                "rank; compute it before this expression, then print on rank 0", qualname)
+                return None
+            value = fresh_name(sc, "message")
+            hoist.append(cst.SimpleStatementLine(body=[cst.Assign(
+                targets=[cst.AssignTarget(target=cst.Name(value))], value=arg.value)]))
+            arg = arg.with_changes(value=cst.Name(value))
         args.append(arg)
     sc.fixed(rule.code, qualname)
     condition = sc.file.plan.fill(LOCAL_MASTER if local else GLOBAL_MASTER)
@@ -72,7 +109,7 @@ def _master_print_parts(call, qualname, sc: StatementContext, rule):
 
 
 def master_print(call, qualname, sc: StatementContext, rule):
-    parts = _master_print_parts(call, qualname, sc, rule)
+    parts = _master_print_parts(call, qualname, sc, rule, sc.before if sc.can_hoist else None)
     if parts is None:
         return call
     condition, printed = parts
@@ -80,7 +117,8 @@ def master_print(call, qualname, sc: StatementContext, rule):
 
 
 def master_print_statement(call, qualname, sc: StatementContext, rule, plans):
-    parts = _master_print_parts(call, qualname, sc, rule)
+    computed: list[cst.BaseStatement] = []
+    parts = _master_print_parts(call, qualname, sc, rule, computed)
     if parts is None:
         return None
     condition, printed = parts
@@ -88,11 +126,7 @@ def master_print_statement(call, qualname, sc: StatementContext, rule, plans):
     # Marked: consecutive prints share one guard, and one inside an `if` with the same test
     # needs none (transformer.py).
     sc.file.mark(guard.body, "guard", condition)
-    return [guard]
-
-
-
-
+    return [*computed, guard]
 
 
 def _optimizer_step_parts(call, qualname, sc: StatementContext, rule):
