@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import PurePath
 
 from tpu_migrate.findings import FileResult, with_cell
@@ -144,7 +145,8 @@ class Migration:
             return '<p class="none" id="blocked">None: no file keeps a torch_xla import.</p>'
         rows = "".join(
             f'<tr class="blocked"><td>{html.escape(r.path)}</td><td>'
-            + "<br>".join(f"line {_where(k.cell, k.line)}: <code>{html.escape(k.module)}</code>" for k in r.kept_imports)
+            + "<br>".join(f"line {_where(k.cell, k.line)}: <code>{html.escape(k.module)}</code>"
+                          for k in r.kept_imports)
             + "</td></tr>"
             for r in self.blocked
         )
@@ -154,8 +156,8 @@ class Migration:
     def _files_html(self) -> str:
         listed = [r for r in self.results if r.fixes or r.manual or r.imports_xla or r.error is not None]
         listed.sort(key=lambda r: (r.error is None, not r.kept_imports, -len(r.manual), -len(r.fixes), r.path))
-        names = self._names()
-        rows = "".join(self._file_row(r, names) for r in listed)
+        labels = {code: f"<code>{code}</code> {html.escape(name)}" for code, name in self._names().items()}
+        rows = "".join(self._file_row(r, labels) for r in listed)
         unlisted = len(self.results) - len(listed)
         note = f"<p>{unlisted} file(s) without torch_xla or findings are not listed.</p>" if unlisted else ""
         if not listed:
@@ -164,7 +166,7 @@ class Migration:
                 '<th>manual</th><th>SPMD / FSDP</th><th>blocks</th></tr></thead>'
                 f"<tbody>{rows}</tbody></table>")
 
-    def _file_row(self, result: FileResult, names: dict[str, str]) -> str:
+    def _file_row(self, result: FileResult, labels: dict[str, str]) -> str:
         path = html.escape(result.path)
         if result.error is not None:
             return (f'<tr class="file error"><td>{path}<div class="explanation">error: '
@@ -172,8 +174,7 @@ class Migration:
         if result.manual:
             items = "".join(
                 f'<tr class="manual"><td>{_where(m.cell, m.line)}</td>'
-                f"<td><code>{html.escape(m.code)}</code> {html.escape(names.get(m.code, ''))}</td>"
-                f"<td>{inline(m.message)}</td></tr>"
+                f"<td>{labels.get(m.code) or html.escape(m.code)}</td><td>{_message(m.message)}</td></tr>"
                 for m in result.manual
             )
             cell = (f"<details><summary>{path}</summary><table class=\"items\"><thead><tr><th>line</th>"
@@ -195,6 +196,10 @@ table.items th:nth-child(1) { width: 4.5rem; } table.items th:nth-child(2) { wid
 tr.family th { background: #e8eef4; } .design { color: #8c564b; font-size: .85rem; }
 tr.rule td:first-child { padding-left: 1.2rem; } tr.error td:first-child { color: #d62728; }
 """
+
+
+# Many items share a message (every device loader's TODO): convert each once.
+_message = lru_cache(maxsize=4096)(inline)
 
 
 def _where(cell: int | None, line: int) -> str:
