@@ -102,6 +102,22 @@ def test_a_cached_file_is_not_processed_again(cli, project):
     assert b"TPU109 `xm.collective_permute`" in fresh.stdout
 
 
+def test_the_migration_report_takes_the_kept_imports_from_the_cache(cli, project):
+    """The workers find the torch_xla imports a file keeps; a warm run does not recompute them."""
+    first = json.loads(cli("rewrite", "--check", "--format", "json", "src/pkg/manual.py", cwd=project).stdout)
+    assert first["migration"]["blocked"] == [
+        {"path": "src/pkg/manual.py", "imports": [{"line": 1, "module": "torch_xla.core.xla_model"}]}]
+    [path] = cache_files()
+    document = json.loads(path.read_text())
+    [entry] = [e for key, e in document["files"].items() if key.endswith("manual.py")]
+    assert entry[10] is True  # the input imports torch_xla
+    entry[11][0][1] = "a.module.only.the.cache.knows"
+    path.write_text(json.dumps(document))
+    again = json.loads(cli("rewrite", "--check", "--format", "json", "src/pkg/manual.py", cwd=project).stdout)
+    assert again["migration"]["blocked"][0]["imports"][0]["module"] == "a.module.only.the.cache.knows"
+    assert again["migration"]["files_with_xla"] == 1
+
+
 @pytest.mark.parametrize("output_format", ["text", "json", "sarif", "github"])
 @pytest.mark.parametrize("mode", ["--check", "--diff"])
 def test_output_is_identical_with_and_without_the_cache(cli, project, mode, output_format):

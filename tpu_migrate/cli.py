@@ -19,6 +19,7 @@ from tpu_migrate.findings import FileResult
 from tpu_migrate.config import ConfigError, load_config
 from tpu_migrate.report import ci_formats
 from tpu_migrate.report import render
+from tpu_migrate.report.migration import Migration
 from tpu_migrate.rewrite import cache as result_cache
 from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE, Excluder, discover, parse_size, write_atomic
 from tpu_migrate.rules import RuleError, load_catalog
@@ -106,8 +107,11 @@ def main() -> None:
 @click.option("--no-cache", is_flag=True,
               help="Neither read nor write the result cache (also: cache = false, TPU_MIGRATE_NO_CACHE=1).")
 @click.option("--verbose", "-v", is_flag=True, help="Say on stderr how many files came from the cache.")
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True),
+              help="Write the migration report here: a self-contained HTML page of what converts, what "
+                   "is manual and which files still need torch_xla (with --check: writes no source file).")
 def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs, exclude, exit_zero,
-            exit_non_zero_on_fix, max_file_size, no_cache, verbose) -> None:
+            exit_non_zero_on_fix, max_file_size, no_cache, verbose, html_file) -> None:
     """Convert torch_xla idioms in PATHS (files or directories) to TorchTPU.
 
     Settings come from [tool.tpu-migrate] in the nearest pyproject.toml; flags override them.
@@ -180,8 +184,16 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
     for result in results:
         summary.add(result)
 
+    migration = Migration.build(results, catalog, mode) if html_file or output_format == "json" else None
+    if html_file:
+        try:
+            with open(html_file, "w", encoding="utf-8") as handle:
+                handle.write(migration.html(target, list(paths)))
+        except OSError as exc:
+            _configuration_error(f"cannot write {html_file}: {exc.strerror or exc}")
     if output_format == "json":
-        sys.stdout.write(render.json_document(results, summary, target, diffs=mode == "diff") + "\n")
+        sys.stdout.write(render.json_document(results, summary, target, diffs=mode == "diff",
+                                              migration=migration.to_json()) + "\n")
     elif output_format == "sarif":
         sys.stdout.write(ci_formats.rewrite_sarif(results, catalog) + "\n")
     elif output_format == "github":

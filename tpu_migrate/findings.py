@@ -38,6 +38,16 @@ class Note:
     cell: int | None = None  # notebooks: the code cell; `line` is then within the cell
 
 
+@dataclass(frozen=True)
+class KeptImport:
+    """A torch_xla / optimum.tpu import the rewritten file still has (an `import` statement, or
+    `importlib.import_module("torch_xla...")`): the file cannot run without torch_xla."""
+
+    line: int
+    module: str
+    cell: int | None = None  # notebooks: the code cell; `line` is then within the cell
+
+
 @dataclass
 class FileResult:
     path: str
@@ -49,6 +59,9 @@ class FileResult:
     fixes: list[Fix] = field(default_factory=list)
     manual: list[Manual] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
+    # The input imports torch_xla / optimum.tpu (the migration report's "files with torch_xla").
+    imports_xla: bool = False
+    kept_imports: list[KeptImport] = field(default_factory=list)
     # Set when `changed`; never serialised (the CLI writes or diffs it).
     original: bytes | None = None
     output: bytes | None = None
@@ -60,16 +73,16 @@ class FileResult:
             "path": self.path,
             "changed": self.changed,
             "error": self.error,
-            "fixes": [_with_cell({"code": f.code, "line": f.line, "col": f.col}, f.cell)
+            "fixes": [with_cell({"code": f.code, "line": f.line, "col": f.col}, f.cell)
                       for f in self.fixes],
             "manual": [
-                _with_cell({"code": m.code, "line": m.line, "col": m.col, "message": m.message}, m.cell)
+                with_cell({"code": m.code, "line": m.line, "col": m.col, "message": m.message}, m.cell)
                 for m in self.manual
             ],
         }
 
 
-def _with_cell(entry: dict, cell: int | None) -> dict:
+def with_cell(entry: dict, cell: int | None) -> dict:
     if cell is not None:
         entry["cell"] = cell
     return entry

@@ -8,26 +8,21 @@ shaded.
 from __future__ import annotations
 
 import html
-import re
 
 from tpu_migrate.diagnose.analysis import Finding, StepRecord
+from tpu_migrate.report.html_page import inline, page
 
 MARKS = (("compiles", "#d62728", "compile"), ("syncs", "#1f77b4", "host sync"),
          ("dynamic", "#9467bd", "dynamic shape"), ("fallbacks", "#ff7f0e", "fallback"))
 
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2rem; color: #222; }
-h1 { font-size: 1.3rem; } h2 { font-size: 1.1rem; margin-top: 2rem; }
-code { font-family: ui-monospace, monospace; background: #f2f2f2; padding: 0 0.2em; }
-table { border-collapse: collapse; width: 100%; table-layout: fixed; }
-th, td { border: 1px solid #ccc; padding: .4rem; vertical-align: top; text-align: left; overflow-wrap: anywhere; }
+table { table-layout: fixed; }
 th:nth-child(1) { width: 8rem; } th:nth-child(3), th:nth-child(4) { width: 4.5rem; } th:nth-child(2) { width: 30%; }
-th { background: #f3f3f3; } td.count { text-align: right; } .explanation { color: #555; font-size: .9rem; }
 .kind-recompile { color: #d62728; font-weight: bold; } .kind-sync { color: #1f77b4; font-weight: bold; }
 .kind-fallback { color: #ff7f0e; font-weight: bold; } .kind-dynamic-shape { color: #9467bd; font-weight: bold; }
 .kind-recompile-limit, .kind-graph-break { color: #d62728; font-weight: bold; }
 .kind-unsupported-op, .kind-tpu-incompatible { color: #8c564b; font-weight: bold; }
-.legend span { margin-right: 1.2rem; } .none { color: #2ca02c; }
+.legend span { margin-right: 1.2rem; }
 """
 
 
@@ -98,15 +93,6 @@ def timeline_svg(steps: list[StepRecord], warmup_steps: int) -> str:
     return "\n".join(parts)
 
 
-_CODE_SPAN = re.compile(r"`([^`\n]+)`")
-
-
-def _inline(text: str) -> str:
-    """Escaped text with Markdown code spans (`xm.mark_step()`) as <code>, as the messages are
-    written for Markdown readers (SARIF, GitHub)."""
-    return _CODE_SPAN.sub(r"<code>\1</code>", html.escape(text))
-
-
 def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: list[Finding], exit_code: int,
            backend: str = "xla", total_steps: int | None = None) -> str:
     """`steps`: the steps recorded one by one; `total_steps`: all the program ran (more past the
@@ -116,7 +102,7 @@ def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: li
         f'<tr class="finding"><td class="kind-{html.escape(f.kind)}">{html.escape(f.kind)}</td>'
         f"<td>{html.escape(f.file)}:{f.line}{'' if f.rank is None else f' (rank {f.rank})'}</td>"
         f'<td class="count">{f.count}</td><td class="count">{f.first_step}</td>'
-        f'<td>{_inline(f.message)}<div class="explanation">{_inline(f.explanation or "")}</div></td></tr>'
+        f'<td>{inline(f.message)}<div class="explanation">{inline(f.explanation or "")}</div></td></tr>'
         for f in findings
     )
     table = (
@@ -129,16 +115,9 @@ def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: li
                f" &middot; the timeline shows the first {len(steps)}: later steps were counted, not "
                "recorded one by one")
     legend = "".join(f'<span style="color:{color}">&#9679; {label}</span>' for _, color, label in MARKS)
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>tpu-migrate diagnose: {html.escape(script)}</title>
-<style>{STYLE}</style></head>
-<body>
-<h1>tpu-migrate diagnose: {html.escape(script)}</h1>
-<p>backend {html.escape(backend)} &middot; {total_steps} steps{covered} &middot; {warmup_steps} warm-up steps (shaded) &middot; exit status {exit_code}</p>
+    return page(f"tpu-migrate diagnose: {script}", STYLE, f"""<p>backend {html.escape(backend)} &middot; {total_steps} steps{covered} &middot; {warmup_steps} warm-up steps (shaded) &middot; exit status {exit_code}</p>
 <h2>Findings</h2>
 {table}
 <h2>Per-step timeline</h2>
 <p class="legend">bars: step wall time &middot; {legend}</p>
-{timeline_svg(steps, warmup_steps)}
-</body></html>
-"""
+{timeline_svg(steps, warmup_steps)}""")

@@ -97,7 +97,9 @@ def error_line(result: FileResult) -> str:
     return f"{result.path}: error: {result.error}"
 
 
-def json_document(results: list[FileResult], summary: Summary, target: str, diffs: bool) -> str:
+def json_document(results: list[FileResult], summary: Summary, target: str, diffs: bool,
+                  migration: dict | None = None) -> str:
+    """`migration`: the migration report's object (report/migration.py), under that key."""
     files = []
     for result in results:
         entry = result.to_json()
@@ -105,7 +107,8 @@ def json_document(results: list[FileResult], summary: Summary, target: str, diff
             entry["diff"] = unified_diff(result) if result.changed else None
         files.append(entry)
     return json.dumps(
-        {"version": JSON_VERSION, "target": target, "files": files, "summary": summary.to_json()},
+        {"version": JSON_VERSION, "target": target, "files": files, "summary": summary.to_json(),
+         **({} if migration is None else {"migration": migration})},
         indent=2,
     )
 

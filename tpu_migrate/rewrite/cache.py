@@ -36,12 +36,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tpu_migrate import __version__
-from tpu_migrate.findings import FileResult, Fix, Manual, Note
+from tpu_migrate.findings import FileResult, Fix, KeptImport, Manual, Note
 from tpu_migrate.rewrite.files import prefilter, read_regular, remove_quietly
 from tpu_migrate.rules import rules_dir
 
-FORMAT = 2  # 2: entries carry the notes (warnings) of a file
-ENTRY_LENGTH = 10
+FORMAT = 3  # 2: entries carry the notes (warnings) of a file; 3: and the torch_xla imports
+ENTRY_LENGTH = 12
+CLEAN = [None, False, [], [], [], False, []]  # an entry's fields from the digest on: a clean file
 TRUST_MARGIN_NS = 2_000_000_000
 MAX_ENTRIES = 500_000  # beyond this, entries not seen by the current run are dropped
 MAX_HELD_BYTES = 128 << 20  # source bytes held for the workers at once (see `cached_results`)
@@ -120,7 +121,7 @@ class Lookup(NamedTuple):
 class Cache:
     """Entries: absolute path -> [size, mtime_ns, ctime_ns, inode, trusted, digest, changed,
     fixes [[code, line, col, cell]], manual [[code, line, col, message, cell]],
-    notes [[line, message, cell]]]."""
+    notes [[line, message, cell]], imports_xla, kept imports [[line, module, cell]]]."""
 
     def __init__(self, path: Path | None, entries: dict):
         self.path = path
@@ -179,11 +180,11 @@ class Cache:
         valid = type(entry) is list and len(entry) == ENTRY_LENGTH
         if fingerprint.digest is None:
             result = FileResult(path)
-            if valid and entry[5:] == [None, False, [], [], []]:
+            if valid and entry[5:] == CLEAN:
                 self.hits += 1
             else:
                 self.misses += 1
-            if entry != [*_stat_fields(fingerprint), None, False, [], [], []]:
+            if entry != [*_stat_fields(fingerprint), *CLEAN]:
                 self.store(path, fingerprint, result)
             return Lookup(result)
         if valid and entry[5] == fingerprint.digest:
@@ -206,6 +207,8 @@ class Cache:
             [[f.code, f.line, f.col, f.cell] for f in result.fixes],
             [[m.code, m.line, m.col, m.message, m.cell] for m in result.manual],
             [[n.line, n.message, n.cell] for n in result.notes],
+            result.imports_xla,
+            [[k.line, k.module, k.cell] for k in result.kept_imports],
         ]
         self._touched.add(key)
 
@@ -245,29 +248,36 @@ def _stat_fields(fingerprint: Fingerprint) -> list:
 
 
 def _result(path: str, entry: list, need_output: bool) -> FileResult | None:
-    changed, fixes, manual, notes = entry[6], entry[7], entry[8], entry[9]
+    changed, fixes, manual, notes, imports_xla, kept = entry[6:]
     if changed is not False and (changed is not True or need_output):
         return None
-    if changed is False and fixes == [] and manual == [] and notes == []:
+    if entry[6:] == CLEAN[1:]:
         return FileResult(path)  # most files
+    if type(imports_xla) is not bool:
+        return None
     try:
         result = FileResult(
             path, changed=changed,
             fixes=[Fix(code, line, col, cell) for code, line, col, cell in fixes],
             manual=[Manual(code, line, col, message, cell=cell) for code, line, col, message, cell in manual],
             notes=[Note(line, message, cell) for line, message, cell in notes],
+            imports_xla=imports_xla,
+            kept_imports=[KeptImport(line, module, cell) for line, module, cell in kept],
         )
     except (TypeError, ValueError):  # a damaged entry: process the file again
         return None
     for finding in (*result.fixes, *result.manual):
-        if not (type(finding.code) is str and type(finding.line) is int and type(finding.col) is int
-                and (finding.cell is None or type(finding.cell) is int)
+        if not (_placed(finding) and type(finding.code) is str and type(finding.col) is int
                 and type(getattr(finding, "message", "")) is str):
             return None
-    for note in result.notes:
-        if not (type(note.line) is int and type(note.message) is str and (note.cell is None or type(note.cell) is int)):
-            return None
+    if not (all(_placed(n) and type(n.message) is str for n in result.notes)
+            and all(_placed(k) and type(k.module) is str for k in result.kept_imports)):
+        return None
     return result
+
+
+def _placed(item: Fix | Manual | Note | KeptImport) -> bool:
+    return type(item.line) is int and (item.cell is None or type(item.cell) is int)
 
 
 def _load(path: Path) -> dict:

@@ -10,7 +10,7 @@ import libcst as cst
 
 from tpu_migrate.findings import Fix, Manual
 from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE
-from tpu_migrate.rewrite.names import Analysis, Ref, Scope, StmtInfo
+from tpu_migrate.rewrite.names import Analysis, ImportBinding, Ref, Scope, StmtInfo
 from tpu_migrate.rules import Catalog, Rule
 
 ALL_CODES = "*"
@@ -119,7 +119,8 @@ class FileContext:
     # TPU190: convert availability guards (engine.py turns this off when torch_xla stays needed).
     convert_guards: bool = True
     guards_converted: bool = False
-    kept_xla_imports: set[str] = field(default_factory=set)
+    # The torch_xla / optimum.tpu imports the rewritten file keeps.
+    kept_xla_imports: list[ImportBinding] = field(default_factory=list)
     source_lines: list[str] = field(default_factory=list)
     # The import bindings (Scope.import_key) of the references fixes removed from the code, for
     # import removal.

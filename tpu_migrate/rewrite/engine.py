@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import libcst as cst
 
-from tpu_migrate.findings import FileResult, Note
+from tpu_migrate.findings import FileResult, KeptImport, Note
 from tpu_migrate.rewrite import imports, todos
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
 from tpu_migrate.rewrite.dependencies import CODE as DEPENDENCY_CODE
@@ -87,6 +87,7 @@ def _failed(result: FileResult, error: str, line: int | None = None) -> FileResu
     result.fixes.clear()
     result.manual.clear()
     result.notes.clear()
+    result.kept_imports.clear()
     return result
 
 
@@ -107,6 +108,8 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
     tree = ast.parse(text, filename=path)
     analysis = analyze(tree, catalog.canonical, catalog.rule_names)
     has_xla_imports = any(is_xla_name(b.qualname) for b in analysis.imports)
+    dynamic_imports = [d for info in analysis.infos.values() for d in info.dynamic_imports]
+    result.imports_xla = has_xla_imports or bool(dynamic_imports)
     if not has_xla_imports and not any(i.interesting for i in analysis.infos.values()):
         return None
     _check_nesting(tree)
@@ -132,6 +135,10 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         new_module, file = _rewrite_module(module, tree, text, options, catalog, result, False, fresh)
     result.fixes.sort(key=lambda f: (f.line, f.col, f.code))
     result.manual.sort(key=lambda m: (m.line, m.col, m.code))
+    # Here, in the worker, so that the cache holds it (the migration report's blocked files).
+    result.kept_imports = sorted({KeptImport(b.stmt.lineno, b.qualname) for b in file.kept_xla_imports}
+                                 | {KeptImport(line, module) for line, _, module in dynamic_imports},
+                                 key=lambda k: (k.line, k.module))
     if footer is not None and _footer_code(new_module) != _footer_code(module):
         raise Unreproducible("libcst does not print the end of this file back exactly")
     return _with_footer(new_module.code, module, footer)
@@ -257,7 +264,7 @@ def _rewrite_module(module, tree, text, options, catalog, result, convert_guards
     new_module = imports.add_needed(
         new_module, file.plan.imports_to_add(), file.removed_imports, file.helper_code.values()
     )
-    file.kept_xla_imports = {b.name for b in analysis.imports if is_xla_name(b.qualname) and b.key not in unused}
+    file.kept_xla_imports = [b for b in analysis.imports if is_xla_name(b.qualname) and b.key not in unused]
     return new_module, file
 
 

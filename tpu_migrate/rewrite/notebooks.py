@@ -78,6 +78,10 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
     for note in inner.notes:
         cell, within = cell_of(note.line)
         result.notes.append(replace(note, line=within, cell=cell))
+    result.imports_xla = inner.imports_xla
+    for kept in inner.kept_imports:
+        cell, within = cell_of(kept.line)
+        result.kept_imports.append(replace(kept, line=within, cell=cell))
     if inner.error_line is not None:  # name the cell, as findings do
         result.error_cell, result.error_line = cell_of(inner.error_line)
         result.error = inner.error.replace(f"at line {inner.error_line}:",

@@ -1,0 +1,222 @@
+"""`rewrite --html FILE` (the migration report) and the `migration` object of `--format json`,
+through the real CLI on the realistic fixtures, some corpus files and a few small files."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from html import unescape
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+from test_html_report import Collector
+
+CORPUS = ["huggingface__accelerate__examples__finetune_lm_tpu.py",  # keeps torch_xla.runtime
+          "pytorch__xla__test__test_mp_replication.py",  # converts completely
+          "huggingface__optimum-tpu__optimum__tpu__xla_logger.py"]
+SPMD = """import torch
+import torch_xla.core.xla_model as xm
+import torch_xla.distributed.spmd as xs
+
+device = xm.xla_device()
+t = torch.ones(4).to(device)
+xs.mark_sharding(t, mesh, ("data",))
+"""
+CONVERTS = "import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()\nxm.mark_step()\n"
+# Open manual work of an earlier run: a message and a file name with HTML's special characters.
+ODD_NAME = "a<b&c>.py"
+OPEN_TODO = "import os\n\n# TODO(tpu-migrate): TPU060 start <workers> & join them by hand\nos.getpid()\n"
+NOTEBOOK = {
+    "cells": [
+        {"cell_type": "code", "id": "c1", "execution_count": None, "metadata": {}, "outputs": [],
+         "source": ["import torch_xla.distributed.spmd as xs\n", "import torch_xla.core.xla_model as xm\n",
+                    "device = xm.xla_device()"]},
+        {"cell_type": "code", "id": "c2", "execution_count": None, "metadata": {}, "outputs": [],
+         "source": ["xs.mark_sharding(t, mesh, (0,))"]},
+    ],
+    "metadata": {}, "nbformat": 4, "nbformat_minor": 5,
+}
+BLOCKED = {"realistic/spmd_llama.py", "realistic/train_imagenet_mp.py", "realistic/trainer.py",
+           f"corpus/{CORPUS[0]}", "small/spmd.py", "small/nb.ipynb"}
+
+
+def make_project(root: Path) -> Path:
+    shutil.copytree(ROOT / "fixtures" / "realistic", root / "realistic")
+    (root / "corpus").mkdir()
+    for name in CORPUS:
+        shutil.copy(ROOT / "fixtures" / "corpus" / name, root / "corpus" / name)
+    small = root / "small"
+    small.mkdir()
+    (small / "spmd.py").write_text(SPMD)
+    (small / "converts.py").write_text(CONVERTS)
+    (small / ODD_NAME).write_text(OPEN_TODO)
+    (small / "clean.py").write_text("import torch\n")
+    (small / "nb.ipynb").write_text(json.dumps(NOTEBOOK))
+    return root
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    """(project, HTML text, JSON document) of one `rewrite --check --html --format json` run."""
+    project = make_project(tmp_path_factory.mktemp("project"))
+    result = run_cli("rewrite", "--check", "--html", "report.html", "--format", "json",
+                     "realistic", "corpus", "small", cwd=project)
+    assert result.returncode == 1, result.stderr
+    return project, (project / "report.html").read_text(encoding="utf-8"), json.loads(result.stdout)
+
+
+def _summary_cells(page: str) -> dict[str, str]:
+    table = page[page.index('<table id="summary"'):]
+    table = table[:table.index("</table>")]
+    return {re.sub(r"<[^>]+>", "", unescape(label)).strip(): value
+            for label, value in re.findall(r'<th scope="row">(.*?)</th><td class="count">(.*?)</td>', table)}
+
+
+def test_the_totals_of_the_page_are_those_of_the_json(checked):
+    _, page, doc = checked
+    migration, summary = doc["migration"], doc["summary"]
+    assert migration["mode"] == "check"
+    assert migration["fixes"] == summary["fixes"] and migration["manual"] == summary["manual"]
+    assert migration["files"] == summary["files"] == 4 + len(CORPUS) + 5
+    assert migration["files_changed"] == summary["changed"]
+    # The SPMD / FSDP items counted apart are those of the files.
+    spmd_fsdp = {"TPU170", "TPU171", "TPU172", "TPU173", "TPU180"}
+    design = [m for f in doc["files"] for m in f["manual"] if m["code"] in spmd_fsdp]
+    assert migration["manual_spmd_fsdp"] == len(design) >= 8
+    assert sum(f["fixes"] for f in migration["families"]) == migration["fixes"]
+    assert sum(f["manual"] for f in migration["families"]) == migration["manual"]
+    assert sum(f["manual_spmd_fsdp"] for f in migration["families"]) == migration["manual_spmd_fsdp"]
+    assert migration["converted_share"] == round(migration["fixes"] / (migration["fixes"] + migration["manual"]), 4)
+    # Every file imports torch_xla but the TODO-only one and clean.py.
+    assert migration["files_with_xla"] == migration["files"] - 2
+    cells = _summary_cells(page)
+    assert cells == {
+        "files scanned": str(migration["files"]),
+        "files that import torch_xla / optimum.tpu": str(migration["files_with_xla"]),
+        "files with fixes or manual items": str(migration["files_with_work"]),
+        "fixes the rewrite would apply (--check: nothing written)": str(migration["fixes"]),
+        "manual items": str(migration["manual"]),
+        "of which SPMD / FSDP (manual by design)": str(migration["manual_spmd_fsdp"]),
+        "files that still import torch_xla after the rewrite (cannot run without it)": str(migration["blocked_files"]),
+        "share of references converted (fixes / (fixes + manual items))": f"{migration['converted_share']:.0%}",
+        "files that could not be processed (errors)": "0",
+    }
+
+
+def test_the_blocked_files_are_those_that_keep_a_torch_xla_import(checked):
+    _, page, doc = checked
+    blocked = {b["path"]: b["imports"] for b in doc["migration"]["blocked"]}
+    assert set(blocked) == BLOCKED
+    assert doc["migration"]["blocked_files"] == len(BLOCKED)
+    # An SPMD call keeps its module; the device call's import went with the conversion.
+    assert blocked["small/spmd.py"] == [{"line": 3, "module": "torch_xla.distributed.spmd"}]
+    assert blocked["small/nb.ipynb"] == [{"line": 1, "module": "torch_xla.distributed.spmd", "cell": 0}]
+    assert {"line": 6, "module": "torch_xla.distributed.spmd"} in blocked["realistic/spmd_llama.py"]
+    rows = re.findall(r'<tr class="blocked"><td>(.*?)</td>', page)
+    assert sorted(rows) == sorted(BLOCKED)
+
+
+def test_families_follow_the_rule_files(checked):
+    _, page, doc = checked
+    families = {f["family"]: f for f in doc["migration"]["families"]}
+    spmd = families["devices_spmd_optimum"]
+    assert spmd["manual_spmd_fsdp"] == doc["migration"]["manual_spmd_fsdp"]
+    sharding = next(r for r in spmd["rules"] if r["code"] == "TPU171")
+    assert sharding["name"] == "spmd-mesh" and sharding["manual"] > 0 and sharding["fixes"] == 0
+    assert next(r for r in families["core"]["rules"] if r["code"] == "TPU001")["fixes"] > 0
+    # The TODO of an earlier run counts in its rule's family.
+    assert next(r for r in families["core"]["rules"] if r["code"] == "TPU060")["manual"] >= 1
+    headers = re.findall(r'<tr class="family"><th>(.*?)</th><th class="count">(\d+)</th><th class="count">(\d+)</th>', page)
+    assert headers == [(f["family"], str(f["fixes"]), str(f["manual"])) for f in doc["migration"]["families"]]
+
+
+def test_each_manual_item_is_listed_under_its_file_with_what_it_needs(checked):
+    _, page, doc = checked
+    parser = Collector()
+    parser.feed(page)
+    file_rows = [a for t, a in parser.tags if t == "tr" and "file" in a.get("class", "").split()]
+    assert len(file_rows) == doc["migration"]["files"] - 1  # all but clean.py
+    assert "1 file(s) without torch_xla or findings are not listed" in page
+    items = [a for t, a in parser.tags if t == "tr" and a.get("class") == "manual"]
+    assert len(items) == doc["migration"]["manual"]
+    assert len([a for t, a in parser.tags if t == "details"]) == len([f for f in doc["files"] if f["manual"]])
+    spmd = page[page.index("<summary>small/spmd.py</summary>"):]
+    spmd = spmd[:spmd.index("</details>")]
+    [item] = [m for f in doc["files"] if f["path"] == "small/spmd.py" for m in f["manual"]]
+    assert item["code"] == "TPU172"
+    assert f'<td>{item["line"]}</td><td><code>TPU172</code> spmd-sharding</td>' in spmd
+    assert "DTensor" in spmd  # the replacement the TODO names
+
+
+def test_text_from_files_is_escaped(checked):
+    _, page, _ = checked
+    assert "a&lt;b&amp;c&gt;.py" in page and ODD_NAME not in page
+    assert "start &lt;workers&gt; &amp; join them by hand" in page and "<workers>" not in page
+    parser = Collector()
+    parser.feed(page)
+    assert not {t for t, _ in parser.tags} - {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p",
+                                               "table", "thead", "tbody", "tr", "th", "td", "code", "span",
+                                               "details", "summary", "div", "br"}
+
+
+def test_self_contained(checked):
+    _, page, _ = checked
+    parser = Collector()
+    parser.feed(page)
+    for tag, attrs in parser.tags:
+        assert "src" not in attrs and "href" not in attrs, (tag, attrs)
+    assert "<script" not in page and "@import" not in page and "http" not in page
+
+
+def test_the_cache_answers_the_same_report(checked):
+    """The kept imports come from the workers; a warm run reads them from the cache."""
+    project, page, doc = checked
+    again = run_cli("rewrite", "--check", "-v", "--html", "again.html", "--format", "json",
+                    "realistic", "corpus", "small", cwd=project)
+    files = doc["migration"]["files"]
+    assert f"{files} file(s), {files} from the cache".encode() in again.stderr
+    assert json.loads(again.stdout)["migration"] == doc["migration"]
+    assert (project / "again.html").read_text(encoding="utf-8") == page
+
+
+def test_a_write_run_reports_what_it_did(tmp_path):
+    project = make_project(tmp_path)
+    result = run_cli("rewrite", "--html", "report.html", "--format", "json", "realistic", "small", cwd=project)
+    assert result.returncode == 1, result.stderr  # manual work remains
+    migration = json.loads(result.stdout)["migration"]
+    page = (project / "report.html").read_text(encoding="utf-8")
+    assert migration["mode"] == "write" and migration["files_changed"] > 0
+    assert _summary_cells(page)["fixes applied"] == str(migration["fixes"])
+    # The written files import torch_xla as the report said: the blocked ones only what it names.
+    for path in ("small/converts.py", "realistic/notebook_export.py"):
+        assert "torch_xla" not in (project / path).read_text()
+    spmd = (project / "small" / "spmd.py").read_text()
+    assert "import torch_xla.distributed.spmd as xs" in spmd and "xla_model" not in spmd
+    # A run on the written files names the same modules (at the lines of the new files).
+    after = json.loads(run_cli("rewrite", "--check", "--format", "json", "realistic", "small", cwd=project).stdout)
+    modules = {b["path"]: [i["module"] for i in b["imports"]] for b in migration["blocked"]}
+    assert {b["path"]: [i["module"] for i in b["imports"]] for b in after["migration"]["blocked"]} == modules
+    assert after["migration"]["fixes"] == 0
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium is not installed (apt-get install chromium)")
+def test_opens_in_headless_chromium(checked, tmp_path):
+    project, _, doc = checked
+    report = project / "report.html"
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run(["chromium", *flags, "--dump-dom", f"file://{report}"],
+                         capture_output=True, text=True, timeout=120)
+    for table in ("summary", "families", "blocked", "files"):
+        assert f'id="{table}"' in dom.stdout
+    assert dom.stdout.count('class="blocked"') == doc["migration"]["blocked_files"]
+    assert dom.stdout.count('class="manual"') == doc["migration"]["manual"]
+    shot = tmp_path / "report.png"
+    subprocess.run(["chromium", *flags, f"--screenshot={shot}", "--window-size=1000,900", f"file://{report}"],
+                   capture_output=True, timeout=120)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
