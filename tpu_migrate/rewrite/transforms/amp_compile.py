@@ -104,8 +104,9 @@ def xla_compile(call, qualname, sc: StatementContext, rule):
     parts = [code(bound["f"].value)]
     if sc.file.target == "tpu":
         parts.append('backend="tpu"')
-    if "full_graph" in bound:
-        parts.append(f"fullgraph={code(bound['full_graph'].value)}")
+    # Not `fullgraph=`: torch_xla's full_graph asked for one lazy XLA graph per call, backward
+    # and optimizer step included; Dynamo's fullgraph forbids graph breaks, which `.backward()`
+    # and `optimizer.zero_grad()` are, so a training step would stop with an error.
     sc.fixed(rule.code, qualname)
     return parse_expr(f"{torch}.compile({', '.join(parts)})")
 
