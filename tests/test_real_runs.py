@@ -16,11 +16,8 @@ import pytest
 import real_runs as harness
 
 BLOCKED_IMPORT = "ImportError: torch_xla is blocked"
-MNIST_IDIOMS = ("xm.RateTracker, xu.SampleGenerator (and xr.world_size in its statement), "
-                "pl.MpDeviceLoader held in a variable, torch_xla.test.test_utils, met.metrics_report")
-RESNET_IDIOMS = "base class: xm.RateTracker, xu.SampleGenerator, xr.world_size, pl.MpDeviceLoader held in self.attr"
-DECODER_IDIOMS = ("base class: xm.RateTracker, xu.SampleGenerator, pl.MpDeviceLoader held in self.attr, "
-                  "torch_xla._XLAC._xla_metrics_report")
+ZERO = "torch_xla's ZeroRedundancyOptimizer (TPU169: torch's neither averages nor clips the gradients)"
+FSDP = "XlaFullyShardedDataParallel and its wrap / checkpoint helpers (TPU173: FSDP is ported by hand)"
 
 
 @dataclass(frozen=True)
@@ -31,17 +28,16 @@ class Expected:
 
 
 EXPECTED = {
-    "test_train_mp_mnist.py": Expected("fails", BLOCKED_IMPORT, MNIST_IDIOMS),
-    "test_train_mp_mnist.py --ddp": Expected("fails", BLOCKED_IMPORT, MNIST_IDIOMS),
-    "test_train_mp_mnist_zero1.py": Expected("fails", BLOCKED_IMPORT, MNIST_IDIOMS + ", ZeroRedundancyOptimizer"),
-    "test_train_mp_mnist_fsdp_with_ckpt.py": Expected(
-        "fails", BLOCKED_IMPORT, MNIST_IDIOMS + ", XlaFullyShardedDataParallel and its wrap / checkpoint helpers (FSDP)"),
-    "train_resnet_base.py": Expected("fails", BLOCKED_IMPORT, RESNET_IDIOMS),
-    "train_resnet_xla_ddp.py": Expected("fails", BLOCKED_IMPORT, "xr.initialize_cache; " + RESNET_IDIOMS),
-    "train_decoder_only_base.py": Expected("fails", BLOCKED_IMPORT, DECODER_IDIOMS),
-    "train_decoder_only_eager.py": Expected("fails", BLOCKED_IMPORT, DECODER_IDIOMS),
-    "train_decoder_only_eager_with_compile.py": Expected("fails", BLOCKED_IMPORT, DECODER_IDIOMS),
-    "train_decoder_only_eager_multi_process.py": Expected("fails", BLOCKED_IMPORT, DECODER_IDIOMS),
+    "test_train_mp_mnist.py": Expected("match"),
+    "test_train_mp_mnist.py --ddp": Expected("match"),
+    "test_train_mp_mnist_zero1.py": Expected("fails", BLOCKED_IMPORT, ZERO),
+    "test_train_mp_mnist_fsdp_with_ckpt.py": Expected("fails", BLOCKED_IMPORT, FSDP),
+    "train_resnet_base.py": Expected("match"),
+    "train_resnet_xla_ddp.py": Expected("match"),
+    "train_decoder_only_base.py": Expected("match"),
+    "train_decoder_only_eager.py": Expected("match"),
+    "train_decoder_only_eager_with_compile.py": Expected("match"),
+    "train_decoder_only_eager_multi_process.py": Expected("match"),
 }
 
 
