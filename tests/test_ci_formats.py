@@ -42,7 +42,7 @@ def test_rewrite_sarif_is_valid_and_complete(cli, tmp_path):
 def test_rewrite_github_annotations(cli):
     result = cli("rewrite", "--check", "--format", "github", str(MANUAL), str(FIXABLE))
     lines = result.stdout.decode().splitlines()
-    assert f"::warning file={MANUAL},line=7,col=15,title=TPU099::`xm.RateTracker`" in lines[0]
+    assert f"::warning file={MANUAL},line=7,col=15,title=TPU099::`xu.TimedScope`" in lines[0]
     assert any(l.startswith(f"::notice file={FIXABLE},line=5,col=10,title=TPU001::fixable") for l in lines)
     assert all(l.startswith("::") for l in lines)
 
@@ -64,7 +64,7 @@ def notebook(tmp_path, *sources: str):
 
 
 def test_notebook_findings_name_the_cell_not_a_line_of_the_ipynb(cli, tmp_path):
-    path = notebook(tmp_path, "import torch_xla.core.xla_model as xm", "x = 1\nt = xm.RateTracker()")
+    path = notebook(tmp_path, "import torch_xla.core.xla_model as xm", "x = 1\nt = xm.unlazy()")
     sarif = json.loads(cli("rewrite", "--check", "--format", "sarif", str(path)).stdout)
     jsonschema.validate(sarif, SCHEMA)
     [finding] = [r for r in sarif["runs"][0]["results"] if r["ruleId"] == "TPU099"]
@@ -73,9 +73,9 @@ def test_notebook_findings_name_the_cell_not_a_line_of_the_ipynb(cli, tmp_path):
     assert location["physicalLocation"]["region"] == {"startLine": 1}  # the notebook, not line 2 of its JSON
     assert location["logicalLocations"][0]["name"] == "cell 1"
     assert location["properties"] == {"cell": 1, "cellLine": 2, "cellColumn": 5}
-    assert finding["message"]["text"].startswith("cell 1, line 2, col 5: `xm.RateTracker`")
+    assert finding["message"]["text"].startswith("cell 1, line 2, col 5: `xm.unlazy`")
     github = cli("rewrite", "--check", "--format", "github", str(path)).stdout.decode()
-    assert f"::warning file={path},title=TPU099::cell 1, line 2, col 5: `xm.RateTracker`" in github
+    assert f"::warning file={path},title=TPU099::cell 1, line 2, col 5: `xm.unlazy`" in github
     assert ",line=" not in github
 
 

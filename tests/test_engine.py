@@ -96,7 +96,7 @@ def test_fix_and_manual_lines_refer_to_the_input():
         "    1,\n"
         "    xm.xla_device(),\n"
         ")\n"
-        "y = xm.RateTracker()\n"
+        "y = xm.unlazy([])\n"
     )
     result = run(source.encode())
     assert [(f.code, f.line, f.col) for f in result.fixes] == [("TPU001", 5, 5)]
@@ -132,7 +132,7 @@ def test_used_imports_are_kept_and_unused_removed():
         "import torch_xla.core.xla_model as xm\n"
         "import torch_xla.debug.metrics as met\n"
         "d = xm.xla_device()\n"
-        "print(met.metrics_report())\n"
+        "report = met.metrics_report()\n"
     )
     out = run(source.encode()).output.decode()
     assert "import torch_xla.core.xla_model as xm" not in out
@@ -140,9 +140,9 @@ def test_used_imports_are_kept_and_unused_removed():
 
 
 def test_partially_used_from_import_keeps_the_used_names():
-    source = "from torch_xla.core.xla_model import xla_device, RateTracker\nd = xla_device()\nRateTracker()\n"
+    source = "from torch_xla.core.xla_model import xla_device, unlazy\nd = xla_device()\nunlazy([])\n"
     out = run(source.encode()).output.decode()
-    assert "from torch_xla.core.xla_model import RateTracker\n" in out
+    assert "from torch_xla.core.xla_model import unlazy\n" in out
 
 
 def test_import_inside_try_becomes_pass_when_emptied():
@@ -233,7 +233,7 @@ def test_odd_line_separators_in_comments_keep_the_second_run_a_no_op(separator):
     """Found by tests/test_properties.py: str.splitlines() breaks lines at a form feed (a ^L page
     break) and other separators Python does not count, so the comments above a statement were
     looked up at the wrong line and its TODO was added again on every run."""
-    source = f"# header{separator}\n\nxm.RateTracker()\nimport torch_xla.core.xla_model as xm\n"
+    source = f"# header{separator}\n\nxm.unlazy([])\nimport torch_xla.core.xla_model as xm\n"
     first = run(source.encode())
     assert first.output.decode().count("TODO(tpu-migrate)") == 1
     assert run(first.output).changed is False
