@@ -7,11 +7,15 @@ It records, as events for the same JSON-lines file the torch_xla backend writes:
   Tensor methods (`item`, `tolist`, `__bool__`, `print`, ..., `nonzero`, boolean-mask indexing).
   Without an accelerator the CPU stands in for the TPU; then only reads made directly by the
   user's code count, since the CPU tensors that torch's own code reads (the optimizer's step
-  counter, say) stay on the host on a TPU too.
+  counter, say) stay on the host on a TPU too, and only of tensors the source puts on the
+  device (placement.py). Once the program compiles, torch.nonzero & co. are found in its source.
 - `recompile` / `graph_break` / `recompile_limit`: Dynamo's own signals (its guard-failure
-  reasons, its graph-break log call, its recompile-limit warning) with the user's line.
-- `unsupported`: aten ops TorchTPU 0.2.0 cannot run (rules/torchtpu-ops.json), seen by a
-  TorchDispatchMode during the warm-up steps and one step after them.
+  reasons, its graph-break log call and hint, its recompile-limit warning) with the user's line.
+  With the CPU standing in, torch.compile is called with TorchTPU's arguments (dynamic=False), so
+  Dynamo recompiles per shape as it would on a TPU.
+- `unsupported`: aten ops TorchTPU 0.2.0 cannot run (rules/torchtpu-ops.json), as a TPU would
+  dispatch them, seen by a TorchDispatchMode during the warm-up steps and one step after them,
+  and in each graph Dynamo captures (run once more on fake tensors of our own).
 - `incompatible`: calls that run here but raise on TorchTPU (torch.compile mode=/dynamic=True/
   backend="inductor", fork-started processes; source-only ones are found by incompatible.py).
 
@@ -42,8 +46,8 @@ DYNAMIC_OPERATOR = re.compile(r"Operator `aten\.(?P<op>\w+?)(?:\.\w+)?`'s output
 LIMIT_FUNCTION = re.compile(r"'(?P<name>.*)' \((?P<file>.*):(?P<line>\d+)\)$")
 DATALOADER_WORKER = "_worker_loop"
 
-CALLED_HERE = "(called here)"
-UNKNOWN = placement.UNKNOWN  # the op of a recompile of code outside the user's files
+CALLED_HERE = "(called here)"  # the op of a recompile of code outside the user's files
+UNKNOWN = placement.UNKNOWN
 
 HOOKS: "NativeHooks | None" = None
 
@@ -102,7 +106,6 @@ class NativeHooks:
         self.verdicts: dict[object, str] = {}  # OpOverload -> its name if TorchTPU cannot run it
         self.optimizer_hook = None
         self.saved = []  # (owner, name, original) patched once, restored by uninstall
-        self.library_code: dict[object, bool] = {}  # code object -> is it torch's or a library's
         self.read_places: dict[tuple, str] = {}  # (code, line) -> where the tensors read there live
         self.program_places: bool | None = None  # does the program name a device anywhere
 
@@ -137,7 +140,7 @@ class NativeHooks:
             from tpu_migrate.diagnose import incompatible
 
             atexit.register(incompatible.report_sources, self.recorder)  # runs before finish()
-        atexit.register(self._report_dynamic_calls)
+            atexit.register(self._report_dynamic_calls)
 
     def _patch(self, owner, name, replacement) -> None:
         self.saved.append((owner, name, owner.__dict__.get(name)))
@@ -650,11 +653,13 @@ def unsupported_on_tpu(func, table: dict[str, str]) -> str:
 
 
 def _program_files(files: list[str]) -> list[str]:
-    """The program's own files: under its script's folder or the working directory (not the
-    modules torch writes to a temporary folder and imports)."""
+    """The program's own files: those under its script's folder (not the modules torch writes to
+    a temporary folder and imports, nor our sitecustomize)."""
     main = getattr(sys.modules.get("__main__"), "__file__", None)
-    roots = tuple(os.path.join(os.path.abspath(r), "") for r in (os.getcwd(), os.path.dirname(main or "")) if r)
-    return [f for f in files if os.path.abspath(f).startswith(roots)]
+    if not main:
+        return files
+    root = os.path.join(os.path.dirname(os.path.abspath(main)), "")
+    return [f for f in files if os.path.abspath(f).startswith(root)]
 
 
 def _node_line(node) -> tuple[str, int] | None:
