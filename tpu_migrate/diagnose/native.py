@@ -654,8 +654,10 @@ def unsupported_on_tpu(func, table: dict[str, str]) -> str:
 
 def _program_files(files: list[str]) -> list[str]:
     """The program's own files: those under its script's folder (not the modules torch writes to
-    a temporary folder and imports, nor our sitecustomize)."""
-    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    a temporary folder and imports, nor our sitecustomize). The script is argv[0]: at exit
+    runpy has given `__main__` back to our bootstrap."""
+    main = sys.argv[0] if sys.argv and os.path.isfile(sys.argv[0]) else \
+        getattr(sys.modules.get("__main__"), "__file__", None)
     if not main:
         return files
     root = os.path.join(os.path.dirname(os.path.abspath(main)), "")
