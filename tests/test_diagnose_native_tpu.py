@@ -189,3 +189,14 @@ def test_shape_guards_name_their_input():
     assert native.SIZE_GUARD.match("tensor 'x' size mismatch at index 0. expected 4, actual 5")["name"] == "x"
     assert native.SIZE_GUARD.match("GLOBAL_STATE changed: grad_mode") is None
     assert re.search(native.DYNAMIC_OPERATOR, "Operator `aten.nonzero.default`'s output shape depends")["op"] == "nonzero"
+
+
+def test_sync_wording_by_the_steps_it_was_seen_in():
+    from tpu_migrate.diagnose.analysis import Finding, _native_sync
+
+    finding = Finding("sync", "a.py", 3, 4, 1, "item", None, "", steps={1, 2})
+    assert _native_sync(finding, "a.py:3")[0].endswith("4 time(s) in 2 steps")  # no optimizer steps
+    finding.total_steps = 6
+    assert _native_sync(finding, "a.py:3")[0].endswith("in 2 of 6 steps (not every step)")
+    finding.steps = set(range(1, 7))
+    assert _native_sync(finding, "a.py:3")[0].endswith("every step")

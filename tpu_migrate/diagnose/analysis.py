@@ -485,8 +485,9 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
 
 
 def _native_sync(f: Finding, where: str) -> tuple[str, str]:
-    every = f.total_steps and f.step_count >= f.total_steps - 1
-    when = "every step" if every else f"in {f.step_count} of {f.total_steps} steps (not every step)"
+    every = f.step_count >= f.total_steps - 1  # the first step's read may come before its end
+    when = (f"in {f.step_count} steps" if not f.total_steps else "every step" if every
+            else f"in {f.step_count} of {f.total_steps} steps (not every step)")
     message = f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) {when}"
     if f.placement_unknown:
         message += "; could not tell whether the tensor read would live on the TPU"
