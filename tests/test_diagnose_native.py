@@ -4,7 +4,10 @@ which stands in for the TPU. Real programs, the real CLI, real Dynamo."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +32,23 @@ def run(program: str, *options: str):
     result = diagnose("--format", "json", *options, str(PROGRAMS / program))
     assert result.stdout, result.stderr[-3000:]
     return result, json.loads(result.stdout)
+
+
+def run_plain(program: str, as_torchtpu: bool = True, **env: str) -> subprocess.CompletedProcess:
+    """`program` run without diagnose; `as_torchtpu`: compiled as TorchTPU compiles, which is what
+    diagnose does with the CPU standing in (torch.compile's dynamic=False: no automatic dynamic
+    shapes)."""
+    setup = "import torch._dynamo; torch._dynamo.config.automatic_dynamic_shapes = False; " if as_torchtpu else ""
+    code = f"import runpy, torch; {setup}runpy.run_path({str(PROGRAMS / program)!r}, run_name='__main__')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def dynamo_stats(output: str) -> list[str]:
+    """The Dynamo counters a program printed (the `dynamo:` line)."""
+    return [line for line in output.splitlines() if line.startswith("dynamo:")]
 
 
 def summary(document) -> set[tuple]:
@@ -94,15 +114,9 @@ def test_compiled_problems_from_dynamo(compiled):
 
 
 def test_dynamo_compiles_the_same_graphs_with_and_without_diagnose(compiled):
-    import subprocess
-    import sys
-
-    plain = subprocess.run([sys.executable, str(PROGRAMS / "compiled_problems.py")],
-                           capture_output=True, text=True, timeout=600)
-    stats = [line for line in plain.stdout.splitlines() if line.startswith("dynamo:")]
+    stats = dynamo_stats(run_plain("compiled_problems.py").stdout)
     result, _ = compiled
-    traced = [line for line in result.stderr.splitlines() if line.startswith("dynamo:")]
-    assert stats and stats == traced  # graphs, calls captured and graph breaks alike
+    assert stats and stats == dynamo_stats(result.stderr)  # graphs, calls captured and graph breaks alike
     assert "'unique_graphs': " in stats[0]
 
 
@@ -206,9 +220,6 @@ def test_op_table_is_loaded_and_has_the_documented_ops():
 def test_a_compiled_training_step_with_backward_and_optimizer():
     """Dynamo runs its compile callbacks holding a lock, and a lazily compiled backward runs them
     while the caller's frames are converted: a Python call in our callbacks deadlocked here."""
-    import subprocess
-    import sys
-
     name = "compiled_train_step.py"
     result, document = run(name)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -218,9 +229,8 @@ def test_a_compiled_training_step_with_backward_and_optimizer():
     assert recompile["first_step"] == 5
     assert "size mismatch at index 0. expected 16, actual 12" in recompile["message"]
     assert ("graph-break", line_of(name, "graph break (backward)")) in found
-    plain = subprocess.run([sys.executable, str(PROGRAMS / name)], capture_output=True, text=True, timeout=600)
-    stats = [line for line in plain.stdout.splitlines() if line.startswith("dynamo:")]
-    assert stats and stats == [line for line in result.stderr.splitlines() if line.startswith("dynamo:")]
+    stats = dynamo_stats(run_plain(name).stdout)
+    assert stats and stats == dynamo_stats(result.stderr)
 
 
 def test_a_graph_break_inside_library_code_is_placed_at_the_users_call():
@@ -234,10 +244,6 @@ def test_a_graph_break_inside_library_code_is_placed_at_the_users_call():
 def test_a_relative_script_path_is_run_as_python_runs_it(tmp_path):
     """`python train.py` gives the program an absolute __file__ and code file name: a program that
     changes directory must still find itself, and diagnose its lines."""
-    import os
-    import subprocess
-    import sys
-
     (tmp_path / "train.py").write_text(
         "import os, sys\n"
         "import torch\n"

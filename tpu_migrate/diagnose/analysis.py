@@ -24,6 +24,14 @@ EVENT_KINDS = {"sync": "sync", "dynamic": "dynamic-shape", "fallback": "fallback
                "recompile": "recompile"}
 FRAME = re.compile(r"^\s+(?P<fn>.+?) \((?P<file>.+):(?P<line>\d+)\)$")
 HOST_READ_CAUSE = "most likely user code trying to access tensor value"
+SHAPE_GUARD = re.compile(r"^tensor '[^']+' (?:size|stride|rank) mismatch")
+GRAD_MODE_GUARD = re.compile(r"GLOBAL_STATE changed: grad_mode\s*$")
+
+
+def native_recompile_kind(reason: str | None) -> str:
+    """A recompile because only the grad mode changed (evaluation under torch.no_grad) is one more
+    graph, compiled once: information, like a first compile after warm-up."""
+    return "compile" if reason and GRAD_MODE_GUARD.search(reason) else "recompile"
 
 
 @dataclass
@@ -51,6 +59,9 @@ class Finding:
     changed: str | None = field(default=None, repr=False)  # --explain: what changed in the graph
     exact: bool = field(default=False, repr=False)  # a fallback at its own line (--explain)
     counted_steps: int = field(default=0, repr=False)  # steps seen in past the event limit, less one
+    hint: str | None = field(default=None, repr=False)  # native graph break: Dynamo's hint
+    placement_unknown: bool = field(default=False, repr=False)  # native sync: maybe a host tensor
+    total_steps: int = field(default=0, repr=False)  # steps the program ran
 
     @property
     def step_count(self) -> int:
@@ -256,12 +267,17 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
             kind = EVENT_KINDS.get(event["kind"])
             if kind is None or event.get("file") is None or (kind == "fallback" and exact_fallbacks):
                 continue
-            if kind == "recompile" and event["step"] < warmup_steps:
-                continue
+            if kind == "recompile":
+                kind = native_recompile_kind(event.get("reason"))
+                # A shape that changes compiles once per shape on a TPU: from the first step on.
+                if event["step"] < warmup_steps and not SHAPE_GUARD.search(event.get("reason") or ""):
+                    continue
             finding = _add(findings, kind, event["file"], event["line"], event["op"], event["step"],
                            None if event.get("static") else rank, event.get("count", 1),
                            event.get("in_steps", 1))
             finding.changed = finding.changed or event.get("reason") or event.get("gb")
+            finding.hint = finding.hint or event.get("hint")
+            finding.placement_unknown |= event.get("placement") == "unknown"
     if not evidence.debug_log and backend(evidence)[0] == "xla":
         _add_counted_compiles(findings, processes, warmup_steps)
     if evidence.debug_log:
@@ -281,9 +297,12 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
     result = [f for f in findings.values() if _reportable(f)]
     backend_name = backend(evidence)[0]
     for finding in result:
+        finding.total_steps = main_steps
         finding.message, finding.explanation = describe(finding, backend_name)
     order = {kind: i for i, kind in enumerate(KINDS)}
-    result.sort(key=lambda f: (order[f.kind], -f.count, f.file, f.line))
+    # A read in every step before one in evaluation steps only, however often that one reads.
+    result.sort(key=lambda f: (order[f.kind], -f.step_count if f.kind == "sync" else 0,
+                               f.placement_unknown, -f.count, f.file, f.line))
     return result, main_steps
 
 
@@ -396,12 +415,19 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
     where = f"{f.file}:{f.line}"
     if f.kind == "recompile" and f.op not in (None, "host read"):  # native: Dynamo's reason
         what = "the compiled code called here" if f.op == "(called here)" else f"`{f.op}`"
+        if SHAPE_GUARD.search(f.changed or ""):
+            return (f"torch.compile recompiled {what} {f.count} time(s) for a new input shape at "
+                    f"{where} (first in step {f.first_step}): {f.changed}",
+                    "TorchTPU compiles with dynamic=False: every new input shape is a new graph to "
+                    "compile, up to Dynamo's recompile limit (8), after which the function runs "
+                    "eagerly, silently. (On the CPU, Dynamo's automatic dynamic shapes hide this; "
+                    "diagnose compiles as TorchTPU does.) Give the input a fixed shape (pad or "
+                    "bucket lengths, DataLoader(drop_last=True)), or mark the dimension dynamic "
+                    "with torch._dynamo.mark_dynamic.")
         return (f"torch.compile recompiled {what} {f.count} time(s) after warm-up at {where} "
                 f"(first in step {f.first_step}): {f.changed}",
                 "A guard of the compiled code failed, so Dynamo traced and compiled it again. A "
-                "size mismatch: give the input a fixed shape (DataLoader(drop_last=True), pad or "
-                "bucket lengths) or mark the dimension dynamic with torch._dynamo.mark_dynamic. A "
-                "changing Python number: pass it as a tensor.")
+                "changing Python number or object: pass it as a tensor, or keep it constant.")
     if f.kind == "recompile":
         message = f"recompiled {f.count} time(s) after warm-up at {where} (first in step {f.first_step})"
         if f.changed:
@@ -416,13 +442,22 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
                          "changes every step and is baked into the graph (pass it as a tensor).")
     if f.kind in NATIVE_DESCRIPTIONS:
         return NATIVE_DESCRIPTIONS[f.kind](f, where)
+    if backend_name == "native" and f.kind == "compile":
+        return (f"torch.compile compiled a second graph of `{f.op}` at {where} (step {f.first_step}): "
+                f"{f.changed}",
+                "Information: the function was called with the grad mode changed (evaluation under "
+                "torch.no_grad()), which Dynamo compiles as a graph of its own, once; a TPU does the "
+                "same. Nothing to fix unless it repeats.")
     if backend_name == "native" and f.kind == "sync":
-        return (f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) in {f.step_count} steps",
-                "The host waits for the TPU to finish all queued work before it can read the value, "
-                "every step (and in TorchTPU's fused eager mode it also cuts the fused graph). Log "
-                "less often: accumulate on the device and read every N steps, or copy with "
-                ".to('cpu', non_blocking=True) and read it a step later.")
+        return _native_sync(f, where)
     if backend_name == "native" and f.kind == "dynamic-shape":
+        if f.count == 0:  # found in the source only (see native._report_dynamic_calls)
+            return (f"data-dependent shape `{f.op}` at {where} (found in the source: calls of "
+                    f"torch.{f.op} are not counted once the program compiles)",
+                    "The output's shape depends on the values: on a TPU the host waits for the device "
+                    "to learn it, and under torch.compile it breaks the graph or recompiles per shape. "
+                    "Prefer fixed-shape forms: torch.where(mask, x, 0), masked sums, padding to a "
+                    "maximum size.")
         return (f"data-dependent shape `{f.op}` at {where}: {f.count} time(s)",
                 "The output's shape depends on the values: the host waits for the device to learn "
                 "it, and under torch.compile it breaks the graph or recompiles per shape. Prefer "
@@ -449,14 +484,34 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
             "Replace it with an op that has one, or move it out of the training step.")
 
 
+def _native_sync(f: Finding, where: str) -> tuple[str, str]:
+    every = f.step_count >= f.total_steps - 1  # the first step's read may come before its end
+    when = (f"in {f.step_count} steps" if not f.total_steps else "every step" if every
+            else f"in {f.step_count} of {f.total_steps} steps (not every step)")
+    message = f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) {when}"
+    if f.placement_unknown:
+        message += "; could not tell whether the tensor read would live on the TPU"
+    return (message,
+            f"The host waits for the TPU to finish all queued work before it can read the value, "
+            f"{'every step' if every else 'each time'} (and in TorchTPU's fused eager mode it also "
+            "cuts the fused graph). Log less often: accumulate on the device and read every N "
+            "steps, or copy with .to('cpu', non_blocking=True) and read it a step later."
+            + ("" if every else " A read in evaluation or logging steps only costs less than one in "
+               "every step.")
+            + (" With the CPU standing in, the source did not show whether this tensor is moved "
+               "to the device (.to(device), device=) or made on the host: a host tensor's read "
+               "waits for nothing." if f.placement_unknown else ""))
+
+
 def _graph_break(f: Finding, where: str) -> tuple[str, str]:
     gb = f" ({f.changed}: https://meta-pytorch.github.io/compile-graph-break-site/gb/{f.changed.lower()}.html)" \
         if f.changed else ""
+    fix = f"Dynamo's hint: {f.hint}" if f.hint else "See the graph-break page for the fixes."
     return (f"graph break at {where}: {f.op}{gb}; traced {f.count} time(s)",
             "torch.compile splits the function here: the code before and after compiles as "
             "separate graphs and this line runs in Python between them, every call. A host read "
             "(.item(), print, `if tensor`) also waits for the device. Keep it out of the compiled "
-            "function, or use the fix the Dynamo hint names.")
+            f"function, or fix it. {fix}")
 
 
 def _recompile_limit(f: Finding, where: str) -> tuple[str, str]:
@@ -468,8 +523,9 @@ def _recompile_limit(f: Finding, where: str) -> tuple[str, str]:
 
 
 def _unsupported_op(f: Finding, where: str) -> tuple[str, str]:
-    return (f"`{f.op}` has no TorchTPU kernel: called {f.count} time(s) at {where} "
-            f"(in the sampled warm-up steps)",
+    seen = (f"in {f.count} graph(s) torch.compile captured, at {where}" if f.changed == "compiled"
+            else f"called {f.count} time(s) at {where} (in the sampled warm-up steps)")
+    return (f"`{f.op}` has no TorchTPU kernel: {seen}",
             f"TorchTPU 0.2.0 has no kernel for {f.op} on the tpu device and no composite kernel "
             "covers it (rules/torchtpu-ops.json): it raises \"operator ... is not implemented for "
             "TPU\", or with enable_cpu_fallback runs on the CPU with a copy each way. Replace it "

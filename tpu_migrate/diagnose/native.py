@@ -7,11 +7,15 @@ It records, as events for the same JSON-lines file the torch_xla backend writes:
   Tensor methods (`item`, `tolist`, `__bool__`, `print`, ..., `nonzero`, boolean-mask indexing).
   Without an accelerator the CPU stands in for the TPU; then only reads made directly by the
   user's code count, since the CPU tensors that torch's own code reads (the optimizer's step
-  counter, say) stay on the host on a TPU too.
+  counter, say) stay on the host on a TPU too, and only of tensors the source puts on the
+  device (placement.py). Once the program compiles, torch.nonzero & co. are found in its source.
 - `recompile` / `graph_break` / `recompile_limit`: Dynamo's own signals (its guard-failure
-  reasons, its graph-break log call, its recompile-limit warning) with the user's line.
-- `unsupported`: aten ops TorchTPU 0.2.0 cannot run (rules/torchtpu-ops.json), seen by a
-  TorchDispatchMode during the warm-up steps and one step after them.
+  reasons, its graph-break log call and hint, its recompile-limit warning) with the user's line.
+  With the CPU standing in, torch.compile is called with TorchTPU's arguments (dynamic=False), so
+  Dynamo recompiles per shape as it would on a TPU.
+- `unsupported`: aten ops TorchTPU 0.2.0 cannot run (rules/torchtpu-ops.json), as a TPU would
+  dispatch them, seen by a TorchDispatchMode during the warm-up steps and one step after them,
+  and in each graph Dynamo captures (run once more on fake tensors of our own).
 - `incompatible`: calls that run here but raise on TorchTPU (torch.compile mode=/dynamic=True/
   backend="inductor", fork-started processes; source-only ones are found by incompatible.py).
 
@@ -33,14 +37,17 @@ import re
 import sys
 import time
 
-from tpu_migrate.diagnose import tracer
+from tpu_migrate.diagnose import placement, tracer
 
 TENSOR_DYNAMIC = ("nonzero", "masked_select", "unique", "argwhere")
 GRAPH_BREAK_ID = re.compile(r"/gb/(gb\d+)\.html")
+GRAPH_BREAK_HINT = re.compile(r"^\s*Hint: (.*)$", re.MULTILINE)
+DYNAMIC_OPERATOR = re.compile(r"Operator `aten\.(?P<op>\w+?)(?:\.\w+)?`'s output shape depends")
 LIMIT_FUNCTION = re.compile(r"'(?P<name>.*)' \((?P<file>.*):(?P<line>\d+)\)$")
 DATALOADER_WORKER = "_worker_loop"
 
 CALLED_HERE = "(called here)"  # the op of a recompile of code outside the user's files
+UNKNOWN = placement.UNKNOWN
 
 HOOKS: "NativeHooks | None" = None
 
@@ -95,9 +102,12 @@ class NativeHooks:
         self.method_wrappers: dict[str, object] = {}
         self.function_originals: dict[str, object] = {}
         self.mode = None
+        self.table: dict[str, str] | None = None  # rules/torchtpu-ops.json, read when first needed
+        self.verdicts: dict[object, str] = {}  # OpOverload -> its name if TorchTPU cannot run it
         self.optimizer_hook = None
         self.saved = []  # (owner, name, original) patched once, restored by uninstall
-        self.library_code: dict[object, bool] = {}  # code object -> is it torch's or a library's
+        self.read_places: dict[tuple, str] = {}  # (code, line) -> where the tensors read there live
+        self.program_places: bool | None = None  # does the program name a device anywhere
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -130,6 +140,7 @@ class NativeHooks:
             from tpu_migrate.diagnose import incompatible
 
             atexit.register(incompatible.report_sources, self.recorder)  # runs before finish()
+            atexit.register(self._report_dynamic_calls)
 
     def _patch(self, owner, name, replacement) -> None:
         self.saved.append((owner, name, owner.__dict__.get(name)))
@@ -151,7 +162,27 @@ class NativeHooks:
         and taken out at compile time would fail those guards and recompile."""
         for name, original in self.function_originals.items():
             setattr(self.torch, name, original)
+            self.functions_dropped = True
         self.function_originals.clear()
+
+    functions_dropped = False
+
+    def _report_dynamic_calls(self) -> None:
+        """At exit, in a program whose torch.nonzero & co. wrappers went when it compiled: the
+        calls of those functions in its source (uncounted: count 0), unless they read host
+        tensors. Inside compiled code Dynamo's graph break reports them too."""
+        if not self.functions_dropped:
+            return
+        from tpu_migrate.diagnose import incompatible
+
+        files = _program_files(incompatible.user_sources())
+        places = placement.program_places(files)
+        for filename in files:
+            parsed = placement.module(filename)
+            for line, name in parsed.calls_of(TENSOR_DYNAMIC) if parsed else ():
+                if placement.read_kind(filename, line, places) != placement.HOST:
+                    self.recorder.emit({"kind": "dynamic", "op": name, "file": os.path.abspath(filename),
+                                        "line": line, "count": 0, "static": True})
 
     def uninstall(self) -> None:
         """Back to the untraced program (auto backend: the program turned out to use torch_xla)."""
@@ -163,6 +194,7 @@ class NativeHooks:
         from tpu_migrate.diagnose import incompatible
 
         atexit.unregister(incompatible.report_sources)
+        atexit.unregister(self._report_dynamic_calls)
         if self.dynamo_hooked:
             from torch._dynamo.callback import callback_handler
 
@@ -190,6 +222,10 @@ class NativeHooks:
         if hasattr(convert_frame, "get_and_maybe_log_recompilation_reasons"):
             self._patch(convert_frame, "get_and_maybe_log_recompilation_reasons",
                         self._recompile_wrapper(convert_frame.get_and_maybe_log_recompilation_reasons))
+        from torch._dynamo.output_graph import OutputGraph
+
+        if hasattr(OutputGraph, "call_user_compiler"):
+            self._patch(OutputGraph, "call_user_compiler", self._graph_ops_wrapper(OutputGraph.call_user_compiler))
         if hasattr(symbolic_convert, "log_graph_break"):
             self._patch(symbolic_convert, "log_graph_break",
                         self._graph_break_wrapper(symbolic_convert.log_graph_break))
@@ -223,29 +259,88 @@ class NativeHooks:
             self.optimizer_hook = register_optimizer_step_post_hook(_dynamo_skips(self._optimizer_step))
 
     # -- op coverage -------------------------------------------------------------------------
-    def _start_op_coverage(self) -> None:
-        table = op_table()
+    def _coverage_mode(self, found):
+        """A dispatch mode that calls `found(op name, args)` for each op TorchTPU cannot run, or
+        None without the op table."""
+        if self.table is None:
+            self.table = op_table()
+        table = self.table
         if not table:
-            return
+            return None
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        hooks = self
-        verdicts: dict[object, str] = {}  # OpOverload -> its name if TorchTPU cannot run it, else ""
+        verdicts = self.verdicts  # OpOverload -> its name if TorchTPU cannot run it, else ""
 
         class OpCoverageMode(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 key = verdicts.get(func)
                 if key is None:
-                    name, overload = func._schema.name, func._overloadname
-                    key = name if overload == "default" else f"{name}.{overload}"
-                    key = verdicts[func] = key if table.get(key) == "none" else ""
-                unsupported = bool(key)
-                if unsupported and hooks._on_device(args):
-                    hooks.recorder.at_user_line("unsupported", key, 3)
+                    key = verdicts[func] = unsupported_on_tpu(func, table)
+                if key:
+                    found(key, args)
                 return func(*args, **(kwargs or {}))
 
-        self.mode = OpCoverageMode()
-        self.mode.__enter__()
+        return OpCoverageMode()
+
+    def _start_op_coverage(self) -> None:
+        def found(key, args):
+            if self._on_device(args):
+                self.recorder.at_user_line("unsupported", key, 4)
+
+        self.mode = self._coverage_mode(found)
+        if self.mode is not None:
+            self.mode.__enter__()
+
+    def _graph_ops_wrapper(self, original):
+        hooks = self
+
+        @functools.wraps(original)
+        def call_user_compiler(output_graph, gm, example_inputs, *args, **kwargs):
+            try:
+                hooks._check_graph(gm, example_inputs)
+            except Exception:  # noqa: BLE001 - never break the compile we observe
+                pass
+            return original(output_graph, gm, example_inputs, *args, **kwargs)
+
+        return _dynamo_skips(call_user_compiler)
+
+    def _check_graph(self, gm, example_inputs) -> None:
+        """The ops of a graph Dynamo captured, at the aten level AOTAutograd hands a backend
+        (forward and backward), run on fresh fake tensors so that nothing Dynamo compiles or
+        holds changes. Each op is placed at the user's line the graph node came from."""
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        node = [None]
+        call_site = tracer.user_frame(3)
+        found_ops: set = set()
+
+        def found(key, args):
+            file, line = _node_line(node[0]) or call_site
+            if file is not None and (key, file, line) not in found_ops:
+                found_ops.add((key, file, line))
+                self.recorder.emit({"kind": "unsupported", "op": key, "file": file, "line": line,
+                                    "reason": "compiled"})
+
+        coverage = self._coverage_mode(found)
+        if coverage is None:
+            return
+        fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        inputs = [_fresh_fake(fake_mode, t) for t in example_inputs]
+
+        class Runner(torch.fx.Interpreter):
+            def run_node(self, n):
+                node[0] = n
+                return super().run_node(n)
+
+        with fake_mode, coverage:
+            outputs = Runner(gm).run(*inputs)
+            node[0] = None  # backward ops: the line that called the compiled code
+            leaves = [o for o in torch.utils._pytree.tree_leaves(outputs)
+                      if isinstance(o, torch.Tensor) and o.requires_grad]
+            wants = [i for i in inputs if isinstance(i, torch.Tensor) and i.requires_grad]
+            if leaves and wants:
+                torch.autograd.grad(leaves, wants, [torch.ones_like(o) for o in leaves], allow_unused=True)
 
     def _stop_op_coverage(self) -> None:
         if self.mode is None:
@@ -263,18 +358,32 @@ class NativeHooks:
         return any(isinstance(a, Tensor) and a.device.type in self.device_types for a in args)
 
     # -- wrappers ----------------------------------------------------------------------------
-    def _counts(self, tensor, caller_depth: int) -> bool:
-        """Is this read of `tensor` one that would wait for the TPU?"""
+    def _counts(self, tensor, caller_depth: int) -> str | None:
+        """Would this read of `tensor` wait for the TPU: placement.DEVICE, placement.UNKNOWN
+        (counted, with a note), or None (it would not)."""
         device = getattr(tensor, "device", None)
         if device is None or device.type not in self.device_types:
-            return False
-        if self.cpu_stands_in:
-            code = sys._getframe(caller_depth).f_code
-            library = self.library_code.get(code)
-            if library is None:  # once per calling function: this runs on every host read
-                library = self.library_code[code] = tracer.is_library(code.co_filename)
-            return not library
-        return True
+            return None
+        if not self.cpu_stands_in:
+            return placement.DEVICE
+        frame = sys._getframe(caller_depth)
+        key = (frame.f_code, frame.f_lineno)
+        kind = self.read_places.get(key)
+        if kind is None:  # once per reading line: this runs on every host read
+            kind = self.read_places[key] = self._read_place(frame.f_code.co_filename, frame.f_lineno)
+        return None if kind == placement.HOST else kind
+
+    def _read_place(self, filename: str, line: int) -> str:
+        """With the CPU standing in, every tensor is a CPU tensor: the source says which would be
+        on the TPU (placement.py). Reads by torch's or a library's code are of host tensors
+        (the optimizer's step counter stays on the host on a TPU too)."""
+        if tracer.is_library(filename):
+            return placement.HOST
+        if self.program_places is None:
+            from tpu_migrate.diagnose import incompatible
+
+            self.program_places = placement.program_places(_program_files(incompatible.user_sources()))
+        return placement.read_kind(filename, line, self.program_places)
 
     def _method_wrapper(self, original, name, kind):
         # The fast path runs on every host read in the program (the optimizer's own reads of
@@ -291,11 +400,15 @@ class NativeHooks:
             if getattr(local, "busy", False) or (masks_only and not (
                     isinstance(args[0], torch.Tensor) and args[0].dtype == torch.bool)):
                 return original(self, *args, **kwargs)
-            if not counts(self, 2):
+            where = counts(self, 2)
+            if where is None:
                 return original(self, *args, **kwargs)
             local.busy = True
             try:
-                recorder.at_user_line(kind, label)
+                if where == UNKNOWN:
+                    recorder.at_user_line(kind, label, placement=UNKNOWN)
+                else:
+                    recorder.at_user_line(kind, label)
                 return original(self, *args, **kwargs)
             finally:
                 local.busy = False
@@ -308,7 +421,7 @@ class NativeHooks:
 
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
-            if args and not recorder.busy() and counts(args[0], 2):
+            if args and not recorder.busy() and counts(args[0], 2) is not None:
                 recorder.at_user_line("dynamic", name)
             return original(*args, **kwargs)
 
@@ -335,6 +448,8 @@ class NativeHooks:
             if not tracer.is_library(sys._getframe(1).f_code.co_filename):  # not torch's own re-call
                 for problem in _compile_problems(kwargs):
                     hooks.recorder.at_user_line("incompatible", problem)
+                if hooks.cpu_stands_in:
+                    kwargs = as_torchtpu_compiles(kwargs)
             importlib.import_module("torch._dynamo")  # torch.compile imports it anyway; hook it first
             if not hooks.dynamo_hooked:
                 hooks.install_dynamo_hooks()
@@ -375,6 +490,9 @@ class NativeHooks:
                 name = CALLED_HERE
             if file is not None:
                 reason = guard_reason(reasons[0]) if reasons else "unknown guard failure"
+                origin = _shape_origin(reason, frame)
+                if origin:
+                    reason += f"; the new shape comes from {origin}"
                 recorder.emit({"kind": "recompile", "op": name, "file": file, "line": line,
                                "reason": reason})
             return reasons
@@ -398,13 +516,46 @@ class NativeHooks:
                               else tracer.user_frame(2))
                 if file is not None:
                     match = GRAPH_BREAK_ID.search(reason)
+                    hint = " ".join(m.strip() for m in GRAPH_BREAK_HINT.findall(reason)) or None
                     recorder.emit({"kind": "graph_break", "op": reason.strip().splitlines()[0],
-                                   "file": file, "line": line, "gb": match[1].upper() if match else None})
+                                   "file": file, "line": line, "gb": match[1].upper() if match else None,
+                                   "hint": hint})
+                    dynamic = DYNAMIC_OPERATOR.search(reason)
+                    if dynamic:  # torch.nonzero(x) in compiled code: data-dependent on a TPU too
+                        recorder.emit({"kind": "dynamic", "op": dynamic["op"], "file": file, "line": line})
             except Exception:  # noqa: BLE001 - never break the compile we observe
                 pass
             return original(code_options, reason, *args, **kwargs)
 
         return log_graph_break
+
+
+SIZE_GUARD = re.compile(r"^tensor '(?:L\[')?(?P<name>\w+)(?:'\])?(?:\[(?P<index>\d+)\])?' (?:size|stride|rank) mismatch")
+
+
+def _shape_origin(reason: str, frame) -> str | None:
+    """`file:line` of the user's statement that made the input whose shape failed the guard: the
+    assignment, in the calling function, of the variable passed in (or the call itself)."""
+    match = SIZE_GUARD.match(reason)
+    if match is None:
+        return None
+    try:
+        tensor = frame.f_locals.get(match["name"])
+        if match["index"] is not None:  # 'args[0]': a compiled module's positional input
+            tensor = tensor[int(match["index"])]
+    except Exception:  # noqa: BLE001 - a frame Dynamo has not materialized, a short tuple
+        return None
+    caller = sys._getframe(2)
+    while caller is not None and tracer.is_library(caller.f_code.co_filename):
+        caller = caller.f_back
+    if caller is None or tensor is None:
+        return None
+    filename = os.path.abspath(caller.f_code.co_filename)
+    names = [n for n, v in caller.f_locals.items() if v is tensor]
+    parsed = placement.module(caller.f_code.co_filename)
+    line = next((found for found in (parsed.assignment_line(n, caller.f_lineno) if parsed else None
+                                     for n in names) if found), None)
+    return f"{filename}:{line or caller.f_lineno}"
 
 
 class _RecompileLimitHandler(logging.Handler):
@@ -466,6 +617,78 @@ def _def_line_of(filename: str, line: int) -> int:
         if not text.startswith("@"):
             return line + offset if text.startswith(("def ", "async def ")) else line
     return line
+
+
+def as_torchtpu_compiles(kwargs: dict) -> dict:
+    """torch.compile's arguments as TorchTPU's torch.compile takes them: `dynamic=False` unless
+    told otherwise (it refuses dynamic=True), and no `mode=` (refused). On the CPU, Dynamo's
+    automatic dynamic shapes would otherwise compile a shape-generic graph after the second
+    shape, and hide the recompile per shape (up to the recompile limit) a TPU goes through."""
+    kwargs = {k: v for k, v in kwargs.items() if k != "mode"}
+    if kwargs.get("dynamic") is not False:
+        kwargs["dynamic"] = False
+    return kwargs
+
+
+# CPU-only kernels that a TPU never dispatches: the op it dispatches instead, when one is known.
+TPU_INSTEAD = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "aten::_scaled_dot_product_fused_attention_overrideable",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward":
+        "aten::_scaled_dot_product_fused_attention_overrideable_backward",
+}
+CPU_ONLY = re.compile(r"^aten::(?:_?mkldnn_|_?mkl_|_?fbgemm_|.*_for_cpu(?:_|$|\.))")
+
+
+def unsupported_on_tpu(func, table: dict[str, str]) -> str:
+    """The name of the aten op a TPU would dispatch for `func` if TorchTPU cannot run it, else "".
+    Ops run as the CPU dispatches them: where the CPU picks a kernel of its own (SDPA's
+    flash-attention-for-CPU), the TPU picks its own, so the op checked is the TPU's, and a
+    CPU-only kernel with no known TPU counterpart is never reported missing."""
+    name, overload = func._schema.name, func._overloadname
+    key = name if overload == "default" else f"{name}.{overload}"
+    key = TPU_INSTEAD.get(key, key)
+    if CPU_ONLY.match(key):
+        return ""
+    return key if table.get(key) == "none" else ""
+
+
+def _program_files(files: list[str]) -> list[str]:
+    """The program's own files: those under its script's folder (not the modules torch writes to
+    a temporary folder and imports, nor our sitecustomize). The script is argv[0]: at exit
+    runpy has given `__main__` back to our bootstrap."""
+    main = sys.argv[0] if sys.argv and os.path.isfile(sys.argv[0]) else \
+        getattr(sys.modules.get("__main__"), "__file__", None)
+    if not main:
+        return files
+    root = os.path.join(os.path.dirname(os.path.abspath(main)), "")
+    return [f for f in files if os.path.abspath(f).startswith(root)]
+
+
+def _node_line(node) -> tuple[str, int] | None:
+    """The user's line an FX node of a Dynamo graph came from (its recorded stack trace)."""
+    trace = node.meta.get("stack_trace") if node is not None else None
+    for file, line in reversed(STACK_LINE.findall(trace or "")):
+        if not tracer.is_library(file):
+            return os.path.abspath(file), int(line)
+    return None
+
+
+STACK_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _fresh_fake(fake_mode, value):
+    """A fake tensor like Dynamo's example input, in our own fake mode (sizes as hinted)."""
+    import torch
+
+    if isinstance(value, torch.SymInt):
+        return value.node.hint
+    if not isinstance(value, torch.Tensor):
+        return value
+    size = [int(s.node.hint) if isinstance(s, torch.SymInt) else s for s in value.size()]
+    stride = [int(s.node.hint) if isinstance(s, torch.SymInt) else s for s in value.stride()]
+    with fake_mode:
+        fresh = torch.empty_strided(size, stride, dtype=value.dtype, device=value.device)
+    return fresh.requires_grad_(value.requires_grad) if value.dtype.is_floating_point else fresh
 
 
 def _compile_problems(kwargs: dict) -> list[str]:

@@ -213,10 +213,10 @@ class Recorder:
         if time.monotonic() - self.last_flush >= 0.05:
             self.flush()
 
-    def at_user_line(self, kind: str, op: str, depth: int = 3) -> None:
+    def at_user_line(self, kind: str, op: str, depth: int = 3, **extra) -> None:
         filename, line = user_frame(depth)
         if filename is not None:
-            self.emit({"kind": kind, "op": op, "file": filename, "line": line})
+            self.emit({"kind": kind, "op": op, "file": filename, "line": line, **extra})
 
     def step_boundary(self, marker: str) -> None:
         self.read_fallbacks()

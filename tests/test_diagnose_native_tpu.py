@@ -1,0 +1,202 @@
+"""`diagnose`'s native backend predicts the TPU run where the CPU stands in for it (issue 19):
+one regression program per point in fixtures/diagnose/native/, checked against Dynamo's own logs
+(TORCH_LOGS=recompiles,graph_breaks) where they apply."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import pytest
+
+from test_diagnose_native import dynamo_stats, line_of, run, run_plain, summary
+
+from tpu_migrate.diagnose import native, placement
+
+
+def dynamo_log(program: str, as_torchtpu: bool = True) -> str:
+    """What Dynamo itself logs about recompiles and graph breaks in a plain run of `program`."""
+    return run_plain(program, as_torchtpu, TORCH_LOGS="recompiles,graph_breaks").stderr
+
+
+def by_line(document) -> dict[tuple, dict]:
+    return {(f["kind"], f["line"], f["op"]): f for f in document["findings"]}
+
+
+def test_shape_recompiles_are_predicted_as_torchtpu_compiles():
+    name = "tpu_shape_recompiles.py"
+    _, document = run(name)
+    [recompile] = [f for f in document["findings"] if f["kind"] == "recompile"]
+    assert recompile["line"] == line_of(name, "recompiles per length")
+    # Dynamo on the CPU recompiles once (then a shape-generic graph); TorchTPU once per new length.
+    assert dynamo_log(name, as_torchtpu=False).count("Recompiling function") == 1
+    assert dynamo_log(name).count("Recompiling function") == recompile["count"] == 3
+    assert recompile["first_step"] == 1  # in the warm-up, and still reported
+    assert "size mismatch at index 1. expected 8, actual 12" in recompile["message"]
+    assert f"{name}:{line_of(name, 'the varying shape')}" in recompile["message"]
+    assert "dynamic=False" in recompile["explanation"]
+
+
+def test_attention_is_checked_as_a_tpu_dispatches_it():
+    name = "sdpa_attention.py"
+    _, document = run(name)
+    assert summary(document) == {("unsupported-op", name, line_of(name, "unsupported"), "aten::median")}
+
+
+def test_ops_of_compiled_graphs_are_checked_without_changing_them():
+    name = "compiled_unsupported_op.py"
+    result, document = run(name)
+    assert summary(document) == {("unsupported-op", name, line_of(name, "unsupported in the compiled graph"),
+                                  "aten::median")}
+    assert "graph(s) torch.compile captured" in document["findings"][0]["message"]
+    stats = dynamo_stats(run_plain(name).stdout)
+    assert stats and stats == dynamo_stats(result.stderr)
+
+
+def test_reads_of_host_tensors_are_not_syncs():
+    name = "host_tensors.py"
+    _, document = run(name)
+    assert summary(document) == {
+        ("sync", name, line_of(name, "sync every step"), "item"),
+        ("sync", name, line_of(name, "sync in evaluation"), "item"),
+        ("sync", name, line_of(name, "cannot place"), "__format__"),
+    }
+    every, cannot_place, evaluation = document["findings"]  # ranked: every step, surest first
+    assert every["line"] == line_of(name, "sync every step") and "every step" in every["message"]
+    assert "could not tell" in cannot_place["message"] and "could not tell" not in every["message"]
+    assert evaluation["count"] == 18 and "in 3 of 6 steps (not every step)" in evaluation["message"]
+
+
+def test_function_form_data_dependent_ops_under_compile():
+    name = "compiled_dynamic_functions.py"
+    _, document = run(name)
+    dynamic = {(f["line"], f["op"]) for f in document["findings"] if f["kind"] == "dynamic-shape"}
+    assert dynamic == {(line_of(name, "dynamic nonzero"), "nonzero"),
+                       (line_of(name, "dynamic masked_select"), "masked_select"),
+                       (line_of(name, "dynamic unique"), "unique"),
+                       (line_of(name, "dynamic in compiled code"), "nonzero")}
+    compiled_line = line_of(name, "dynamic in compiled code")
+    assert ("graph-break", compiled_line, "Dynamic shape operator") in by_line(document)
+    assert f"{name}\", line {compiled_line}" in dynamo_log(name)  # Dynamo breaks the graph there
+
+
+def test_advice_fits_the_cause():
+    name = "advice_fits_cause.py"
+    _, document = run(name)
+    found = by_line(document)
+    log = dynamo_log(name)
+    # Evaluation under no_grad: Dynamo recompiles for the grad mode, once; information, no shape advice.
+    assert "GLOBAL_STATE changed: grad_mode" in log
+    second = found["compile", line_of(name, "second graph for no_grad"), "forward"]
+    assert "grad_mode" in second["message"] and "shape" not in second["explanation"]
+    assert not [f for f in document["findings"] if f["kind"] == "recompile"]
+    # The graph break shows Dynamo's hint.
+    graph_break = next(f for f in document["findings"] if f["kind"] == "graph-break")
+    assert "capture_scalar_outputs = True" in graph_break["explanation"]
+    assert "capture_scalar_outputs = True" in log
+    # The read of every step ranks above the more frequent read of evaluation steps only.
+    syncs = [f for f in document["findings"] if f["kind"] == "sync"]
+    evaluation = line_of(name, "sync in evaluation steps")
+    assert syncs[-1]["line"] == evaluation and syncs[-1]["count"] == 10
+    assert "in 2 of 8 steps (not every step)" in syncs[-1]["message"]
+    assert all("every step" in f["message"] and "not every" not in f["message"] for f in syncs[:-1])
+
+
+# -- units ---------------------------------------------------------------------------------------
+
+PROGRAM = '''
+import torch
+device = "cuda" if torch.cuda.is_available() else "cpu"
+model = torch.nn.Linear(4, 1)
+model.to(device)
+def get_batch():
+    return torch.randn(8, 4).to(device)
+def estimate():
+    out = {}
+    losses = torch.zeros(3)
+    for k in range(3):
+        loss = model(get_batch()).sum()
+        losses[k] = loss.item()
+    out["val"] = losses.mean()
+    return out
+def show(value):
+    print(value)
+for step in range(2):
+    losses = estimate()
+    if losses["val"] < 1.0:
+        print(losses)
+    x = get_batch()
+    h = model(x).detach().cpu()
+    print(h)
+    y = x.to(torch.float16)
+    print(y.sum())
+    z = torch.ones(2, device="cpu")
+    print(z)
+'''
+
+
+@pytest.mark.parametrize("statement, kind", [
+    ("losses[k] = loss.item()", placement.DEVICE),
+    ('if losses["val"] < 1.0:', placement.HOST),
+    ("print(losses)", placement.HOST),
+    ("h = model(x).detach().cpu()", placement.DEVICE),  # the copy waits for the device
+    ("print(h)", placement.HOST),
+    ("print(y.sum())", placement.DEVICE),  # .to(dtype) keeps the place
+    ("print(z)", placement.HOST),
+    ("print(value)", placement.UNKNOWN),  # a parameter: could be either
+])
+def test_placement_of_reads(statement, kind):
+    module = placement.Module(ast.parse(PROGRAM))
+    line = next(i for i, text in enumerate(PROGRAM.splitlines(), 1) if text.strip() == statement)
+    assert module.read_at(line) == kind
+
+
+def test_a_program_that_names_no_device_runs_on_the_device():
+    assert placement.Module(ast.parse("import torch\nx = torch.zeros(3)\nprint(x)\n")).places is False
+    assert placement.read_kind("/nonexistent.py", 3, program_places=False) == placement.DEVICE
+
+
+class _Op:
+    def __init__(self, name, overload="default"):
+        self._schema = type("Schema", (), {"name": name})()
+        self._overloadname = overload
+
+
+@pytest.mark.parametrize("op, reported", [
+    ("aten::_scaled_dot_product_flash_attention_for_cpu", ""),  # the TPU dispatches the fused one
+    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", ""),
+    ("aten::mkldnn_linear", ""),  # CPU-only, never the TPU's
+    ("aten::_weight_int4pack_mm_for_cpu", ""),
+    ("aten::median", "aten::median"),
+    ("aten::mm", ""),
+])
+def test_ops_are_checked_as_a_tpu_dispatches_them(op, reported):
+    assert native.unsupported_on_tpu(_Op(op), native.op_table()) == reported
+
+
+@pytest.mark.parametrize("kwargs, expected", [
+    ({}, {"dynamic": False}),
+    ({"backend": "aot_eager", "dynamic": None}, {"backend": "aot_eager", "dynamic": False}),
+    ({"dynamic": True, "mode": "max-autotune"}, {"dynamic": False}),
+    ({"dynamic": False, "fullgraph": True}, {"dynamic": False, "fullgraph": True}),
+])
+def test_compile_arguments_become_torchtpus(kwargs, expected):
+    assert native.as_torchtpu_compiles(kwargs) == expected
+
+
+def test_shape_guards_name_their_input():
+    assert native.SIZE_GUARD.match("tensor 'args[0]' size mismatch at index 1. expected 8, actual 12")["index"] == "0"
+    assert native.SIZE_GUARD.match("tensor 'x' size mismatch at index 0. expected 4, actual 5")["name"] == "x"
+    assert native.SIZE_GUARD.match("GLOBAL_STATE changed: grad_mode") is None
+    assert re.search(native.DYNAMIC_OPERATOR, "Operator `aten.nonzero.default`'s output shape depends")["op"] == "nonzero"
+
+
+def test_sync_wording_by_the_steps_it_was_seen_in():
+    from tpu_migrate.diagnose.analysis import Finding, _native_sync
+
+    finding = Finding("sync", "a.py", 3, 4, 1, "item", None, "", steps={1, 2})
+    assert _native_sync(finding, "a.py:3")[0].endswith("4 time(s) in 2 steps")  # no optimizer steps
+    finding.total_steps = 6
+    assert _native_sync(finding, "a.py:3")[0].endswith("in 2 of 6 steps (not every step)")
+    finding.steps = set(range(1, 7))
+    assert _native_sync(finding, "a.py:3")[0].endswith("every step")
