@@ -302,7 +302,9 @@ class FallbackLocator:
         self.watched -= set(self.sites)
 
     def watch_next_step(self) -> None:
-        if self.watched and self.mode is None and not self.recorder.finished:
+        # A dispatch mode makes Dynamo skip compiling (torch.compile(backend="openxla")): never
+        # once the program has compiled a graph with it.
+        if self.watched and self.mode is None and not self.recorder.finished and not _dynamo_compiled():
             try:
                 self.mode = _fallback_watch(self)
                 self.mode.__enter__()
@@ -323,6 +325,11 @@ class FallbackLocator:
         if _get_current_dispatch_mode() is self.mode:  # never pop someone else's mode
             self.mode.__exit__(None, None, None)
         self.mode = None
+
+
+def _dynamo_compiled() -> bool:
+    utils = sys.modules.get("torch._dynamo.utils")
+    return utils is not None and bool(utils.counters["stats"].get("unique_graphs"))
 
 
 def _fallback_watch(locator: FallbackLocator):
@@ -477,11 +484,12 @@ def _step_closure_wrapper(original):
 
 def _accumulator_wrapper(original):
     """`total = 0; total += t.sum()`: a Python number that becomes a device tensor changes the
-    graph of the next step once (the sum first reads the constant 0, then the last total)."""
+    graph of the next step once (the sum first reads the constant 0, then the last total). Only
+    a 0 is such a start: `1 + x` in a model costs no more than the two checks."""
     @functools.wraps(original)
     def __radd__(self, other):
         recorder = RECORDER
-        if (recorder is not None and type(other) in (int, float) and not recorder.busy()
+        if (recorder is not None and type(other) in (int, float) and other == 0 and not recorder.busy()
                 and getattr(self, "device", None) is not None and self.device.type == "xla"):
             recorder.at_user_line("accumulator", "+=")
         return original(self, other)
