@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 from test_diagnose import diagnose, findings_of
 
@@ -105,3 +107,42 @@ def test_real_mnist_script_unchanged_and_findings_match_its_metrics(tmp_path):
     # last two once per evaluation (a note, not a finding).
     assert metrics["aten::_local_scalar_dense"] == 9
     assert "test_train_mp_mnist.py:180 item x1" in notes and "test_train_mp_mnist.py:181 item x3" in notes
+
+
+# Expected findings (kind, line, op) -> count, as a TPU engineer reads each script; every one
+# also keeps its exit status and prints the same losses under diagnose.
+REAL_SCRIPTS = {
+    # ZeRO-1: as MNIST; SGD state appears in the first training step (step 1 here).
+    ("test/test_train_mp_mnist_zero1.py", *MNIST_FLAGS): (
+        {("compile", 154, None): 1, ("compile", 154, "changed once"): 1, ("compile", 161, None): 2,
+         ("closure-read", 57, "item"): 4},
+        "warm-up extended to 3 steps: the SGD optimizer"),
+    # Fake ImageNet-style ResNet: one graph per step, the loss logged in a step closure. It
+    # sets no seed: its losses differ from run to run (only their number is compared).
+    ("examples/train_resnet_base.py",): ({("closure-read", 60, "__format__"): 3}, None),
+    # Decoder-only LM under torch_xla.compile, Adam: its moments change step 2's graph once.
+    ("examples/train_decoder_only_base.py", "--hidden-size", "64", "--intermediate-size", "128"): (
+        {("closure-read", 48, "__format__"): 3, ("closure-read", 49, "item"): 3},
+        "warm-up extended to 3 steps: the Adam optimizer"),
+}
+
+
+@pytest.mark.parametrize("spec", list(REAL_SCRIPTS), ids=lambda spec: spec[0].split("/")[-1])
+def test_real_scripts_unchanged_with_findings_written_down(spec, tmp_path):
+    from real_runs import printed_values
+
+    expected, note = REAL_SCRIPTS[spec]
+    script, *args = spec
+    command = [str(REAL / script), *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
+    plain = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env,
+                           cwd=tmp_path, timeout=300)
+    traced = diagnose("--format", "json", *command, cwd=tmp_path)
+    assert plain.returncode == traced.returncode == 0
+    losses, traced_losses = printed_values(plain.stdout), printed_values(traced.stderr)
+    seeded = "resnet" not in script
+    assert losses and (losses == traced_losses if seeded else len(losses) == len(traced_losses))
+    document = json.loads(traced.stdout)
+    assert {(f["kind"], f["line"], f["op"]): f["count"] for f in document["findings"]} == expected
+    notes = " ".join(document.get("notes", []))
+    assert (note in notes) if note else "warm-up extended" not in notes
