@@ -285,10 +285,9 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
                 continue
             # A Dynamo recompile is one whatever the step: the first compile of a frame is its
             # warm-up, each later one is for guards that failed.
-            op = event["op"]
             if kind == "sync" and event.get("closure"):
                 kind = "closure-read"
-            finding = _add(findings, kind, event["file"], event["line"], op, event["step"],
+            finding = _add(findings, kind, event["file"], event["line"], event["op"], event["step"],
                            None if event.get("static") else rank, event.get("count", 1),
                            event.get("in_steps", 1))
             finding.changed = finding.changed or event.get("reason") or event.get("gb") or event.get("closure")

@@ -62,7 +62,7 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
     if html_file:
         from tpu_migrate.diagnose import html
 
-        unwritten += _write(html_file, lambda: html.render(script, records, warmup_steps, findings,
+        unwritten += _write(html_file, lambda: html.render(script, records, summary.warmup_end, findings,
                                                             evidence.exit_code, backend, steps))
     report.print_report(Console(stderr=True, soft_wrap=True), script, steps, summary.warmup_end,
                         findings, analysis.timeline(records), backend, device, summary.notes)
