@@ -11,11 +11,13 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from tpu_migrate.diagnose import causes
 from tpu_migrate.diagnose.runner import Evidence
 from tpu_migrate.diagnose.tracer import EXPECTED_ATEN, is_library
 
 KINDS = ("recompile", "recompile-limit", "graph-break", "sync", "dynamic-shape", "fallback",
-         "unsupported-op", "tpu-incompatible", "compile")
+         "unsupported-op", "tpu-incompatible", "compile", "closure-read")
+INFO_KINDS = ("compile", "closure-read")  # information, not problems (--fail-on never counts them)
 # Recorded event kind -> finding kind. Recompiles of the native backend come with Dynamo's
 # reason; those of the xla backend come from torch_xla's compile log (parse_compiles).
 EVENT_KINDS = {"sync": "sync", "dynamic": "dynamic-shape", "fallback": "fallback",
@@ -42,6 +44,7 @@ class Compile:
     file: str | None
     line: int | None
     step: int = 0
+    origin: str | None = None  # the frames up to the user's (where in torch_xla's own code)
 
 
 @dataclass
@@ -62,6 +65,7 @@ class Finding:
     hint: str | None = field(default=None, repr=False)  # native graph break: Dynamo's hint
     placement_unknown: bool = field(default=False, repr=False)  # native sync: maybe a host tensor
     total_steps: int = field(default=0, repr=False)  # steps the program ran
+    per_call: bool = field(default=False, repr=False)  # the program has no steps: counted per call
 
     @property
     def step_count(self) -> int:
@@ -86,15 +90,17 @@ def parse_compiles(log: bytes) -> list[Compile]:
                  if l.startswith("Compilation Analysis:")]
         cause = lines[1].strip() if len(lines) > 1 else ""
         graph_hash = next((l.split(":", 1)[1].strip() for l in lines if "Graph Hash:" in l), None)
-        file = line = None
+        file = line = origin = None
         if "Python Frame Triggered Execution:" in block:
             frames_at = next(i for i, l in enumerate(lines) if "Python Frame Triggered Execution" in l)
             for text in lines[frames_at + 1 :]:
                 match = FRAME.match(text)
+                if match:  # the library frames up to the user's: which call in a library
+                    origin = f"{origin or ''}|{text.strip()}"
                 if match and not is_library(match["file"]):
                     file, line = os.path.abspath(match["file"]), int(match["line"])
                     break
-        compiles.append(Compile(start, cause, graph_hash, file, line))
+        compiles.append(Compile(start, cause, graph_hash, file, line, origin=origin))
         start = end
     return compiles
 
@@ -227,7 +233,7 @@ def step_records(evidence: Evidence) -> list[StepRecord]:
         if step < len(records) and "in_steps" not in event:
             if event["kind"] == "compile":
                 records[step].compiles += 1
-            elif event["kind"] == "sync":
+            elif event["kind"] == "sync" and not event.get("closure"):  # a step closure's: after the step
                 records[step].syncs += 1
             elif event["kind"] == "dynamic":
                 records[step].dynamic += 1
@@ -249,43 +255,67 @@ def timeline(records: list[StepRecord]) -> str:
     return "".join(mark(r) for r in records)
 
 
+@dataclass
+class Summary:
+    """What `analyze` found, and what the report must say about how it looked."""
+
+    findings: list[Finding]
+    steps: int  # of the process that ran the most
+    warmup_end: int  # the first step after warm-up (later when optimizer state came late)
+    notes: list[str] = field(default_factory=list)
+
+
 def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
     """Findings (worst first) and the number of steps (of the process that ran the most)."""
+    summary = summarize(evidence, warmup_steps)
+    return summary.findings, summary.steps
+
+
+def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
     findings: dict[tuple, Finding] = {}
     processes = [(pid, events) for pid, events in sorted(evidence.events.items()) if _traced_something(events)]
     multi = len(processes) > 1
     main_steps = 0
     compile_process = None
     exact_fallbacks = bool(evidence.fallback_log)
+    step_sites: dict[int, tuple] = {}  # step -> (file, line) where it ended, busiest process
+    warmup = warmup_steps
     for index, (pid, events) in enumerate(processes):
         steps, boundaries = _process_steps(events)
+        if steps >= main_steps:
+            step_sites = {b["step"]: (b.get("file"), b.get("line")) for b in boundaries}
         main_steps = max(main_steps, steps)  # spawned workers run the steps
         rank = _rank(events, index if multi else None)
+        end = causes.warmup_end(events, warmup_steps)
         if any(b.get("debug_offset") for b in boundaries) and compile_process is None:
-            compile_process = (rank, boundaries, steps)
+            compile_process = (rank, boundaries, steps, causes.expected_changes(events), end)
+            warmup = end
         for event in events:
             kind = EVENT_KINDS.get(event["kind"])
             if kind is None or event.get("file") is None or (kind == "fallback" and exact_fallbacks):
                 continue
             if kind == "recompile":
                 kind = native_recompile_kind(event.get("reason"))
-                # A shape that changes compiles once per shape on a TPU: from the first step on.
-                if event["step"] < warmup_steps and not SHAPE_GUARD.search(event.get("reason") or ""):
-                    continue
+            # A Dynamo recompile is one whatever the step: the first compile of a frame is its
+            # warm-up, each later one is for guards that failed.
+            if kind == "sync" and event.get("closure"):
+                kind = "closure-read"
             finding = _add(findings, kind, event["file"], event["line"], event["op"], event["step"],
                            None if event.get("static") else rank, event.get("count", 1),
                            event.get("in_steps", 1))
-            finding.changed = finding.changed or event.get("reason") or event.get("gb")
+            finding.changed = finding.changed or event.get("reason") or event.get("gb") or event.get("closure")
             finding.hint = finding.hint or event.get("hint")
             finding.placement_unknown |= event.get("placement") == "unknown"
+            finding.exact = finding.exact or bool(event.get("exact"))
+    stepless = main_steps == 0
     if not evidence.debug_log and backend(evidence)[0] == "xla":
         _add_counted_compiles(findings, processes, warmup_steps)
     if evidence.debug_log:
         # torch_xla writes its compile analysis from one process (the local master).
-        rank, boundaries, steps = compile_process if compile_process else (None, [], 0)
+        rank, boundaries, steps, changes, end = compile_process if compile_process else (None, [], 0, {}, warmup_steps)
         graphs = parse_graphs(evidence.graphs) if evidence.graphs else {}
-        _add_compiles(findings, parse_compiles(evidence.debug_log), boundaries, steps, warmup_steps,
-                      graphs, rank if multi else None)
+        _add_compiles(findings, parse_compiles(evidence.debug_log), boundaries, steps, end,
+                      graphs, rank if multi else None, changes, stepless)
     if exact_fallbacks:
         boundaries = sorted((e for events in evidence.events.values() for e in events
                              if e["kind"] in ("step", "opt_step") and e.get("fallback_offset")),
@@ -294,16 +324,43 @@ def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
         for offset, op, file, line in parse_fallbacks(evidence.fallback_log):
             step = step_at(offset)
             _add(findings, "fallback", file, line, op, step, None).exact = True
-    result = [f for f in findings.values() if _reportable(f)]
+    for finding in findings.values():
+        if finding.kind == "sync":
+            finding.counted_steps += causes.steps_of_one_call(finding.steps, step_sites, (finding.file, finding.line)) - len(finding.steps)
+    result = [f for f in findings.values() if _reportable(f, stepless)]
+    notes = _notes(findings.values(), result, stepless, warmup, warmup_steps, processes)
     backend_name = backend(evidence)[0]
     for finding in result:
         finding.total_steps = main_steps
+        finding.per_call = stepless
         finding.message, finding.explanation = describe(finding, backend_name)
     order = {kind: i for i, kind in enumerate(KINDS)}
     # A read in every step before one in evaluation steps only, however often that one reads.
     result.sort(key=lambda f: (order[f.kind], -f.step_count if f.kind == "sync" else 0,
                                f.placement_unknown, -f.count, f.file, f.line))
-    return result, main_steps
+    return Summary(result, main_steps, warmup, notes)
+
+
+def _notes(found, reported, stepless: bool, warmup: int, warmup_steps: int, processes) -> list[str]:
+    """What the report says about how it looked: no steps, a longer warm-up, one-off reads."""
+    notes = []
+    if stepless:
+        notes.append("no steps found (no torch_xla.sync / xm.mark_step / MpDeviceLoader batch, no "
+                     "optimizer step): checked anyway, per call: recompiles (the first compile of "
+                     "each line or compiled function is its warm-up, every later one is a "
+                     "recompile), and host reads, data-dependent shapes and CPU fallbacks repeated "
+                     "at the same line (a loop)")
+    if warmup > warmup_steps:
+        created = sorted({e["op"] for _, events in processes for e in events if e["kind"] == "opt_state"})
+        notes.append(f"warm-up extended to {warmup} steps: the {', '.join(created)} optimizer "
+                     f"created its state in its first step, which changes the graph of the next "
+                     f"step once")
+    once = [f for f in found if f.kind == "sync" and f not in reported]
+    if once:
+        reads = ", ".join(f"{os.path.basename(f.file)}:{f.line} {f.op.strip('_')} x{f.count}"
+                          for f in sorted(once, key=lambda f: (f.file, f.line))[:8])
+        notes.append(f"host reads not repeated step after step (not findings): {reads}")
+    return notes
 
 
 def _add(findings, kind, file, line, op, step, rank, count=1, in_steps=1):
@@ -320,20 +377,29 @@ def _add(findings, kind, file, line, op, step, rank, count=1, in_steps=1):
 
 
 def _add_compiles(findings, compiles: list[Compile], boundaries: list[dict], steps: int,
-                  warmup_steps: int, graphs: dict[str, str], rank: int | None) -> None:
+                  warmup_steps: int, graphs: dict[str, str], rank: int | None,
+                  changes: dict[int, str] | None = None, stepless: bool = False) -> None:
     """A site that compiled before and compiles again after warm-up recompiles; a first compile
-    of a new site after warm-up is reported as information (kind "compile")."""
+    of a new site after warm-up is reported as information (kind "compile"), and so is a graph
+    that changed once for a known reason (`changes`: optimizer state, an accumulator). Without
+    steps, a site's first compile is its warm-up and each later one recompiles. A site is the
+    user's line and the library frames under it (two graphs of one torch_xla call are two)."""
     previous: dict[tuple, str | None] = {}
     step_at = _step_finder(boundaries, "debug_offset", steps)
+    changes = changes or {}
     for compile_ in compiles:
         compile_.step = step_at(compile_.offset)
         if compile_.file is None:
             continue
-        site = (compile_.file, compile_.line)
-        if compile_.step >= warmup_steps:
+        site = (compile_.file, compile_.line, compile_.origin)
+        if compile_.step >= warmup_steps or (stepless and site in previous):
             kind = "recompile" if site in previous else "compile"
             op = "host read" if compile_.cause.startswith(HOST_READ_CAUSE) else None
+            expected = changes.get(compile_.step) if kind == "recompile" and not stepless else None
+            if expected is not None:
+                kind, op = "compile", "changed once"
             finding = _add(findings, kind, compile_.file, compile_.line, op, compile_.step, rank)
+            finding.changed = finding.changed or expected
             if kind == "recompile" and finding.changed is None and graphs:
                 finding.changed = graph_change(graphs.get(previous[site] or ""), graphs.get(compile_.graph_hash or ""))
         previous[site] = compile_.graph_hash
@@ -405,7 +471,9 @@ def _short(location: str) -> str:
     return location.split("@", 1)[1] if "@" in location else location
 
 
-def _reportable(finding: Finding) -> bool:
+def _reportable(finding: Finding, stepless: bool = False) -> bool:
+    if finding.kind in ("sync", "dynamic-shape", "fallback") and stepless:
+        return finding.count >= 2  # no steps: repeated at one line, in a loop
     if finding.kind == "sync":
         return finding.step_count >= 2  # inside the step loop: it recurs step after step
     return True
@@ -417,19 +485,19 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
         what = "the compiled code called here" if f.op == "(called here)" else f"`{f.op}`"
         if SHAPE_GUARD.search(f.changed or ""):
             return (f"torch.compile recompiled {what} {f.count} time(s) for a new input shape at "
-                    f"{where} (first in step {f.first_step}): {f.changed}",
+                    f"{where}{_when(f)}: {f.changed}",
                     "TorchTPU compiles with dynamic=False: every new input shape is a new graph to "
                     "compile, up to Dynamo's recompile limit (8), after which the function runs "
                     "eagerly, silently. (On the CPU, Dynamo's automatic dynamic shapes hide this; "
                     "diagnose compiles as TorchTPU does.) Give the input a fixed shape (pad or "
                     "bucket lengths, DataLoader(drop_last=True)), or mark the dimension dynamic "
                     "with torch._dynamo.mark_dynamic.")
-        return (f"torch.compile recompiled {what} {f.count} time(s) after warm-up at {where} "
-                f"(first in step {f.first_step}): {f.changed}",
+        return (f"torch.compile recompiled {what} {f.count} time(s) at {where}{_when(f)}: {f.changed}",
                 "A guard of the compiled code failed, so Dynamo traced and compiled it again. A "
                 "changing Python number or object: pass it as a tensor, or keep it constant.")
     if f.kind == "recompile":
-        message = f"recompiled {f.count} time(s) after warm-up at {where} (first in step {f.first_step})"
+        after = "" if f.per_call else "after warm-up "
+        message = f"recompiled {f.count} time(s) {after}at {where}{_when(f)}"
         if f.changed:
             message += f": {f.changed}"
         if f.op == "host read":
@@ -462,13 +530,28 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
                 "The output's shape depends on the values: the host waits for the device to learn "
                 "it, and under torch.compile it breaks the graph or recompiles per shape. Prefer "
                 "fixed-shape forms: torch.where(mask, x, 0), masked sums, padding to a maximum size.")
+    if f.kind == "compile" and f.op == "changed once":
+        return (f"the graph at {where} changed once in step {f.first_step}: {f.changed}",
+                "Information: a one-time change after the first use, not a recompile that "
+                "repeats; if it repeats it is reported as a recompile.")
+    if f.kind == "closure-read":
+        method = f.op.strip("_")
+        waits = ("in a background thread (run_async=True): the training loop does not wait for it"
+                 if f.changed == "async" else
+                 "at the step's sync (run_async=False): the host waits for that step to finish "
+                 "on the device before it traces the next one")
+        return (f"host read `{method}` in a step closure at {where}: {f.count} time(s) in "
+                f"{f.step_count} steps",
+                "Information: an xm.add_step_closure callback runs after the step's graph has "
+                "executed, so this read neither cuts the graph nor compiles; it copies an already "
+                f"computed value, {waits}. Throttle it (every N steps) if the wait shows.")
     if f.kind == "compile":
         return (f"first compile of a new graph after warm-up at {where} (step {f.first_step})",
                 "Information: a graph first seen after warm-up, such as an evaluation step. "
                 "Expected once; if it repeats it is reported as a recompile.")
     if f.kind == "sync":
         method = f.op.strip("_")
-        return (f"host sync `{method}` at {where}: {f.count} time(s) in {f.step_count} steps",
+        return (f"host sync `{method}` at {where}: {_times(f)}",
                 "The host waits for the device to finish before it can read the value, every "
                 "step. Log less often, accumulate on the device and read every N steps, or move "
                 "the read into xm.add_step_closure.")
@@ -485,9 +568,12 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
 
 
 def _native_sync(f: Finding, where: str) -> tuple[str, str]:
-    every = f.step_count >= f.total_steps - 1  # the first step's read may come before its end
-    when = (f"in {f.step_count} steps" if not f.total_steps else "every step" if every
-            else f"in {f.step_count} of {f.total_steps} steps (not every step)")
+    if f.per_call:
+        every, when = False, "at this line, in a loop (no steps found)"
+    else:
+        every = f.step_count >= f.total_steps - 1  # the first step's read may come before its end
+        when = (f"in {f.step_count} steps" if not f.total_steps else "every step" if every
+                else f"in {f.step_count} of {f.total_steps} steps (not every step)")
     message = f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) {when}"
     if f.placement_unknown:
         message += "; could not tell whether the tensor read would live on the TPU"
@@ -501,6 +587,16 @@ def _native_sync(f: Finding, where: str) -> tuple[str, str]:
             + (" With the CPU standing in, the source did not show whether this tensor is moved "
                "to the device (.to(device), device=) or made on the host: a host tensor's read "
                "waits for nothing." if f.placement_unknown else ""))
+
+
+def _when(f: Finding) -> str:
+    return "" if f.per_call else f" (first in step {f.first_step})"
+
+
+def _times(f: Finding) -> str:
+    if f.per_call:
+        return f"{f.count} time(s) at this line, in a loop (no steps found)"
+    return f"{f.count} time(s) in {f.step_count} steps"
 
 
 def _graph_break(f: Finding, where: str) -> tuple[str, str]:

@@ -46,7 +46,8 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
     evidence = runner.run(target, list(args), module is not None, stdout=stdout, explain=explain,
                           backend=backend, warmup_steps=warmup_steps)
     backend, device = analysis.backend(evidence)
-    findings, steps = analysis.analyze(evidence, warmup_steps)
+    summary = analysis.summarize(evidence, warmup_steps)
+    findings, steps = summary.findings, summary.steps
     script = os.path.abspath(target) if module is None else target
     rank = torchrun_rank()
     if rank is not None:  # started by torchrun: this process is one rank of the job
@@ -55,16 +56,16 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
         root, extension = os.path.splitext(output or "tpu-migrate-diagnose.json")
         output = f"{root}.rank{rank}{extension or '.json'}"
     document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings, rank,
-                                    backend, device)
+                                    backend, device, summary.notes)
     records = analysis.step_records(evidence)
     unwritten = _write(output, lambda: document + "\n")
     if html_file:
         from tpu_migrate.diagnose import html
 
-        unwritten += _write(html_file, lambda: html.render(script, records, warmup_steps, findings,
+        unwritten += _write(html_file, lambda: html.render(script, records, summary.warmup_end, findings,
                                                             evidence.exit_code, backend, steps))
-    report.print_report(Console(stderr=True, soft_wrap=True), script, steps, warmup_steps, findings,
-                        analysis.timeline(records), backend, device)
+    report.print_report(Console(stderr=True, soft_wrap=True), script, steps, summary.warmup_end,
+                        findings, analysis.timeline(records), backend, device, summary.notes)
     # A program killed by a signal reports -N; the shell convention is 128 + N.
     status = evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code
     return (2 if unwritten else status), document, findings

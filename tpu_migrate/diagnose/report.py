@@ -14,7 +14,7 @@ JSON_VERSION = 1
 
 def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
                   findings: list[Finding], rank: int | None = None, backend: str = "xla",
-                  device: str | None = None) -> str:
+                  device: str | None = None, notes: list[str] | None = None) -> str:
     document = {
         "version": JSON_VERSION,
         "script": script,
@@ -26,6 +26,8 @@ def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
     }
     if device is not None:
         document["device"] = device
+    if notes:
+        document["notes"] = notes
     if rank is not None:
         document["rank"] = rank
     return json.dumps(document, indent=2)
@@ -33,7 +35,7 @@ def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
 
 def print_report(console: Console, script: str, steps: int, warmup_steps: int,
                  findings: list[Finding], timeline: str = "", backend: str = "xla",
-                 device: str | None = None) -> None:
+                 device: str | None = None, notes: list[str] | None = None) -> None:
     console.print(f"tpu-migrate diagnose: {script} (backend {backend}, {steps} steps, "
                   f"{warmup_steps} warm-up)", style="bold", markup=False, highlight=False)
     if backend == "native" and device == "cpu":
@@ -46,9 +48,16 @@ def print_report(console: Console, script: str, steps: int, warmup_steps: int,
             shown = shown[:117] + "..."
         console.print(f"steps: {shown}   (C compile, d dynamic shape, f fallback, s host sync; "
                       "warm-up before |)", markup=False, highlight=False)
+    for note in notes or ():
+        console.print(f"note: {note}", markup=False, highlight=False)
     if not findings:
-        console.print("no recompilation, graph break, host sync, dynamic shape, CPU fallback, "
-                      "unsupported op or TorchTPU incompatibility after warm-up", markup=False)
+        if steps == 0:  # never "no problems" for a program whose steps were not found
+            console.print("nothing repeated: no recompilation, repeated host read, dynamic shape "
+                          "or CPU fallback, graph break, unsupported op or TorchTPU "
+                          "incompatibility", markup=False)
+        else:
+            console.print("no recompilation, graph break, host sync, dynamic shape, CPU fallback, "
+                          "unsupported op or TorchTPU incompatibility after warm-up", markup=False)
         return
     if not console.is_terminal:
         for f in findings:

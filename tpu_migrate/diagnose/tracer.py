@@ -105,6 +105,7 @@ class Recorder:
         self.optimizer_steps = 0  # the step count of programs without an XLA step marker
         self.local = threading.local()
         self.aten: dict[str, int] = {}
+        self.fallbacks = FallbackLocator(self)
         self.metrics = None
         self.rank: int | None = None  # the process index torch.multiprocessing.spawn gave it
         self.limit = _event_limit()
@@ -235,10 +236,13 @@ class Recorder:
         current = {name: self.metrics.counter_value(name)
                    for name in self.metrics.counter_names() if name.startswith("aten::")}
         filename, line = user_frame(4)
+        self.fallbacks.step_ended()
         for name, value in current.items():
             delta = value - self.aten.get(name, 0)
             if delta > 0 and name not in EXPECTED_ATEN:
-                self.emit({"kind": "fallback", "op": name, "file": filename, "line": line, "count": delta})
+                self.fallbacks.moved({"kind": "fallback", "op": name, "file": filename, "line": line,
+                                      "count": delta, "step": self.steps, "ostep": self.optimizer_steps})
+        self.fallbacks.watch_next_step()
         self.aten = current
 
     def finish(self) -> None:
@@ -254,10 +258,89 @@ class Recorder:
             self.read_fallbacks()
         except Exception:  # noqa: BLE001 - the runtime may already be shutting down
             pass
+        self.fallbacks.step_ended()  # ops whose call was never seen stay at their step's end
         rank = os.environ.get("RANK") or os.environ.get("PJRT_LOCAL_PROCESS_RANK")
         self.emit({"kind": "end", "op": None, "file": None, "line": None,
                    "rank": int(rank) if rank is not None and rank.isdigit() else self.rank})
         self.flush()
+
+
+class FallbackLocator:
+    """The line of each CPU fallback, at small cost: torch_xla counts fallbacks per op, read at
+    each step's end. When an op's counter first moves, a dispatch mode watches that op for one
+    step, records the user's line that calls it, and steps aside; the first step's count waits
+    for that line, and later counts go to it. An op not seen again stays at its step's end
+    (--explain records every call's line)."""
+
+    def __init__(self, recorder: "Recorder"):
+        self.recorder = recorder
+        self.sites: dict[str, tuple[str, int]] = {}  # op -> the user's line that called it
+        self.pending: list[dict] = []  # first counts, waiting one step for their line
+        self.watched: set[str] = set()
+        self.mode = None
+
+    def moved(self, event: dict) -> None:
+        site = self.sites.get(event["op"])
+        if site is None:
+            self.pending.append(event)
+            self.watched.add(event["op"])
+        else:
+            self._emit(event, site)
+
+    def _emit(self, event: dict, site: tuple[str, int] | None) -> None:
+        if site is not None:
+            event["file"], event["line"], event["exact"] = site[0], site[1], True
+        step, ostep = event.pop("step"), event.pop("ostep")
+        self.recorder.emit_line(json.dumps({**event, "step": step, "ostep": ostep}))
+
+    def step_ended(self) -> None:
+        """The watched step is over: the mode steps aside, the waiting counts go out."""
+        self._stop()
+        for event in self.pending:
+            self._emit(event, self.sites.get(event["op"]))
+        self.pending = []
+        self.watched -= set(self.sites)
+
+    def watch_next_step(self) -> None:
+        # A dispatch mode makes Dynamo skip compiling (torch.compile(backend="openxla")): never
+        # once the program has compiled a graph with it.
+        if self.watched and self.mode is None and not self.recorder.finished and not _dynamo_compiled():
+            try:
+                self.mode = _fallback_watch(self)
+                self.mode.__enter__()
+            except Exception:  # noqa: BLE001 - no watch: the counts stay at the step's end
+                self.mode = None
+
+    def seen(self, op: str) -> None:
+        if op in self.watched and op not in self.sites:
+            filename, line = user_frame(3)
+            if filename is not None:
+                self.sites[op] = (filename, line)
+
+    def _stop(self) -> None:
+        if self.mode is None:
+            return
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        if _get_current_dispatch_mode() is self.mode:  # never pop someone else's mode
+            self.mode.__exit__(None, None, None)
+        self.mode = None
+
+
+def _dynamo_compiled() -> bool:
+    utils = sys.modules.get("torch._dynamo.utils")
+    return utils is not None and bool(utils.counters["stats"].get("unique_graphs"))
+
+
+def _fallback_watch(locator: FallbackLocator):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class FallbackWatch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            locator.seen(func._schema.name)  # "aten::linalg_eig", as torch_xla's counter
+            return func(*args, **(kwargs or {}))
+
+    return FallbackWatch()
 
 
 RECORDER: Recorder | None = None
@@ -320,7 +403,11 @@ def _sync_wrapper(original, name):
             return original(self, *args, **kwargs)
         recorder.local.busy = True
         try:
-            recorder.at_user_line("sync", name)
+            closure = getattr(recorder.local, "closure", None)  # "sync" / "async" in a step closure
+            if closure is None:
+                recorder.at_user_line("sync", name)
+            else:
+                recorder.at_user_line("sync", name, closure=closure)
             return original(self, *args, **kwargs)
         finally:
             recorder.local.busy = False
@@ -373,6 +460,51 @@ def _step_wrapper(original, marker):
     return wrapper
 
 
+def _step_closure_wrapper(original):
+    """Reads in a step closure run after the step's graph executed: they are recorded as such
+    (`closure`: "sync" or "async"), not as reads that cut the step's graph."""
+    @functools.wraps(original)
+    def add_step_closure(closure, args=(), run_async=False):
+        mode = "async" if run_async else "sync"
+
+        @functools.wraps(closure)
+        def marked(*closure_args):
+            recorder = RECORDER
+            if recorder is None:
+                return closure(*closure_args)
+            outer, recorder.local.closure = getattr(recorder.local, "closure", None), mode
+            try:
+                return closure(*closure_args)
+            finally:
+                recorder.local.closure = outer
+
+        return original(marked, args, run_async)
+    return add_step_closure
+
+
+def _accumulator_wrapper(original):
+    """`total = 0; total += t.sum()`: a Python number that becomes a device tensor changes the
+    graph of the next step once (the sum first reads the constant 0, then the last total). Only
+    a 0 is such a start: `1 + x` in a model costs no more than the two checks."""
+    @functools.wraps(original)
+    def __radd__(self, other):
+        recorder = RECORDER
+        if (recorder is not None and type(other) in (int, float) and other == 0 and not recorder.busy()
+                and getattr(self, "device", None) is not None and self.device.type == "xla"):
+            recorder.at_user_line("accumulator", "+=")
+        return original(self, other)
+    return __radd__
+
+
+def optimizer_state_size(optimizer) -> int:
+    """How many parameters have optimizer state (SGD momentum, Adam moments): created lazily
+    in the first step, when it changes the graph of the step after."""
+    try:
+        return len(optimizer.state)
+    except TypeError:
+        return 0
+
+
 class _StepContext:
     """`with torch_xla.step():` syncs on entry and exit; it is one step, ending at exit."""
 
@@ -421,6 +553,10 @@ def install_torch_xla_hooks() -> None:
             if original is not None:
                 setattr(owner, name, _dynamic_wrapper(original, name))
     torch.Tensor.__getitem__ = _getitem_wrapper(torch.Tensor.__getitem__)
+    torch.Tensor.__radd__ = _accumulator_wrapper(torch.Tensor.__radd__)
+    import torch_xla.core.xla_model as xm
+
+    xm.add_step_closure = _step_closure_wrapper(xm.add_step_closure)
     sync = _step_wrapper(torch_xla.sync, "torch_xla.sync")
     torch_xla.sync = sync
     if hasattr(torch_xla, "torch_xla"):
@@ -434,6 +570,8 @@ def install_torch_xla_hooks() -> None:
     torch_xla.step = step
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
+    state_sizes: dict[int, int] = {}  # id(optimizer) -> parameters with state so far
+
     def optimizer_step(optimizer, args, kwargs):
         recorder = RECORDER
         if recorder is None:
@@ -441,6 +579,11 @@ def install_torch_xla_hooks() -> None:
         recorder.emit({"kind": "opt_step", "op": None, "file": None, "line": None,
                        "debug_offset": _size(recorder.debug_file),
                        "fallback_offset": _size(recorder.fallback_file)})
+        size, known = optimizer_state_size(optimizer), state_sizes.get(id(optimizer), 0)
+        if size > known:
+            state_sizes[id(optimizer)] = size
+            recorder.emit({"kind": "opt_state", "op": type(optimizer).__name__, "file": None,
+                           "line": None, "count": size - known})
         recorder.optimizer_steps += 1
         recorder.flush()  # the step boundary of programs without an XLA step marker
 

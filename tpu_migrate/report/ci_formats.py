@@ -11,6 +11,7 @@ import json
 import os
 
 from tpu_migrate import __version__
+from tpu_migrate.diagnose.analysis import INFO_KINDS
 from tpu_migrate.findings import FileResult
 from tpu_migrate.rules import Catalog
 
@@ -22,7 +23,8 @@ DIAGNOSE_KINDS = {
     "sync": "The host waits for the device to read a tensor value, step after step.",
     "dynamic-shape": "An op whose output shape depends on the data.",
     "fallback": "An op with no XLA lowering ran on the CPU.",
-    "compile": "A graph first compiled after warm-up (information).",
+    "compile": "A graph first compiled after warm-up, or changed once for a known reason (information).",
+    "closure-read": "A host read in an xm.add_step_closure callback, after the step ran (information).",
     "recompile-limit": "torch.compile hit its recompile limit and runs the function eagerly.",
     "graph-break": "torch.compile splits the function at this line (a Dynamo graph break).",
     "unsupported-op": "An aten op TorchTPU cannot run on the tpu device.",
@@ -106,7 +108,7 @@ def diagnose_sarif(findings: list[dict]) -> str:
     rules = [{"id": kind, "name": kind, "shortDescription": {"text": text}, "helpUri": f"{HOME}#diagnose"}
              for kind, text in DIAGNOSE_KINDS.items()]
     results = [
-        {"ruleId": f["kind"], "level": "note" if f["kind"] == "compile" else "warning",
+        {"ruleId": f["kind"], "level": "note" if f["kind"] in INFO_KINDS else "warning",
          "message": {"text": f["message"] + (f"\n{f['explanation']}" if f.get("explanation") else "")},
          "locations": [_location(f["file"], f["line"])]}
         for f in findings
@@ -159,7 +161,7 @@ def _file_line(line: int, col: int, cell: int | None) -> tuple[int | None, int |
 
 def diagnose_github(findings: list[dict]) -> str:
     lines = [
-        _annotation("notice" if f["kind"] == "compile" else "warning", f["file"], f["line"], None,
+        _annotation("notice" if f["kind"] in INFO_KINDS else "warning", f["file"], f["line"], None,
                     f"tpu-migrate {f['kind']}", f["message"])
         for f in findings
     ]
