@@ -197,19 +197,26 @@ def test_a_broken_rank_rule_is_caught(runs, tmp_path):
     assert any(re.match(r'@step \{"step": \d+, "loss": [^}]*\}: loss ', p) for p in result.problems), result.problems
 
 
+def broken_rules(tmp_path, file: str, code: str, old: str, new: str, table: str):
+    """A copy of rules/ in which rule `code` of `file` has `old` replaced by `new` and `table`
+    (a TOML table of the rule) appended: the obvious but wrong conversion a mutation test runs."""
+    rules = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules)
+    path = rules / file
+    text = path.read_text()
+    start = text.index(f'code = "{code}"')
+    end = text.index("[[rule]]", start)
+    block = text[start:end].replace(old, new).rstrip("\n") + f"\n\n{table}\n\n"
+    path.write_text(text[:start] + block + text[end:])
+    return rules
+
+
 def test_a_dropped_gradient_all_reduce_is_caught(runs, tmp_path):
     """TPU030 writing a bare `optimizer.step()` (what it did before it kept xm.optimizer_step's
     all-reduce): at one process nothing changes, so only the 2-process run can tell, where each
     replica steps with the gradients of its own slice and the averaged loss drifts."""
-    rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules)
-    core = rules / "core.toml"
-    text = core.read_text()
-    start = text.index('code = "TPU030"')
-    end = text.index("[[rule]]", start)
-    block = text[start:end].replace('transform = "optimizer_step"\n', 'params = ["optimizer"]\n')
-    block = block.rstrip("\n") + '\n\n[rule.replace]\ntpu = "{optimizer_atom}.step()"\nportable = "{optimizer_atom}.step()"\n\n'
-    core.write_text(text[:start] + block + text[end:])
+    rules = broken_rules(tmp_path, "core.toml", "TPU030", 'transform = "optimizer_step"\n', 'params = ["optimizer"]\n',
+                         '[rule.replace]\ntpu = "{optimizer_atom}.step()"\nportable = "{optimizer_atom}.step()"')
     case = next(c for c in CASES if c.program == "m05_optimizer_step_no_ddp.py")
     copy = harness.migrate_many([harness.MP_PROGRAMS / case.program], tmp_path / "broken", rules_dir=rules)[case.program]
     assert "param.grad" not in copy.read_text() and "optimizer.step()" in copy.read_text()
@@ -228,15 +235,8 @@ def test_torch_sync_batch_norm_in_place_of_torch_xla_s_is_caught(runs, tmp_path)
     migrated launch starts a process group (of one process under `python`), and there
     torch.nn.SyncBatchNorm refuses CPU tensors, so the portable program fails even at world
     size 1. (Without a group it runs, with an unbiased running_var: p13's evaluation differs.)"""
-    rules = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules)
-    path = rules / "utilities.toml"
-    text = path.read_text()
-    start = text.index('code = "TPU126"')
-    end = text.index("[[rule]]", start)
-    block = text[start:end].replace('transform = "sync_batch_norm"\n', "")
-    block = block.rstrip("\n") + '\n\n[rule.rename]\ntpu = "{torch}.nn.SyncBatchNorm"\nportable = "{torch}.nn.SyncBatchNorm"\n\n'
-    path.write_text(text[:start] + block + text[end:])
+    rules = broken_rules(tmp_path, "utilities.toml", "TPU126", 'transform = "sync_batch_norm"\n', "",
+                         '[rule.rename]\ntpu = "{torch}.nn.SyncBatchNorm"\nportable = "{torch}.nn.SyncBatchNorm"')
     case = next(c for c in CASES if c.program == "m12_sync_batch_norm_process_index.py")
     copy = harness.migrate_many([harness.MP_PROGRAMS / case.program], tmp_path / "broken", rules_dir=rules)[case.program]
     assert "torch.nn.SyncBatchNorm(8)" in copy.read_text()

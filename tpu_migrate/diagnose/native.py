@@ -38,6 +38,7 @@ import sys
 import time
 
 from tpu_migrate.diagnose import placement, tracer
+from tpu_migrate.diagnose.modes import leave_dispatch_mode
 
 TENSOR_DYNAMIC = ("nonzero", "masked_select", "unique", "argwhere")
 GRAPH_BREAK_ID = re.compile(r"/gb/(gb\d+)\.html")
@@ -343,12 +344,7 @@ class NativeHooks:
                 torch.autograd.grad(leaves, wants, [torch.ones_like(o) for o in leaves], allow_unused=True)
 
     def _stop_op_coverage(self) -> None:
-        if self.mode is None:
-            return
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-        if _get_current_dispatch_mode() is self.mode:  # never pop someone else's mode
-            self.mode.__exit__(None, None, None)
+        leave_dispatch_mode(self.mode)
         self.mode = None
 
     def _on_device(self, args) -> bool:

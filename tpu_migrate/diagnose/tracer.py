@@ -37,6 +37,8 @@ import sysconfig
 import threading
 import time
 
+from tpu_migrate.diagnose.modes import leave_dispatch_mode
+
 ENV_DIR = "TPU_MIGRATE_DIAGNOSE"
 ENV_DEBUG_FILE = "PT_XLA_DEBUG_FILE"
 ENV_BACKEND = "TPU_MIGRATE_DIAGNOSE_BACKEND"  # xla, native or auto (see install_backend)
@@ -318,12 +320,7 @@ class FallbackLocator:
                 self.sites[op] = (filename, line)
 
     def _stop(self) -> None:
-        if self.mode is None:
-            return
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-        if _get_current_dispatch_mode() is self.mode:  # never pop someone else's mode
-            self.mode.__exit__(None, None, None)
+        leave_dispatch_mode(self.mode)
         self.mode = None
 
 
