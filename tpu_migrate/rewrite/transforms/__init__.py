@@ -110,7 +110,6 @@ from tpu_migrate.rewrite.transforms.utilities import (
 )
 
 
-
 CALL = {
     "step_closure": step_closure,
     "all_reduce": all_reduce_value,
@@ -240,7 +239,6 @@ def apply_statement_rule(rule, qualname, call, sc: StatementContext, plans, assi
     if assign is not None:
         return STATEMENT[rule.transform](call, qualname, sc, rule, plans, assign=assign)
     return STATEMENT[rule.transform](call, qualname, sc, rule, plans)
-
 
 
 # The transformer reaches every transform through this package.

@@ -92,8 +92,6 @@ def torch_compile(call: cst.Call, sc: StatementContext):
     return call.with_changes(args=clean_args(args))
 
 
-
-
 def xla_compile(call, qualname, sc: StatementContext, rule):
     bound = bind(call, ["f", "full_graph", "name", "max_different_graphs"])
     if bound is None or "f" not in bound:

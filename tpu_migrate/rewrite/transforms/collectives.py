@@ -43,14 +43,6 @@ def _reduce_op(node: cst.BaseExpression, sc: StatementContext) -> str | None:
     return sc.file.plan.fill("{dist}.ReduceOp.") + op if op else None
 
 
-
-
-
-
-
-
-
-
 def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
     bound = bind(call, ["reduce_type", "inputs", "scale", "groups", "pin_layout"])
     if bound is None or "reduce_type" not in bound or "inputs" not in bound or given(bound, "groups"):
@@ -92,8 +84,6 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
         return None
     sc.fixed(rule.code, qualname)
     return parse_block(lines)
-
-
 
 
 def all_reduce_value(call, qualname, sc: StatementContext, rule):

@@ -102,7 +102,6 @@ def atom(node: cst.BaseExpression) -> str:
     return f"({text})"
 
 
-
 def parse_block(lines: list[str]) -> list[cst.BaseStatement]:
     module = cst.parse_module("\n".join(lines) + "\n")
     return list(module.body)

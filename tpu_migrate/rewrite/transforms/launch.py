@@ -83,8 +83,6 @@ def init_process_group(call: cst.Call, sc: StatementContext):
     return new
 
 
-
-
 def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
     if id(sc.info.node) not in plans.spawn_workers:
         why = plans.spawn_refusals.get(id(sc.info.node), "the call is too dynamic to convert")

@@ -244,8 +244,6 @@ def _barrier(text: str, sc: StatementContext) -> cst.If:
     return barrier
 
 
-
-
 def unwrap_step_context(stmt: cst.With, sc: StatementContext):
     """Returns the body statements (unwrapped), or the `with` statement (maybe with fewer items)."""
     step_items = []
