@@ -66,6 +66,9 @@ class Finding:
     placement_unknown: bool = field(default=False, repr=False)  # native sync: maybe a host tensor
     total_steps: int = field(default=0, repr=False)  # steps the program ran
     per_call: bool = field(default=False, repr=False)  # the program has no steps: counted per call
+    # Found where the code is traced (a Dynamo graph break) or read (the source), not per call:
+    # it recurs with every call whatever the count says.
+    traced: bool = field(default=False, repr=False)
 
     @property
     def step_count(self) -> int:
@@ -307,6 +310,7 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
             finding.hint = finding.hint or event.get("hint")
             finding.placement_unknown |= event.get("placement") == "unknown"
             finding.exact = finding.exact or bool(event.get("exact"))
+            finding.traced |= bool(event.get("traced"))
     stepless = main_steps == 0
     if not evidence.debug_log and backend(evidence)[0] == "xla":
         _add_counted_compiles(findings, processes, warmup_steps)
@@ -472,6 +476,8 @@ def _short(location: str) -> str:
 
 
 def _reportable(finding: Finding, stepless: bool = False) -> bool:
+    if finding.traced:
+        return True
     if finding.kind in ("sync", "dynamic-shape", "fallback") and stepless:
         return finding.count >= 2  # no steps: repeated at one line, in a loop
     if finding.kind == "sync":

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 
 def leave_dispatch_mode(mode) -> None:
-    """Exit `mode` if it is the innermost mode: never pop a mode the program entered since."""
+    """Exit `mode` if it is the innermost mode: never pop a mode the program entered since.
+    No mode, no import: at exit, a program that never imported torch must not import it now."""
+    if mode is None:
+        return
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-    if mode is not None and _get_current_dispatch_mode() is mode:
+    if _get_current_dispatch_mode() is mode:
         mode.__exit__(None, None, None)

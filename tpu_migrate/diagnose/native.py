@@ -183,7 +183,7 @@ class NativeHooks:
             for line, name in parsed.calls_of(TENSOR_DYNAMIC) if parsed else ():
                 if placement.read_kind(filename, line, places) != placement.HOST:
                     self.recorder.emit({"kind": "dynamic", "op": name, "file": os.path.abspath(filename),
-                                        "line": line, "count": 0, "static": True})
+                                        "line": line, "count": 0, "static": True, "traced": True})
 
     def uninstall(self) -> None:
         """Back to the untraced program (auto backend: the program turned out to use torch_xla)."""
@@ -518,7 +518,8 @@ class NativeHooks:
                                    "hint": hint})
                     dynamic = DYNAMIC_OPERATOR.search(reason)
                     if dynamic:  # torch.nonzero(x) in compiled code: data-dependent on a TPU too
-                        recorder.emit({"kind": "dynamic", "op": dynamic["op"], "file": file, "line": line})
+                        recorder.emit({"kind": "dynamic", "op": dynamic["op"], "file": file, "line": line,
+                                       "traced": True})
             except Exception:  # noqa: BLE001 - never break the compile we observe
                 pass
             return original(code_options, reason, *args, **kwargs)
