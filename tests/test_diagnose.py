@@ -32,12 +32,15 @@ def findings_of(program: str, *options: str):
 
 def test_json_schema():
     _, doc, _ = findings_of("host_sync_item.py")
-    assert set(doc) == {"version", "script", "backend", "exit_code", "steps", "warmup_steps", "findings"}
+    assert set(doc) == {"version", "script", "backend", "exit_code", "steps", "warmup_steps", "findings",
+                        "costs"}
     assert doc["version"] == 1 and doc["backend"] == "xla"
     assert doc["script"] == str(PROGRAMS / "host_sync_item.py")
+    assert doc["costs"]["run_seconds"] > doc["costs"]["first_step_seconds"] > 0
     for finding in doc["findings"]:
         assert set(finding) == {"kind", "file", "line", "count", "first_step", "op", "rank",
-                                "message", "explanation"}
+                                "message", "explanation", "source", "cost"}
+        assert set(finding["cost"]) == {"seconds", "share", "how", "slow_steps"}
         assert isinstance(finding["line"], int) and isinstance(finding["count"], int)
 
 

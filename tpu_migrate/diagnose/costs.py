@@ -131,7 +131,7 @@ def measure(summary: Summary, records: list[StepRecord], events_by_process: dict
     order) and return what the run cost as a whole."""
     run_seconds, first = _run_times(events_by_process, records)
     steady = [r.seconds for r in records if r.index >= max(summary.warmup_end, 1)]
-    median = statistics.median(steady) if len(steady) >= MIN_STEADY else None
+    median = statistics.median(steady) if len(steady) >= MIN_STEADY and any(steady) else None
     slow = ({r.index: _why_slow(r) for r in records
              if r.index >= max(summary.warmup_end, 1) and r.seconds > SLOW * median}
             if median else {})

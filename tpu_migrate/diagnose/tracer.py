@@ -594,7 +594,8 @@ def install_torch_xla_hooks() -> None:
             return
         recorder.emit({"kind": "opt_step", "op": None, "file": None, "line": None,
                        "debug_offset": _size(recorder.debug_file),
-                       "fallback_offset": _size(recorder.fallback_file)})
+                       "fallback_offset": _size(recorder.fallback_file),
+                       "compile_time": recorder.compile_seconds(), "time": time.perf_counter()})
         size, known = optimizer_state_size(optimizer), state_sizes.get(id(optimizer), 0)
         if size > known:
             state_sizes[id(optimizer)] = size
