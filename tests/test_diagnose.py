@@ -210,11 +210,13 @@ def test_optimizer_steps_are_the_steps_without_a_step_marker():
     pending graph is cut at the read (diagnose-anchors finding 6)."""
     _, doc, found = findings_of("optimizer_steps_only.py")
     assert doc["steps"] == 5
+    # Ranked by cost: the read's wait holds the compiles of the recompiles it causes.
     assert found == [
-        ("recompile", "optimizer_steps_only.py", 14, 4, 2, "host read"),
         ("sync", "optimizer_steps_only.py", 14, 5, 1, "__float__"),
+        ("recompile", "optimizer_steps_only.py", 14, 4, 2, "host read"),
     ]
-    assert "host read" in doc["findings"][0]["explanation"]
+    assert "host read" in doc["findings"][1]["explanation"]
+    assert "including the recompiles at this line" in doc["findings"][0]["message"]
 
 
 def test_terminal_timeline_marks_each_step():

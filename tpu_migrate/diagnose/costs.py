@@ -67,7 +67,7 @@ class RunCosts:
             for why in self.slow_steps.values():
                 for reason in why:
                     reasons[reason] = reasons.get(reason, 0) + 1
-            because = ", ".join(f"{n} with a {r}" for r, n in reasons.items())
+            because = ", ".join(f"{n} with {'' if r.startswith('no ') else 'a '}{r}" for r, n in reasons.items())
             lines.append(f"steady state: median step {_duration(self.steady_median)} (10-90%: "
                          f"{_duration(self.steady_low)}-{_duration(self.steady_high)}); "
                          f"{len(self.slow_steps)} step(s) slower than {SLOW}x the median"
@@ -140,8 +140,12 @@ def measure(summary: Summary, records: list[StepRecord], events_by_process: dict
         if f.kind in COMPILE_KINDS:
             for step in f.steps:
                 compile_steps[step] = compile_steps.get(step, 0) + 1
+    # A host read that recompiles compiles inside the read: its wait holds that compile.
+    compiling_reads = {(f.file, f.line) for f in summary.findings if f.kind == "recompile" and f.op == "host read"}
     for f in summary.findings:
         f.cost = _finding_cost(f, records, median, compile_steps, backend, device)
+        if f.kind == "sync" and f.cost.seconds is not None and (f.file, f.line) in compiling_reads:
+            f.cost.why += ", including the recompiles at this line"
         if f.cost.seconds is not None and run_seconds:
             f.cost.share = f.cost.seconds / run_seconds
         f.cost.steps = sorted(s for s in f.steps if s in slow) if f.kind in COMPILE_KINDS else []
