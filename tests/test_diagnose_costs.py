@@ -40,7 +40,7 @@ def test_costs_are_measured_ranked_and_summed():
     assert abs(run.compile_seconds - 1.3) < 1e-9 and abs(run.steady_median - 0.1) < 1e-9
     assert run.slow_steps == {5: ["compile"]}
     assert run.headline.startswith("2 finding(s) cost 27% of the run (4.00 s); the recompile at ")
-    assert run.headline.endswith(f":20 alone 25%")
+    assert run.headline.endswith(":20 alone 25%")
     assert "1 step(s) slower than 1.5x the median: 1 with a compile" in "\n".join(run.lines())
 
 
