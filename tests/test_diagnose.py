@@ -32,12 +32,15 @@ def findings_of(program: str, *options: str):
 
 def test_json_schema():
     _, doc, _ = findings_of("host_sync_item.py")
-    assert set(doc) == {"version", "script", "backend", "exit_code", "steps", "warmup_steps", "findings"}
+    assert set(doc) == {"version", "script", "backend", "exit_code", "steps", "warmup_steps", "findings",
+                        "costs"}
     assert doc["version"] == 1 and doc["backend"] == "xla"
     assert doc["script"] == str(PROGRAMS / "host_sync_item.py")
+    assert doc["costs"]["run_seconds"] > doc["costs"]["first_step_seconds"] > 0
     for finding in doc["findings"]:
         assert set(finding) == {"kind", "file", "line", "count", "first_step", "op", "rank",
-                                "message", "explanation"}
+                                "message", "explanation", "source", "cost"}
+        assert set(finding["cost"]) == {"seconds", "share", "how", "slow_steps"}
         assert isinstance(finding["line"], int) and isinstance(finding["count"], int)
 
 
@@ -207,11 +210,13 @@ def test_optimizer_steps_are_the_steps_without_a_step_marker():
     pending graph is cut at the read (diagnose-anchors finding 6)."""
     _, doc, found = findings_of("optimizer_steps_only.py")
     assert doc["steps"] == 5
+    # Ranked by cost: the read's wait holds the compiles of the recompiles it causes.
     assert found == [
-        ("recompile", "optimizer_steps_only.py", 14, 4, 2, "host read"),
         ("sync", "optimizer_steps_only.py", 14, 5, 1, "__float__"),
+        ("recompile", "optimizer_steps_only.py", 14, 4, 2, "host read"),
     ]
-    assert "host read" in doc["findings"][0]["explanation"]
+    assert "host read" in doc["findings"][1]["explanation"]
+    assert "including the recompiles at this line" in doc["findings"][0]["message"]
 
 
 def test_terminal_timeline_marks_each_step():

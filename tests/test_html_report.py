@@ -47,6 +47,13 @@ def test_structure(report):
     assert len(warmup) == 1 and float(warmup[0]["width"]) > 0  # 2 warm-up steps shaded
     compiles = [a for t, a in tags if t == "circle" and "compiles" in a.get("class", "")]
     assert len(compiles) == 2  # step 0 (warm-up) and the recompile in step 4
+    # The costs: a reference line at the steady-state median, the recompile's step outlined as
+    # slowed by it, the user's line beside the finding with the path relative to the directory.
+    assert len([a for t, a in tags if t == "line" and a.get("class") == "steady"]) == 1
+    assert [a["data-step"] for t, a in tags if t == "rect" and a.get("class") == "slowed"] == ["4"]
+    assert "slowed by recompile at fixtures/diagnose/recompile_last_batch.py:16" in text
+    assert '<code class="source">xm.mark_step()  # line 16' in text
+    assert "steady state: median step" in text and "cost " in text
 
 
 def test_self_contained(report):
@@ -69,6 +76,7 @@ def test_opens_in_headless_chromium(report, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert 'id="findings"' in dom.stdout and 'id="timeline"' in dom.stdout
     assert dom.stdout.count('class="step"') == 7
+    assert dom.stdout.count('class="steady"') == 1 and dom.stdout.count('class="slowed"') == 1
     shot = tmp_path / "report.png"
     subprocess.run(["chromium", *flags, f"--screenshot={shot}", "--window-size=1000,900", f"file://{report}"],
                    capture_output=True, timeout=120)

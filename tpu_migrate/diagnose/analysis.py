@@ -7,6 +7,7 @@ the first step it was seen and, in multi-process programs, the rank.
 from __future__ import annotations
 
 import bisect
+import linecache
 import os
 import re
 from dataclasses import dataclass, field
@@ -69,6 +70,8 @@ class Finding:
     # Found where the code is traced (a Dynamo graph break) or read (the source), not per call:
     # it recurs with every call whatever the count says.
     traced: bool = field(default=False, repr=False)
+    waited: float | None = field(default=None, repr=False)  # seconds the host waited in its calls
+    cost: object = field(default=None, repr=False)  # costs.Cost, once measured
 
     @property
     def step_count(self) -> int:
@@ -76,9 +79,13 @@ class Finding:
         return len(self.steps) + self.counted_steps
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "file": self.file, "line": self.line, "count": self.count,
-                "first_step": self.first_step, "op": self.op, "rank": self.rank,
-                "message": self.message, "explanation": self.explanation}
+        document = {"kind": self.kind, "file": self.file, "line": self.line, "count": self.count,
+                    "first_step": self.first_step, "op": self.op, "rank": self.rank,
+                    "message": self.message, "explanation": self.explanation,
+                    "source": linecache.getline(self.file, self.line).strip() or None}
+        if self.cost is not None:
+            document["cost"] = self.cost.to_json()
+        return document
 
 
 def parse_compiles(log: bytes) -> list[Compile]:
@@ -203,6 +210,7 @@ class StepRecord:
     syncs: int = 0
     dynamic: int = 0
     fallbacks: int = 0
+    compile_seconds: float = 0.0  # torch_xla's CompileTime, or Dynamo's, in the step
 
 
 def backend(evidence: Evidence) -> tuple[str, str | None]:
@@ -226,10 +234,15 @@ def step_records(evidence: Evidence) -> list[StepRecord]:
         boundaries = boundaries[: counted["ostep" if by_optimizer else "step"]]
     records = []
     previous = None
+    compiled = 0.0
     for index, boundary in enumerate(boundaries):
         now = boundary.get("time")
         seconds = (now - previous) if (now is not None and previous is not None) else 0.0
-        records.append(StepRecord(index, max(seconds, 0.0)))
+        record = StepRecord(index, max(seconds, 0.0))
+        if "compile_time" in boundary:
+            record.compile_seconds = max(boundary["compile_time"] - compiled, 0.0)
+            compiled = boundary["compile_time"]
+        records.append(record)
         previous = now
     for event in events:
         step = event.get("ostep", 0) if by_optimizer else event.get("step", 0)
@@ -242,6 +255,8 @@ def step_records(evidence: Evidence) -> list[StepRecord]:
                 records[step].dynamic += 1
             elif event["kind"] == "fallback":
                 records[step].fallbacks += event.get("count", 1)
+            elif event["kind"] == "compile_time":
+                records[step].compile_seconds += event["seconds"]
     offsets = [b.get("debug_offset", 0) for b in boundaries]
     for compile_ in parse_compiles(evidence.debug_log) if evidence.debug_log else []:
         step = bisect.bisect_right(offsets, compile_.offset)
@@ -311,6 +326,8 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
             finding.placement_unknown |= event.get("placement") == "unknown"
             finding.exact = finding.exact or bool(event.get("exact"))
             finding.traced |= bool(event.get("traced"))
+            if "wait" in event:
+                finding.waited = (finding.waited or 0.0) + event["wait"]
     stepless = main_steps == 0
     if not evidence.debug_log and backend(evidence)[0] == "xla":
         _add_counted_compiles(findings, processes, warmup_steps)

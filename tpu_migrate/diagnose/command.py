@@ -14,7 +14,7 @@ import sys
 
 from rich.console import Console
 
-from tpu_migrate.diagnose import analysis, report, runner
+from tpu_migrate.diagnose import analysis, costs, report, runner
 
 
 class DiagnoseError(Exception):
@@ -55,17 +55,18 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
             finding.rank = rank if finding.rank is None else finding.rank
         root, extension = os.path.splitext(output or "tpu-migrate-diagnose.json")
         output = f"{root}.rank{rank}{extension or '.json'}"
-    document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings, rank,
-                                    backend, device, summary.notes)
     records = analysis.step_records(evidence)
+    run_costs = costs.measure(summary, records, evidence.events, backend, device)
+    document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings, rank,
+                                    backend, device, summary.notes, run_costs)
     unwritten = _write(output, lambda: document + "\n")
     if html_file:
         from tpu_migrate.diagnose import html
 
         unwritten += _write(html_file, lambda: html.render(script, records, summary.warmup_end, findings,
-                                                            evidence.exit_code, backend, steps))
+                                                            evidence.exit_code, backend, steps, run_costs))
     report.print_report(Console(stderr=True, soft_wrap=True), script, steps, summary.warmup_end,
-                        findings, analysis.timeline(records), backend, device, summary.notes)
+                        findings, analysis.timeline(records), backend, device, summary.notes, run_costs)
     # A program killed by a signal reports -N; the shell convention is 128 + N.
     status = evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code
     return (2 if unwritten else status), document, findings

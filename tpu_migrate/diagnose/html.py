@@ -2,7 +2,8 @@
 
 It holds the findings table and a per-step timeline drawn as inline SVG: a bar per step for its
 wall time, marks for compiles, host syncs, dynamic shapes and fallbacks, and the warm-up steps
-shaded.
+shaded; with the run's costs (costs.py), a dashed line at the steady-state median step time and
+an outline on each step a finding slowed.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import html
 
 from tpu_migrate.diagnose.analysis import Finding, StepRecord
+from tpu_migrate.diagnose.costs import RunCosts, relative, source_line
 from tpu_migrate.report.html_page import inline, page
 
 MARKS = (("compiles", "#d62728", "compile"), ("syncs", "#1f77b4", "host sync"),
@@ -23,6 +25,7 @@ th:nth-child(1) { width: 8rem; } th:nth-child(3), th:nth-child(4) { width: 4.5re
 .kind-recompile-limit, .kind-graph-break { color: #d62728; font-weight: bold; }
 .kind-unsupported-op, .kind-tpu-incompatible { color: #8c564b; font-weight: bold; }
 .legend span { margin-right: 1.2rem; }
+code.source { display: block; white-space: pre-wrap; color: #555; }
 """
 
 
@@ -53,7 +56,17 @@ def _label(first: int, last: int, record: StepRecord) -> str:
     return f"steps {first}-{last}: {record.seconds * 1000:.1f} ms a step"
 
 
-def timeline_svg(steps: list[StepRecord], warmup_steps: int) -> str:
+def _slowed(findings: list[Finding]) -> dict[int, list[str]]:
+    """step -> the findings (file:line) that made it slower than steady state."""
+    slowed: dict[int, list[str]] = {}
+    for f in findings:
+        for step in getattr(f.cost, "steps", ()):
+            slowed.setdefault(step, []).append(f"{f.kind} at {relative(f.file)}:{f.line}")
+    return slowed
+
+
+def timeline_svg(steps: list[StepRecord], warmup_steps: int, median: float | None = None,
+                 slowed: dict[int, list[str]] | None = None) -> str:
     width, height, left, bottom, top = 900, 260, 50, 40, 20
     if not steps:
         return f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="60" role="img" aria-label="no steps"><text x="10" y="30">no steps</text></svg>'
@@ -71,6 +84,11 @@ def timeline_svg(steps: list[StepRecord], warmup_steps: int) -> str:
         x, bar_w = left + first * slot, (last - first + 1) * slot
         bar_h = plot_h * 0.75 * (s.seconds / longest)
         label = _label(first, last, s)
+        why = [name for step in range(first, last + 1) for name in (slowed or {}).get(step, ())]
+        if why:
+            parts.append(f'<rect class="slowed" data-step="{first}" x="{x + bar_w * 0.05:.1f}" y="{top + plot_h - bar_h - 3:.1f}" '
+                         f'width="{max(bar_w * 0.9, 2):.1f}" height="{bar_h + 3:.1f}" fill="none" stroke="#d62728" '
+                         f'stroke-width="1.5"><title>slowed by {html.escape("; ".join(sorted(set(why))))}</title></rect>')
         span = "" if first == last else f' data-last-step="{last}"'
         parts.append(
             f'<rect class="step" data-step="{first}"{span} x="{x + bar_w * 0.15:.1f}" y="{top + plot_h - bar_h:.1f}" '
@@ -86,6 +104,11 @@ def timeline_svg(steps: list[StepRecord], warmup_steps: int) -> str:
                 parts.append(f'<circle class="mark {field}" cx="{x + bar_w / 2:.1f}" cy="{cy}" r="4" fill="{color}">'
                              f'<title>{where}: {count} {name}(s)</title></circle>')
     parts.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#333"/>')
+    if median:
+        y = top + plot_h - plot_h * 0.75 * (median / longest)
+        parts.append(f'<line class="steady" x1="{left}" y1="{y:.1f}" x2="{left + plot_w}" y2="{y:.1f}" '
+                     f'stroke="#2ca02c" stroke-dasharray="6 3"><title>steady-state median step: '
+                     f'{median * 1000:.1f} ms</title></line>')
     parts.append(f'<text x="{left}" y="{height - 12}" font-size="12">step 0</text>')
     parts.append(f'<text x="{left + plot_w - 60}" y="{height - 12}" font-size="12">step {len(steps) - 1}</text>')
     parts.append(f'<text x="4" y="{top + 12}" font-size="11">{longest * 1000:.0f} ms</text>')
@@ -94,13 +117,14 @@ def timeline_svg(steps: list[StepRecord], warmup_steps: int) -> str:
 
 
 def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: list[Finding], exit_code: int,
-           backend: str = "xla", total_steps: int | None = None) -> str:
+           backend: str = "xla", total_steps: int | None = None, costs: RunCosts | None = None) -> str:
     """`steps`: the steps recorded one by one; `total_steps`: all the program ran (more past the
     event limit, where the timeline ends)."""
     total_steps = len(steps) if total_steps is None else max(total_steps, len(steps))
     rows = "\n".join(
         f'<tr class="finding"><td class="kind-{html.escape(f.kind)}">{html.escape(f.kind)}</td>'
-        f"<td>{html.escape(f.file)}:{f.line}{'' if f.rank is None else f' (rank {f.rank})'}</td>"
+        f"<td>{html.escape(relative(f.file))}:{f.line}{'' if f.rank is None else f' (rank {f.rank})'}"
+        f'<code class="source">{html.escape(source_line(f.file, f.line))}</code></td>'
         f'<td class="count">{f.count}</td><td class="count">{f.first_step}</td>'
         f'<td>{inline(f.message)}<div class="explanation">{inline(f.explanation or "")}</div></td></tr>'
         for f in findings
@@ -115,9 +139,14 @@ def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: li
                f" &middot; the timeline shows the first {len(steps)}: later steps were counted, not "
                "recorded one by one")
     legend = "".join(f'<span style="color:{color}">&#9679; {label}</span>' for _, color, label in MARKS)
+    summary = "".join(f'<p class="costs">{html.escape(line)}</p>' for line in (costs.lines() if costs else ()))
+    if costs is not None:
+        legend += ('<span style="color:#2ca02c">- - steady-state median</span>'
+                   '<span style="color:#d62728">&#9633; slowed by a finding</span>')
     return page(f"tpu-migrate diagnose: {script}", STYLE, f"""<p>backend {html.escape(backend)} &middot; {total_steps} steps{covered} &middot; {warmup_steps} warm-up steps (shaded) &middot; exit status {exit_code}</p>
+{summary}
 <h2>Findings</h2>
 {table}
 <h2>Per-step timeline</h2>
 <p class="legend">bars: step wall time &middot; {legend}</p>
-{timeline_svg(steps, warmup_steps)}""")
+{timeline_svg(steps, warmup_steps, costs.steady_median if costs else None, _slowed(findings))}""")

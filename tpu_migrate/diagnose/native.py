@@ -98,11 +98,12 @@ class NativeHooks:
         self.device_types = {accelerator} if accelerator else {"cpu"}
         self.cpu_stands_in = accelerator is None
         self.recorder.emit({"kind": "backend", "op": "native", "file": None, "line": None,
-                            "device": accelerator or "cpu"})
+                            "device": accelerator or "cpu", "started": recorder.started})
         self.method_originals: dict[str, object] = {}  # Tensor.__dict__ entries (None: inherited)
         self.method_wrappers: dict[str, object] = {}
         self.function_originals: dict[str, object] = {}
         self.mode = None
+        self.compile_started: float | None = None
         self.table: dict[str, str] | None = None  # rules/torchtpu-ops.json, read when first needed
         self.verdicts: dict[object, str] = {}  # OpOverload -> its name if TorchTPU cannot run it
         self.optimizer_hook = None
@@ -251,8 +252,13 @@ class NativeHooks:
             self.optimizer_hook = None
         self.recorder.emit({"kind": "compile", "op": str(getattr(args, "compile_id", "")),
                             "file": None, "line": None})
+        self.compile_started = time.perf_counter()
 
     def _compile_ended(self, args) -> None:
+        if self.compile_started is not None:  # Dynamo's compile time, for the cost of a recompile
+            self.recorder.emit({"kind": "compile_time", "op": None, "file": None, "line": None,
+                                "seconds": time.perf_counter() - self.compile_started})
+            self.compile_started = None
         self._put_methods(wrapped=True)
         if self.optimizer_hook is None:
             from torch.optim.optimizer import register_optimizer_step_post_hook

@@ -8,13 +8,14 @@ from rich.console import Console
 from rich.table import Table
 
 from tpu_migrate.diagnose.analysis import KINDS, Finding
+from tpu_migrate.diagnose.costs import relative, source_line
 
 JSON_VERSION = 1
 
 
 def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
                   findings: list[Finding], rank: int | None = None, backend: str = "xla",
-                  device: str | None = None, notes: list[str] | None = None) -> str:
+                  device: str | None = None, notes: list[str] | None = None, costs=None) -> str:
     document = {
         "version": JSON_VERSION,
         "script": script,
@@ -30,12 +31,14 @@ def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
         document["notes"] = notes
     if rank is not None:
         document["rank"] = rank
+    if costs is not None:
+        document["costs"] = costs.to_json()
     return json.dumps(document, indent=2)
 
 
 def print_report(console: Console, script: str, steps: int, warmup_steps: int,
                  findings: list[Finding], timeline: str = "", backend: str = "xla",
-                 device: str | None = None, notes: list[str] | None = None) -> None:
+                 device: str | None = None, notes: list[str] | None = None, costs=None) -> None:
     console.print(f"tpu-migrate diagnose: {script} (backend {backend}, {steps} steps, "
                   f"{warmup_steps} warm-up)", style="bold", markup=False, highlight=False)
     if backend == "native" and device == "cpu":
@@ -50,6 +53,8 @@ def print_report(console: Console, script: str, steps: int, warmup_steps: int,
                       "warm-up before |)", markup=False, highlight=False)
     for note in notes or ():
         console.print(f"note: {note}", markup=False, highlight=False)
+    for line in costs.lines() if costs is not None else ():
+        console.print(line, markup=False, highlight=False)
     if not findings:
         if steps == 0:  # never "no problems" for a program whose steps were not found
             console.print("nothing repeated: no recompilation, repeated host read, dynamic shape "
@@ -62,7 +67,10 @@ def print_report(console: Console, script: str, steps: int, warmup_steps: int,
     if not console.is_terminal:
         for f in findings:
             rank = f" rank {f.rank}" if f.rank is not None else ""
-            console.print(f"{f.file}:{f.line}: {f.kind}{rank}: {f.message}", markup=False, highlight=False)
+            console.print(f"{relative(f.file)}:{f.line}: {f.kind}{rank}: {f.message}", markup=False, highlight=False)
+            code = source_line(f.file, f.line)
+            if code:
+                console.print(f"    > {code}", markup=False, highlight=False)
             if f.explanation:
                 console.print(f"    {f.explanation}", markup=False, highlight=False)
         return
@@ -71,8 +79,9 @@ def print_report(console: Console, script: str, steps: int, warmup_steps: int,
         table.add_column(column)
     for f in findings:
         rank = f"\nrank {f.rank}" if f.rank is not None else ""
-        table.add_row(f.kind, f"{f.file}:{f.line}{rank}", str(f.count), str(f.first_step),
-                      f"{f.message}\n{f.explanation or ''}")
+        code = source_line(f.file, f.line)
+        table.add_row(f.kind, f"{relative(f.file)}:{f.line}{rank}" + (f"\n> {code}" if code else ""),
+                      str(f.count), str(f.first_step), f"{f.message}\n{f.explanation or ''}")
     console.print(table)
 
 

@@ -118,6 +118,7 @@ class Recorder:
         self.tally_start = (0, 0)
         self.tally_written = 0.0
         self.last_boundary: dict[str, tuple] = {}
+        self.started = time.perf_counter()  # the time to the first step counts from here
 
     # Re-entrancy: printing a tensor calls .tolist()/.item() internally; count the outer call only.
     def busy(self) -> bool:
@@ -162,7 +163,10 @@ class Recorder:
             self.buffer.append(line)
             self._flush_locked()
             return
-        key = line[: line.rindex(', "step": ')] + "}"  # events end with their step and ostep
+        key = line[: line.rindex(', "step": ')]  # events end with their step and ostep
+        if ', "wait": ' in key:  # a host read's wait is not counted past the limit
+            key = key[: key.rindex(', "wait": ')]
+        key += "}"
         step, ostep = self.steps, self.optimizer_steps
         entry = self.tally.get(key)
         if entry is None:
@@ -227,9 +231,17 @@ class Recorder:
         compiles = self.metrics.counter_value("UncachedCompile") or 0 if self.metrics else 0
         self.emit({"kind": "step", "op": marker, "file": filename, "line": line,
                    "debug_offset": _size(self.debug_file), "fallback_offset": _size(self.fallback_file),
-                   "compiles": compiles, "time": time.perf_counter()})
+                   "compiles": compiles, "compile_time": self.compile_seconds(), "time": time.perf_counter()})
         self.steps += 1
         self.flush()
+
+    def compile_seconds(self) -> float:
+        """torch_xla's CompileTime so far (its accumulator is in nanoseconds): the difference
+        between two step ends is the time that step spent compiling."""
+        if self.metrics is None:
+            return 0.0
+        data = self.metrics.metric_data("CompileTime")
+        return data[1] / 1e9 if data else 0.0
 
     def read_fallbacks(self) -> None:
         """aten:: counters that moved since the last step: ops that ran on the CPU."""
@@ -263,7 +275,8 @@ class Recorder:
         self.fallbacks.step_ended()  # ops whose call was never seen stay at their step's end
         rank = os.environ.get("RANK") or os.environ.get("PJRT_LOCAL_PROCESS_RANK")
         self.emit({"kind": "end", "op": None, "file": None, "line": None,
-                   "rank": int(rank) if rank is not None and rank.isdigit() else self.rank})
+                   "rank": int(rank) if rank is not None and rank.isdigit() else self.rank,
+                   "time": time.perf_counter()})
         self.flush()
 
 
@@ -399,14 +412,16 @@ def _sync_wrapper(original, name):
         if recorder is None or recorder.busy() or getattr(self, "device", None) is None or self.device.type != "xla":
             return original(self, *args, **kwargs)
         recorder.local.busy = True
+        started = time.perf_counter()
         try:
+            return original(self, *args, **kwargs)
+        finally:  # recorded once the read returned, with how long the host waited for it
+            waited = time.perf_counter() - started
             closure = getattr(recorder.local, "closure", None)  # "sync" / "async" in a step closure
             if closure is None:
-                recorder.at_user_line("sync", name)
+                recorder.at_user_line("sync", name, wait=waited)
             else:
-                recorder.at_user_line("sync", name, closure=closure)
-            return original(self, *args, **kwargs)
-        finally:
+                recorder.at_user_line("sync", name, closure=closure, wait=waited)
             recorder.local.busy = False
     return wrapper
 
@@ -416,9 +431,13 @@ def _dynamic_wrapper(original, name):
     def wrapper(*args, **kwargs):
         recorder = RECORDER
         first = args[0] if args else None
-        if recorder is not None and not recorder.busy() and getattr(getattr(first, "device", None), "type", None) == "xla":
-            recorder.at_user_line("dynamic", name)
-        return original(*args, **kwargs)
+        if recorder is None or recorder.busy() or getattr(getattr(first, "device", None), "type", None) != "xla":
+            return original(*args, **kwargs)
+        started = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:  # with how long the host waited to learn the shape
+            recorder.at_user_line("dynamic", name, wait=time.perf_counter() - started)
     return wrapper
 
 
@@ -575,7 +594,8 @@ def install_torch_xla_hooks() -> None:
             return
         recorder.emit({"kind": "opt_step", "op": None, "file": None, "line": None,
                        "debug_offset": _size(recorder.debug_file),
-                       "fallback_offset": _size(recorder.fallback_file)})
+                       "fallback_offset": _size(recorder.fallback_file),
+                       "compile_time": recorder.compile_seconds(), "time": time.perf_counter()})
         size, known = optimizer_state_size(optimizer), state_sizes.get(id(optimizer), 0)
         if size > known:
             state_sizes[id(optimizer)] = size
@@ -634,7 +654,7 @@ def _install_xla() -> None:
 
     native.uninstall()  # auto backend: the program uses torch_xla after all
     _safely("torch_xla", install_torch_xla_hooks)
-    RECORDER.emit({"kind": "backend", "op": "xla", "file": None, "line": None})
+    RECORDER.emit({"kind": "backend", "op": "xla", "file": None, "line": None, "started": RECORDER.started})
 
 
 def _install_native() -> None:
@@ -713,7 +733,7 @@ class InProcess:
             install_torch_xla_hooks()
             RECORDER.aten = {name: RECORDER.metrics.counter_value(name)
                              for name in RECORDER.metrics.counter_names() if name.startswith("aten::")}
-            RECORDER.emit({"kind": "backend", "op": "xla", "file": None, "line": None})
+            RECORDER.emit({"kind": "backend", "op": "xla", "file": None, "line": None, "started": RECORDER.started})
         else:
             _after_import("torch_xla", _install_xla)  # hooks once the test imports torch_xla
             if "torch" in sys.modules:

@@ -1,0 +1,205 @@
+"""What the findings cost, measured from the run: warm-up against steady state, and the time
+each finding took.
+
+- A step's wall time is the time between two step boundaries; steady state is the steps after
+  warm-up, and a step slower than SLOW times their median is a slow step.
+- A recompile costs the steps it compiled in, over the steady-state median (its compile and
+  whatever else made those steps slow), or, with too few steady steps to compare, the compile
+  time those steps spent.
+- A host read or a data-dependent shape costs the time the host waited in the call (torch_xla:
+  the wrapper times each call).
+- Anything else is not timed by the backend: the report says so instead of a number.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import statistics
+from dataclasses import dataclass, field
+
+from tpu_migrate.diagnose.analysis import Finding, StepRecord, Summary
+
+SLOW = 1.5  # a step this many times the steady-state median is slow
+MIN_STEADY = 3  # fewer steady steps give no median to compare with
+COMPILE_KINDS = ("recompile", "compile")
+WAIT_KINDS = ("sync", "dynamic-shape", "closure-read")
+
+
+@dataclass
+class Cost:
+    seconds: float | None  # None: not measurable here (`why` says why)
+    share: float | None = None  # of the run's wall time
+    why: str = ""
+    steps: list[int] = field(default_factory=list)  # the slow steps it was in
+
+    def text(self) -> str:
+        if self.seconds is None:
+            return f"cost not measured: {self.why}"
+        share = f" ({_share(self.share)} of the run)" if self.share is not None else ""
+        return f"cost {_duration(self.seconds)}{share}{': ' + self.why if self.why else ''}"
+
+    def to_json(self) -> dict:
+        return {"seconds": self.seconds, "share": self.share, "how": self.why,
+                "slow_steps": self.steps}
+
+
+@dataclass
+class RunCosts:
+    run_seconds: float | None  # from the tracer's start to the process's end
+    first_step_seconds: float | None
+    compile_seconds: float
+    compile_source: str
+    steady_median: float | None
+    steady_low: float | None  # 10th and 90th percentiles of steady-state step time
+    steady_high: float | None
+    slow_steps: dict[int, list[str]]  # step -> why it was slow (compile, sync, ...)
+    headline: str = ""
+
+    def lines(self) -> list[str]:
+        first = "n/a" if self.first_step_seconds is None else _duration(self.first_step_seconds)
+        lines = [f"warm-up: first step after {first}; compiling {_duration(self.compile_seconds)} "
+                 f"({self.compile_source})"]
+        if self.steady_median is None:
+            lines.append(f"steady state: fewer than {MIN_STEADY} steady-state steps, no median")
+        else:
+            reasons: dict[str, int] = {}
+            for why in self.slow_steps.values():
+                for reason in why:
+                    reasons[reason] = reasons.get(reason, 0) + 1
+            because = ", ".join(f"{n} with {'' if r.startswith('no ') else 'a '}{r}" for r, n in reasons.items())
+            lines.append(f"steady state: median step {_duration(self.steady_median)} (10-90%: "
+                         f"{_duration(self.steady_low)}-{_duration(self.steady_high)}); "
+                         f"{len(self.slow_steps)} step(s) slower than {SLOW}x the median"
+                         + (f": {because}" if because else ""))
+        if self.headline:
+            lines.append(self.headline)
+        return lines
+
+    def to_json(self) -> dict:
+        return {"run_seconds": self.run_seconds, "first_step_seconds": self.first_step_seconds,
+                "compile_seconds": self.compile_seconds, "compile_source": self.compile_source,
+                "steady_median_seconds": self.steady_median, "steady_p10_seconds": self.steady_low,
+                "steady_p90_seconds": self.steady_high,
+                "slow_steps": [{"step": s, "why": why} for s, why in sorted(self.slow_steps.items())],
+                "summary": self.headline}
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def _share(fraction: float) -> str:
+    return f"{fraction:.0%}" if fraction >= 0.1 else f"{fraction:.1%}"
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
+
+
+def _why_slow(record: StepRecord) -> list[str]:
+    reasons = [name for name, present in (
+        ("compile", record.compiles or record.compile_seconds > 0.001), ("sync", record.syncs),
+        ("fallback", record.fallbacks), ("dynamic shape", record.dynamic)) if present]
+    return reasons or ["no recorded cause"]
+
+
+def _run_times(events_by_process: dict[int, list[dict]], records: list[StepRecord]):
+    """(run seconds, seconds to the first step) of the process with the most steps."""
+    best = None
+    for events in events_by_process.values():
+        boundaries = [e for e in events if e["kind"] in ("step", "opt_step") and "time" in e]
+        if best is None or len(boundaries) > len(best[1]):
+            best = (events, boundaries)
+    if best is None:
+        return None, None
+    events, boundaries = best
+    started = next((e["started"] for e in events if e["kind"] == "backend" and "started" in e), None)
+    ended = next((e["time"] for e in events if e["kind"] == "end" and "time" in e), None)
+    if started is None:
+        return None, None
+    first = boundaries[0]["time"] - started if boundaries else None
+    if ended is None:
+        ended = boundaries[-1]["time"] if boundaries else None
+    return (ended - started if ended is not None else None), first
+
+
+def measure(summary: Summary, records: list[StepRecord], events_by_process: dict[int, list[dict]],
+            backend: str, device: str | None) -> RunCosts:
+    """Cost every finding (finding.cost), rank the findings costliest first (ties keep their
+    order) and return what the run cost as a whole."""
+    run_seconds, first = _run_times(events_by_process, records)
+    steady = [r.seconds for r in records if r.index >= max(summary.warmup_end, 1)]
+    median = statistics.median(steady) if len(steady) >= MIN_STEADY and any(steady) else None
+    slow = ({r.index: _why_slow(r) for r in records
+             if r.index >= max(summary.warmup_end, 1) and r.seconds > SLOW * median}
+            if median else {})
+    compile_steps: dict[int, int] = {}  # step -> compile findings in it (which share its cost)
+    for f in summary.findings:
+        if f.kind in COMPILE_KINDS:
+            for step in f.steps:
+                compile_steps[step] = compile_steps.get(step, 0) + 1
+    # A host read that recompiles compiles inside the read: its wait holds that compile.
+    compiling_reads = {(f.file, f.line) for f in summary.findings if f.kind == "recompile" and f.op == "host read"}
+    for f in summary.findings:
+        f.cost = _finding_cost(f, records, median, compile_steps, backend, device)
+        if f.kind == "sync" and f.cost.seconds is not None and (f.file, f.line) in compiling_reads:
+            f.cost.why += ", including the recompiles at this line"
+        if f.cost.seconds is not None and run_seconds:
+            f.cost.share = f.cost.seconds / run_seconds
+        f.cost.steps = sorted(s for s in f.steps if s in slow) if f.kind in COMPILE_KINDS else []
+        f.message = f"{f.message}; {f.cost.text()}"
+    summary.findings.sort(key=lambda f: -(f.cost.seconds or 0.0))  # stable: ties keep their order
+    costs = RunCosts(run_seconds, first, sum(r.compile_seconds for r in records),
+                     "torch_xla CompileTime" if backend == "xla" else "Dynamo compile time",
+                     median, _percentile(steady, 0.1) if median else None,
+                     _percentile(steady, 0.9) if median else None, slow)
+    costs.headline = _headline(summary.findings, run_seconds)
+    return costs
+
+
+def _finding_cost(f: Finding, records: list[StepRecord], median: float | None,
+                  compile_steps: dict[int, int], backend: str, device: str | None) -> Cost:
+    if f.kind in COMPILE_KINDS and not f.per_call and not f.traced:
+        steps = [records[s] for s in sorted(f.steps) if s < len(records) and s > 0]
+        if not steps:
+            return Cost(None, why="its steps were not recorded one by one")
+        compiled = sum(r.compile_seconds / compile_steps[r.index] for r in steps)
+        if median is None:
+            return Cost(compiled, why=f"compile time of its step(s), {_duration(compiled)}")
+        over = sum(max(r.seconds - median, 0.0) / compile_steps[r.index] for r in steps)
+        return Cost(over, why=f"its {len(steps)} step(s) over the steady-state median, of which "
+                              f"compiling {_duration(compiled)}")
+    if f.kind in WAIT_KINDS:
+        if f.waited is not None:
+            return Cost(f.waited, why="time the host waited in the call")
+        if backend == "native" and device == "cpu":
+            return Cost(None, why="the CPU stands in for the TPU, so there is no device to wait for")
+        return Cost(None, why=f"the {backend} backend does not time this call")
+    if f.kind == "fallback" and backend == "xla":
+        return Cost(None, why="torch_xla does not time the ops it runs on the CPU")
+    return Cost(None, why=f"the {backend} backend does not time it")
+
+
+def _headline(findings: list[Finding], run_seconds: float | None) -> str:
+    costed = [f for f in findings if f.cost.seconds]
+    if not costed or not run_seconds:
+        return ""
+    total = min(sum(f.cost.seconds for f in costed) / run_seconds, 1.0)
+    top = costed[0]
+    return (f"{len(costed)} finding(s) cost {_share(total)} of the run ({_duration(run_seconds)}); the "
+            f"{top.kind} at {relative(top.file)}:{top.line} alone {_share(top.cost.share)}")
+
+
+def relative(path: str) -> str:
+    """A path under the working directory, relative to it; others as they are."""
+    try:
+        shown = os.path.relpath(path)
+    except ValueError:  # another drive
+        return path
+    return path if shown.startswith("..") else shown
+
+
+def source_line(path: str, line: int) -> str:
+    return linecache.getline(path, line).strip()
