@@ -169,6 +169,9 @@ def _finding_cost(f: Finding, records: list[StepRecord], median: float | None,
         if median is None:
             return Cost(compiled, why=f"compile time of its step(s), {_duration(compiled)}")
         over = sum(max(r.seconds - median, 0.0) / compile_steps[r.index] for r in steps)
+        if over == 0.0:  # it compiled, within a step no slower than the others
+            return Cost(0.0, why=f"its {len(steps)} step(s) no slower than steady state, though "
+                                 f"compiling {_duration(compiled)}")
         return Cost(over, why=f"its {len(steps)} step(s) over the steady-state median, of which "
                               f"compiling {_duration(compiled)}")
     if f.kind in WAIT_KINDS:
