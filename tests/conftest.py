@@ -10,16 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from fixture_spec import FIXTURES, expected_path, rewrite_cases  # noqa: F401 (used by the tests)
+
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures" / "rewrite"
-
-
-def rewrite_cases() -> list[Path]:
-    return sorted(FIXTURES.glob("*/*.in.py"))
-
-
-def expected_path(case: Path, target: str) -> Path:
-    return case.with_name(case.name.replace(".in.py", f".{target}.py"))
 
 
 def run_cli(*args: str, cwd: Path | None = None, input: bytes | None = None) -> subprocess.CompletedProcess:
