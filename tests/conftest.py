@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from fixture_spec import FIXTURES, expected_path, rewrite_cases  # noqa: F401 (used by the tests)
+import fixture_spec
 
 ROOT = Path(__file__).resolve().parent.parent
+# The rewrite fixture corpus (defined in fixture_spec, which regenerate.py shares).
+FIXTURES = fixture_spec.FIXTURES
+rewrite_cases = fixture_spec.rewrite_cases
+expected_path = fixture_spec.expected_path
 
 
 def run_cli(*args: str, cwd: Path | None = None, input: bytes | None = None) -> subprocess.CompletedProcess:

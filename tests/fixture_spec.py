@@ -4,8 +4,9 @@
 A case `fixtures/rewrite/<dir>/<case>.in.py` has beside it the output per target
 (`<case>.tpu.py`, `<case>.portable.py`) and the findings of both targets (`<case>.findings.txt`,
 one line per finding: `<target> <line>:<col> <code> fixed` or `... <code> manual: <message>`,
-and `<target> <line> note: <message>`). A case named `leave_alone*` in a rule's directory is a
-near miss of that rule: none of its findings may carry the rule's code.
+and `<target> <line> note: <message>`). A case named `leave_alone*` in a rule's directory holds
+near misses of that rule (code that looks like its target but is not): none of its findings may
+carry the rule's code, and each line ending in `# near miss` must be in both outputs unchanged.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tpu_migrate.findings import FileResult
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "rewrite"
 TARGETS = ("tpu", "portable")
 LEAVE_ALONE = "leave_alone"
+NEAR_MISS = "# near miss"
 
 
 def rewrite_cases() -> list[Path]:
@@ -39,6 +41,10 @@ def rule_code(case: Path) -> str | None:
 
 def is_leave_alone(case: Path) -> bool:
     return case.name.startswith(LEAVE_ALONE)
+
+
+def near_miss_lines(case: Path) -> list[str]:
+    return [line for line in case.read_text().splitlines() if line.endswith(NEAR_MISS)]
 
 
 def rewrite(data: bytes, target: str, name: str = "case.py") -> FileResult:
