@@ -54,10 +54,15 @@ def test_ties_keep_their_order_and_no_steady_state_is_said():
     assert "fewer than 3 steady-state steps" in run.lines()[1]
 
 
-def test_a_native_read_on_the_cpu_is_not_given_a_wait():
-    read = _finding("sync", 1, [1, 2], op="item")
+def test_a_native_read_costs_its_wait_on_an_accelerator_not_on_the_cpu_standing_in():
+    # The native wrapper times every read; with the CPU standing in, that time is the CPU's
+    # own compute, not a wait for a device.
+    read = _finding("sync", 1, [1, 2], waited=0.004, op="item")
     costs.measure(Summary([read], 3, 2), [], {}, "native", "cpu")
     assert read.cost.seconds is None and "the CPU stands in for the TPU" in read.message
+    read = _finding("sync", 1, [1, 2], waited=0.004, op="item")
+    costs.measure(Summary([read], 3, 2), [], {}, "native", "cuda")
+    assert read.cost.seconds == 0.004 and "time the host waited in the call" in read.message
 
 
 def test_the_headline_counts_a_read_inside_a_slow_compile_step_once():

@@ -6,8 +6,9 @@ each finding took.
 - A recompile costs the steps it compiled in, over the steady-state median (its compile and
   whatever else made those steps slow), or, with too few steady steps to compare, the compile
   time those steps spent.
-- A host read or a data-dependent shape costs the time the host waited in the call (torch_xla:
-  the wrapper times each call).
+- A host read or a data-dependent shape costs the time the host waited in the call (the
+  wrapper times each call; on the native backend with the CPU standing in there is no device
+  to wait for, so none).
 - Anything else is not timed by the backend: the report says so instead of a number.
 """
 
@@ -175,10 +176,10 @@ def _finding_cost(f: Finding, records: list[StepRecord], median: float | None,
         return Cost(over, why=f"its {len(steps)} step(s) over the steady-state median, of which "
                               f"compiling {_duration(compiled)}")
     if f.kind in WAIT_KINDS:
+        if backend == "native" and device == "cpu":  # the call's time is the CPU's compute
+            return Cost(None, why="the CPU stands in for the TPU, so there is no device to wait for")
         if f.waited is not None:
             return Cost(f.waited, why="time the host waited in the call")
-        if backend == "native" and device == "cpu":
-            return Cost(None, why="the CPU stands in for the TPU, so there is no device to wait for")
         return Cost(None, why=f"the {backend} backend does not time this call")
     if f.kind == "fallback" and backend == "xla":
         return Cost(None, why="torch_xla does not time the ops it runs on the CPU")
