@@ -106,7 +106,7 @@ def _report_open_work(text: str, result: FileResult, catalog: Catalog) -> None:
 
 def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult) -> str | None:
     tree = ast.parse(text, filename=path)
-    analysis = analyze(tree, catalog.canonical, catalog.rule_names)
+    analysis = analyze(tree, catalog.canonical, catalog.trigger_names)
     has_xla_imports = any(is_xla_name(b.qualname) for b in analysis.imports)
     dynamic_imports = [d for info in analysis.infos.values() for d in info.dynamic_imports]
     result.imports_xla = has_xla_imports or bool(dynamic_imports)
@@ -131,7 +131,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         # any more; while some use remains (a manual TODO), they keep testing for torch_xla.
         result.fixes.clear()
         result.manual.clear()
-        fresh = analyze(tree, catalog.canonical, catalog.rule_names)  # plans marked the first
+        fresh = analyze(tree, catalog.canonical, catalog.trigger_names)  # plans marked the first
         new_module, file = _rewrite_module(module, tree, text, options, catalog, result, False, fresh)
     result.fixes.sort(key=lambda f: (f.line, f.col, f.code))
     result.manual.sort(key=lambda m: (m.line, m.col, m.code))

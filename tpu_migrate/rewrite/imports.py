@@ -20,7 +20,7 @@ import libcst as cst
 from tpu_migrate.findings import Fix
 from tpu_migrate.rewrite.context import FileContext, parse_stmt
 from tpu_migrate.rewrite.names import is_xla_name
-from tpu_migrate.rewrite.transformer import merge_leading_lines
+from tpu_migrate.rewrite.layout import merge_leading_lines
 
 SIDE_EFFECT_BACKEND = "torch_xla.distributed.xla_backend"
 

@@ -26,20 +26,6 @@ from tpu_migrate.rewrite.dependencies import DISTRIBUTION, REQUIREMENT, REQUIREM
 
 XLA_ROOTS = ("torch_xla", "torch_xla_py", "optimum.tpu")
 
-# Qualified names outside torch_xla that rules look at.
-TORCH_NAMES = frozenset(
-    {
-        "torch.compile",
-        "importlib.util.find_spec",
-        "torch.device",
-        "torch.autocast",
-        "torch.distributed.init_process_group",
-        "torch.nn.parallel.DistributedDataParallel",
-        "torch.nn.parallel.distributed.DistributedDataParallel",
-        "torch.nn.DataParallel",
-    }
-)
-
 DDP_NAMES = frozenset(
     {
         "torch.nn.parallel.DistributedDataParallel",
@@ -442,7 +428,8 @@ def analyze(
 ) -> Analysis:
     """Scopes, imports and resolved references of a module. `canonical` maps historical
     spellings to the names rules are written against (Catalog.canonical); a statement that
-    refers to torch_xla, optimum.tpu, TORCH_NAMES or `rule_names` is flagged for rewriting."""
+    refers to torch_xla, optimum.tpu or `rule_names` (the rules' `matches` and the names the
+    registered transforms trigger on: registry.trigger_names) is flagged for rewriting."""
     walker = _Walker()
     module = walker.new_scope("module", None)
     walker.block(tree.body, module)
@@ -457,7 +444,7 @@ def analyze(
         qualnames.add(qualname)
         info.refs.append(Ref(qualname, dotted, line, col + 1))
         if not info.flagged and (
-            is_xla_name(qualname) or qualname in TORCH_NAMES or qualname in rule_names
+            is_xla_name(qualname) or qualname in rule_names
         ):
             info.flagged = True
     for info in walker.infos.values():

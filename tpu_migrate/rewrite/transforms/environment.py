@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
+from tpu_migrate.rewrite.registry import CALL, transform
 from tpu_migrate.rewrite.transforms.common import (
     bind,
 )
@@ -13,6 +14,7 @@ from tpu_migrate.rewrite.transforms.common import (
 PRECISIONS = {"default": "medium", "high": "high", "highest": "highest"}
 
 
+@transform("matmul_precision", form=CALL)
 def matmul_precision(call, qualname, sc: StatementContext, rule):
     bound = bind(call, ["precision"])
     value = bound.get("precision") if bound else None
@@ -24,6 +26,7 @@ def matmul_precision(call, qualname, sc: StatementContext, rule):
     return parse_expr(sc.file.plan.fill("{torch}.set_float32_matmul_precision") + f'("{precision}")')
 
 
+@transform("memory_info", form=CALL)
 def memory_info(call, qualname, sc: StatementContext, rule):
     if sc.file.target != "tpu":
         sc.needs_manual(rule.code, "device memory statistics have no CPU equivalent", qualname)
@@ -70,6 +73,7 @@ def _environ_key(node: cst.BaseExpression, sc: StatementContext) -> str | None:
     return None
 
 
+@transform("runtime_env", on="statement")
 def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
     """Setting torch_xla's runtime variables: removed. Returns [] to remove, else None."""
     from tpu_migrate.rewrite.names import RUNTIME_ENV
@@ -89,17 +93,18 @@ def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
     return []
 
 
-def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> None:
-    """Reading torch_xla's variables: a manual finding (called on subscripts, calls and
-    comparisons)."""
+@transform("runtime_env", on="subscript", emits=("TPU141",))
+def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> cst.BaseExpression:
+    """Reading torch_xla's variables: a manual finding (on subscripts, calls and comparisons).
+    Returns `node`, unchanged."""
     from tpu_migrate.rewrite.names import BF16_ENV
 
     key = _environ_key(node, sc)
     if key is None:
-        return
+        return node
     code_ = "TPU141" if key in BF16_ENV else "TPU140"
     if not sc.enabled(code_) or any(t.code == code_ for t in sc.todos):
-        return
+        return node
     where = (sc.info.node.lineno, sc.info.node.col_offset + 1)
     if code_ == "TPU141":
         sc.needs_manual(code_, f"{key} has no TorchTPU equivalent: convert the model with "
@@ -107,3 +112,12 @@ def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> None:
     else:
         sc.needs_manual(code_, f"{key} is not set under TorchTPU: test "
                         "torch.accelerator.current_accelerator() instead", where=where)
+    return node
+
+
+@transform("runtime_env", on="call")
+def environment_call_reads(call, qualname, sc: StatementContext):
+    """`os.environ.get("PJRT_DEVICE")`, `os.getenv(...)`: reads (calls of a resolved name)."""
+    if qualname is not None:
+        environment_reads(call, sc)
+    return None
