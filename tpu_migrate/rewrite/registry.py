@@ -95,7 +95,7 @@ class Registry:
         self.hooks: dict[str, tuple[Callable, ...]] = {kind: () for kind in KINDS}
         # Codes written by helpers (`@emits`), by function.
         self.helper_codes: dict[Callable, tuple[str, ...]] = {}
-        self.module_codes: set[str] = set()  # `code(...)` constants
+        self.module_codes: set[str] = set()  # `rule_code(...)` constants
 
     def add(self, entry: Entry) -> None:
         triggers = (entry.form is not None) + bool(entry.calls) + (entry.on is not None)
@@ -155,7 +155,7 @@ def transform(
 
 
 def emits(*codes: str):
-    """Declare the findings a helper writes (rule codes of rules/*.toml)."""
+    """Declare the rule codes a helper writes findings for, or asks whether they are enabled."""
 
     def declare(function: Callable) -> Callable:
         REGISTRY.helper_codes[function] = codes
@@ -164,10 +164,10 @@ def emits(*codes: str):
     return declare
 
 
-def code(rule_code: str) -> str:
+def rule_code(code: str) -> str:
     """A rule code used outside a transform (a module constant): declared, checked at load."""
-    REGISTRY.module_codes.add(rule_code)
-    return rule_code
+    REGISTRY.module_codes.add(code)
+    return code
 
 
 def watch(*qualnames: str) -> None:
@@ -198,5 +198,5 @@ def check(catalog) -> list[str]:
 
 __all__ = [
     "CALL", "STATEMENT", "REFERENCE", "KINDS", "REGISTRY", "Registry", "RegistryError",
-    "transform", "emits", "code", "watch", "trigger_names", "check",
+    "transform", "emits", "rule_code", "watch", "trigger_names", "check",
 ]

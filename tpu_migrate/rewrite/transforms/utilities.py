@@ -7,7 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
-from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, transform
+from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, rule_code, transform
 from tpu_migrate.rewrite.transforms.common import (
     CPU_COPIES,
     bind,
@@ -182,7 +182,7 @@ _SPMD_MEANING = {
     "process-count": ("the number of hosts", "the world size or NNODES"),
 }
 # The rank rule whose answer each query shares in a process-per-device program.
-_SAME_AS = {"process-index": "TPU021", "process-count": "TPU020"}
+_SAME_AS = {"process-index": rule_code("TPU021"), "process-count": rule_code("TPU020")}
 
 
 @transform("process_query", form=CALL)
