@@ -128,17 +128,14 @@ class Registry:
         return frozenset(e.transform for e in self.entries)
 
     def declared_codes(self) -> set[str]:
-        """Codes the Python declares beyond the rules it implements (`emits`, `@emits`)."""
+        """Codes the Python declares beyond the rules it implements (`emits`, `@emits`,
+        `rule_code`)."""
         codes = {c for e in self.entries for c in e.emits}
         codes.update(c for group in self.helper_codes.values() for c in group)
         return codes | self.module_codes
 
 
 REGISTRY = Registry()
-
-# Qualified names outside torch_xla that are read, not rewritten, but whose statements a rule
-# must see: `xm.optimizer_step` looks for the model's DistributedDataParallel wrapper.
-_WATCHED: set[str] = set()
 
 
 def transform(
@@ -170,14 +167,9 @@ def rule_code(code: str) -> str:
     return code
 
 
-def watch(*qualnames: str) -> None:
-    """Flag the statements that refer to these names, for a rule that reads them."""
-    _WATCHED.update(qualnames)
-
-
 def trigger_names() -> frozenset[str]:
     """Names outside torch_xla whose statements the walk visits (besides the rules' `matches`)."""
-    return frozenset(REGISTRY.qualname_calls) | frozenset(_WATCHED)
+    return frozenset(REGISTRY.qualname_calls)
 
 
 def check(catalog) -> list[str]:
@@ -198,5 +190,5 @@ def check(catalog) -> list[str]:
 
 __all__ = [
     "CALL", "STATEMENT", "REFERENCE", "KINDS", "REGISTRY", "Registry", "RegistryError",
-    "transform", "emits", "rule_code", "watch", "trigger_names", "check",
+    "transform", "emits", "rule_code", "trigger_names", "check",
 ]
