@@ -1,18 +1,23 @@
-"""The rule registry: rules/*.toml and the registered transforms must agree, checked at load, and
-rule codes appear in the Python only where a transform or helper declares them."""
+"""The rule registry: rules/*.toml and the registered transforms must agree, checked when the
+rewrite loads them, and rule codes appear in the Python only where a transform or helper
+declares them."""
 
 from __future__ import annotations
 
 import ast
 import importlib
 import re
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import tpu_migrate
 from tpu_migrate.rewrite import registry, transforms
+from tpu_migrate.rewrite.engine import flagged_names
 from tpu_migrate.rewrite.registry import Entry, Registry, RegistryError
 from tpu_migrate.rules import RuleError, load_catalog, rules_dir
 
@@ -31,6 +36,8 @@ def test_every_transform_of_the_tables_names_registered_code():
     assert registry.check(catalog) == []
     named = {rule.transform for rule in catalog.rules if rule.transform}
     assert named <= registry.REGISTRY.transforms
+    # torch's own names that transforms convert flag their statements, like the rules' matches
+    assert {"torch.compile", "torch.device", "importlib.util.find_spec"} <= flagged_names(catalog)
 
 
 def test_a_misspelt_transform_is_refused_at_load(tmp_path):
@@ -41,7 +48,23 @@ def test_a_misspelt_transform_is_refused_at_load(tmp_path):
     core.write_text(text.replace('transform = "optimizer_step"\n', 'transform = "optimiser_step"\n'),
                     encoding="utf-8")
     with pytest.raises(RuleError, match="TPU030: transform 'optimiser_step' names no registered function"):
-        load_catalog(str(rules))
+        flagged_names(load_catalog(str(rules)))
+
+
+def test_the_rewrite_command_refuses_such_tables(tmp_path):
+    """Before any file: a configuration error (exit 2, one line), not a finding per file."""
+    rules = copied_rules(tmp_path)
+    core = rules / "core.toml"
+    core.write_text(core.read_text(encoding="utf-8").replace('transform = "spawn"', 'transform = "spwan"'),
+                    encoding="utf-8")
+    program = tmp_path / "train.py"
+    program.write_text("import torch_xla.core.xla_model as xm\nxm.mark_step()\n", encoding="utf-8")
+    env = {**os.environ, "TPU_MIGRATE_RULES_DIR": str(rules), "PYTHONPATH": str(PACKAGE.parent)}
+    done = subprocess.run([sys.executable, "-m", "tpu_migrate", "rewrite", "--no-cache", str(program)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "TPU060: transform 'spwan' names no registered function" in done.stderr
+    assert program.read_text(encoding="utf-8").endswith("xm.mark_step()\n")
 
 
 def test_a_code_the_python_writes_must_be_a_rule(tmp_path):
@@ -54,7 +77,7 @@ def test_a_code_the_python_writes_must_be_a_rule(tmp_path):
     assert len(kept) == len(blocks) - 1
     table.write_text("\n[[rule]]\n".join(kept), encoding="utf-8")
     with pytest.raises(RuleError, match="declares rule TPU141"):
-        load_catalog(str(rules))
+        flagged_names(load_catalog(str(rules)))
 
 
 def test_the_registry_refuses_ambiguous_registrations():

@@ -2,9 +2,10 @@
 
 Rules are data: codes, names, matched qualified names, templates and explanations live in TOML so
 they can be reviewed and extended without reading the engine. A rule that needs code names a
-transform: functions in tpu_migrate/rewrite/transforms/ registered under that name
-(tpu_migrate/rewrite/registry.py). Loading refuses a `transform` that names no registered
-function, and a rule code the Python declares that no table defines.
+transform: functions of tpu_migrate/rewrite/transforms/ registered under that name
+(tpu_migrate/rewrite/registry.py). The rewrite refuses a catalog whose `transform`s name no
+registered function (rewrite/engine.py: flagged_names); loading here stays data only, so that
+`tpu-migrate rules` and `explain` need not import libcst.
 """
 
 from __future__ import annotations
@@ -50,9 +51,6 @@ class Catalog:
             name: rule for rule in rules for name in rule.matches
         }
         self.rule_names = frozenset(self.by_qualname)
-        # The names whose statements the rewrite visits: these and the registered transforms'
-        # own trigger names (set by load_catalog).
-        self.trigger_names = self.rule_names
         self._alias_roots = tuple({name.split(".")[0] for name in module_aliases}) or ("\0",)
         self._by_prefix: dict[str, Rule] = {
             prefix: rule for rule in rules for prefix in rule.match_prefixes
@@ -135,20 +133,7 @@ def load_catalog(directory: str | None = None) -> Catalog:
     duplicates = {c for c in codes if codes.count(c) > 1}
     if duplicates:
         raise RuleError(f"duplicate rule codes: {', '.join(sorted(duplicates))}")
-    catalog = Catalog(tuple(sorted(rules, key=lambda r: r.code)), aliases)
-    _bind_code(catalog)
-    return catalog
-
-
-def _bind_code(catalog: Catalog) -> None:
-    """Check the rules against the registered transforms, and add the names they trigger on."""
-    from tpu_migrate.rewrite import engine, registry  # the engine imports every declaring module
-
-    assert engine.rewrite_text  # imported: the registry is complete
-    problems = registry.check(catalog)
-    if problems:
-        raise RuleError("rules and code disagree:\n  " + "\n  ".join(problems))
-    catalog.trigger_names = catalog.rule_names | registry.trigger_names()
+    return Catalog(tuple(sorted(rules, key=lambda r: r.code)), aliases)
 
 
 def _rule_from_table(table: dict, path: Path) -> Rule:
