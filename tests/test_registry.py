@@ -38,6 +38,8 @@ def test_every_transform_of_the_tables_names_registered_code():
     assert named <= registry.REGISTRY.transforms
     # torch's own names that transforms convert flag their statements, like the rules' matches
     assert {"torch.compile", "torch.device", "importlib.util.find_spec"} <= flagged_names(catalog)
+    # and so do the strings they declare: torch_xla's environment variables
+    assert {"PJRT_DEVICE", "XLA_USE_BF16"} <= registry.trigger_strings()
 
 
 def test_a_misspelt_transform_is_refused_at_load(tmp_path):
@@ -95,10 +97,10 @@ def test_the_registry_refuses_ambiguous_registrations():
 
 
 def test_hooks_run_in_their_declared_order():
-    """The comparison hooks: the guard tests read the original comparison before the device
-    type test may change it (order=1)."""
+    """The comparison hooks: the guard tests read the original comparison before the others
+    may change it; environment reads are reported before the device type test's findings."""
     names = [f.__name__ for f in registry.REGISTRY.hooks["comparison"]]
-    assert names == ["find_spec_test", "optional_import_test", "device_type_compare"]
+    assert names == ["find_spec_test", "optional_import_test", "environment_comparison", "device_type_compare"]
     assert registry.REGISTRY.hooks["call"][0].__name__ == "optimum_from_pretrained"
 
 

@@ -105,6 +105,9 @@ def _report_open_work(text: str, result: FileResult, catalog: Catalog) -> None:
                                        "(see `tpu-migrate rules`)"))
 
 
+TRIGGER_STRINGS = registry.trigger_strings()
+
+
 @lru_cache(maxsize=None)
 def flagged_names(catalog: Catalog) -> frozenset[str]:
     """The qualified names outside torch_xla whose statements the walk visits: the rules'
@@ -118,7 +121,7 @@ def flagged_names(catalog: Catalog) -> frozenset[str]:
 
 def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult) -> str | None:
     tree = ast.parse(text, filename=path)
-    analysis = analyze(tree, catalog.canonical, flagged_names(catalog))
+    analysis = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
     has_xla_imports = any(is_xla_name(b.qualname) for b in analysis.imports)
     dynamic_imports = [d for info in analysis.infos.values() for d in info.dynamic_imports]
     result.imports_xla = has_xla_imports or bool(dynamic_imports)
@@ -143,7 +146,8 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         # any more; while some use remains (a manual TODO), they keep testing for torch_xla.
         result.fixes.clear()
         result.manual.clear()
-        fresh = analyze(tree, catalog.canonical, flagged_names(catalog))  # plans marked the first
+        # Anew: plans marked the first analysis.
+        fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
         new_module, file = _rewrite_module(module, tree, text, options, catalog, result, False, fresh)
     result.fixes.sort(key=lambda f: (f.line, f.col, f.code))
     result.manual.sort(key=lambda m: (m.line, m.col, m.code))

@@ -17,11 +17,15 @@ Triggers (each fixes the function's signature):
 - `on=<syntax kind>` (see KINDS): a hook the walker runs on every node of that kind in the
   statements it visits, in `order` (then registration order).
 
+`strings=(...)`, beside a trigger: string constants that flag their statement for the walk
+(torch_xla's environment variables), as torch_xla references and "xla..." strings do.
+
 Codes: a function writes the findings of the rules whose `transform` it implements, read from
 the rule object, or as literals where no rule object is at hand; it declares any other rule's
 code it writes in `emits`. A helper that writes a finding declares it with `@emits(...)`.
-`check` (run by rules.load_catalog) refuses a catalog whose `transform`s or declared codes do
-not resolve; tests/test_registry.py keeps code literals inside those declarations.
+`check` (run by engine.flagged_names before the rewrite uses a catalog) refuses rules whose
+`transform` names no registered function and declared codes no rule defines;
+tests/test_registry.py keeps code literals inside those declarations.
 """
 
 from __future__ import annotations
@@ -81,6 +85,7 @@ class Entry:
     on: str | None = None
     order: int = 0
     emits: tuple[str, ...] = ()
+    strings: tuple[str, ...] = ()
 
 
 class Registry:
@@ -140,12 +145,13 @@ REGISTRY = Registry()
 
 def transform(
     name: str, *, form: str | None = None, assign: bool = False, calls: tuple[str, ...] = (),
-    on: str | None = None, order: int = 0, emits: tuple[str, ...] = (),
+    on: str | None = None, order: int = 0, emits: tuple[str, ...] = (), strings=(),
 ):
     """Register the decorated function as (part of) the transform `name`."""
 
     def register(function: Callable) -> Callable:
-        REGISTRY.add(Entry(name, function, form, assign, tuple(calls), on, order, tuple(emits)))
+        REGISTRY.add(Entry(name, function, form, assign, tuple(calls), on, order, tuple(emits),
+                           tuple(sorted(strings))))
         return function
 
     return register
@@ -172,6 +178,11 @@ def trigger_names() -> frozenset[str]:
     return frozenset(REGISTRY.qualname_calls)
 
 
+def trigger_strings() -> frozenset[str]:
+    """String constants whose statements the walk visits (besides torch_xla's and "xla...")."""
+    return frozenset(s for entry in REGISTRY.entries for s in entry.strings)
+
+
 def check(catalog) -> list[str]:
     """What does not resolve between the rules and the registered code: each `transform` of
     rules/*.toml names registered functions, and each code the Python declares a rule. (A
@@ -190,5 +201,5 @@ def check(catalog) -> list[str]:
 
 __all__ = [
     "CALL", "STATEMENT", "REFERENCE", "KINDS", "REGISTRY", "Registry", "RegistryError",
-    "transform", "emits", "rule_code", "trigger_names", "check",
+    "transform", "emits", "rule_code", "trigger_names", "trigger_strings", "check",
 ]

@@ -413,14 +413,9 @@ def data_dict_element(node: cst.DictElement, sc: StatementContext) -> cst.DictEl
     return node
 
 
-@transform("device_type_compare", on="comparison", order=1)  # after the guard tests
+@transform("device_type_compare", on="comparison", order=2)  # after the guards and the env reads
 def device_type_compare(original: cst.Comparison, cmp: cst.Comparison, sc: StatementContext):
-    """`x.device.type == "xla"` (TPU003); other comparisons with "xla" are marked (TPU004);
-    `"XLA_USE_BF16" in os.environ` is a read of torch_xla's variables (TPU140 / TPU141)."""
-    if sc.info.env_string:
-        from tpu_migrate.rewrite.transforms.environment import environment_reads
-
-        environment_reads(cmp, sc)
+    """`x.device.type == "xla"` (TPU003); other comparisons with "xla" are marked (TPU004)."""
     if not sc.info.xla_strings:
         return cmp
     converted = _device_type_compare(cmp, sc)

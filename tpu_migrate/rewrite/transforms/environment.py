@@ -11,6 +11,12 @@ from tpu_migrate.rewrite.transforms.common import (
 )
 
 
+# Environment variables torch_xla's runtime read (TPU140) and its bf16 switches (TPU141): their
+# statements are visited (`strings=`), so a rule sees them with no torch_xla reference near.
+RUNTIME_ENV = frozenset({"PJRT_DEVICE", "XRT_TPU_CONFIG", "TPU_NUM_DEVICES", "XRT_DEVICE_MAP", "XRT_WORKERS"})
+BF16_ENV = frozenset({"XLA_USE_BF16", "XLA_DOWNCAST_BF16"})
+ENV_NAMES = RUNTIME_ENV | BF16_ENV
+
 PRECISIONS = {"default": "medium", "high": "high", "highest": "highest"}
 
 
@@ -47,8 +53,6 @@ def memory_info(call, qualname, sc: StatementContext, rule):
 def _environ_key(node: cst.BaseExpression, sc: StatementContext) -> str | None:
     """The variable name in `os.environ[NAME]`, `os.environ.get(NAME)`, `os.getenv(NAME)`,
     `NAME in os.environ`."""
-    from tpu_migrate.rewrite.names import ENV_NAMES
-
     def key_of(expr):
         if isinstance(expr, cst.SimpleString):
             value = expr.evaluated_value
@@ -73,11 +77,9 @@ def _environ_key(node: cst.BaseExpression, sc: StatementContext) -> str | None:
     return None
 
 
-@transform("runtime_env", on="statement")
+@transform("runtime_env", on="statement", strings=ENV_NAMES)
 def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
     """Setting torch_xla's runtime variables: removed. Returns [] to remove, else None."""
-    from tpu_migrate.rewrite.names import RUNTIME_ENV
-
     key = None
     if isinstance(small, cst.Assign) and len(small.targets) == 1:
         key = _environ_key(small.targets[0].target, sc)
@@ -97,8 +99,6 @@ def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
 def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> cst.BaseExpression:
     """Reading torch_xla's variables: a manual finding (on subscripts, calls and comparisons).
     Returns `node`, unchanged."""
-    from tpu_migrate.rewrite.names import BF16_ENV
-
     key = _environ_key(node, sc)
     if key is None:
         return node
@@ -113,6 +113,14 @@ def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> cst.Bas
         sc.needs_manual(code_, f"{key} is not set under TorchTPU: test "
                         "torch.accelerator.current_accelerator() instead", where=where)
     return node
+
+
+@transform("runtime_env", on="comparison", order=1)  # after the guard tests
+def environment_comparison(original, updated: cst.Comparison, sc: StatementContext):
+    """`"XLA_USE_BF16" in os.environ`, `os.environ.get("PJRT_DEVICE") == "TPU"`: reads."""
+    if sc.info.trigger_string:
+        environment_reads(updated, sc)
+    return updated
 
 
 @transform("runtime_env", on="call")
