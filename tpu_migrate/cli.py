@@ -50,8 +50,12 @@ def _split(value: str | None) -> list[str] | None:
 def _rewrite_paths(files, settings, jobs, sources=None):
     # Imported here: a run answered from the cache never loads libcst.
     from tpu_migrate.rewrite.context import Options
-    from tpu_migrate.rewrite.engine import rewrite_paths
+    from tpu_migrate.rewrite.engine import flagged_names, rewrite_paths
 
+    try:
+        flagged_names(load_catalog())  # the rules and the registered transforms agree
+    except RuleError as exc:
+        _configuration_error(exc)
     return rewrite_paths(files, Options(**settings), jobs, sources=sources)
 
 

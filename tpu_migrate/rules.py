@@ -2,7 +2,10 @@
 
 Rules are data: codes, names, matched qualified names, templates and explanations live in TOML so
 they can be reviewed and extended without reading the engine. A rule that needs code names a
-transform function; the engine looks it up in tpu_migrate/rewrite/transforms/.
+transform: functions of tpu_migrate/rewrite/transforms/ registered under that name
+(tpu_migrate/rewrite/registry.py). The rewrite refuses a catalog whose `transform`s name no
+registered function (rewrite/engine.py: flagged_names); loading here stays data only, so that
+`tpu-migrate rules` and `explain` need not import libcst.
 """
 
 from __future__ import annotations

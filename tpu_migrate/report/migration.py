@@ -17,12 +17,13 @@ from pathlib import PurePath
 
 from tpu_migrate.findings import FileResult, with_cell
 from tpu_migrate.report.html_page import inline, page
+from tpu_migrate.rewrite.registry import rule_code
 from tpu_migrate.rules import Catalog
 
 # SPMD sharding and FSDP wrappers: manual by design (a different parallelism model, see
 # rules/devices_spmd_optimum.toml), so they are counted apart from the work that could one day
 # be automated.
-SPMD_FSDP = frozenset({"TPU170", "TPU171", "TPU172", "TPU173", "TPU180"})
+SPMD_FSDP = frozenset({rule_code("TPU170"), rule_code("TPU171"), rule_code("TPU172"), rule_code("TPU173"), rule_code("TPU180")})
 OTHER_FAMILY = "other"  # codes no rule has (a TODO comment naming a retired rule)
 
 

@@ -16,8 +16,9 @@ import os
 import re
 
 from tpu_migrate.findings import Manual
+from tpu_migrate.rewrite.registry import rule_code
 
-CODE = "TPU098"
+CODE = rule_code("TPU098")
 
 # A distribution name as pip reads it: `torch_xla`, `torch-xla`, `Torch.XLA`, `optimum-tpu`.
 # (Not libtpu: what TorchTPU itself runs on may need it.)

@@ -12,11 +12,12 @@ import ast
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import lru_cache
 
 import libcst as cst
 
 from tpu_migrate.findings import FileResult, KeptImport, Note
-from tpu_migrate.rewrite import imports, todos
+from tpu_migrate.rewrite import imports, registry, todos
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
 from tpu_migrate.rewrite.dependencies import CODE as DEPENDENCY_CODE
 from tpu_migrate.rewrite.dependencies import is_dependency_file, scan_dependency_file
@@ -26,7 +27,7 @@ from tpu_migrate.rewrite.plans import make_plans
 from tpu_migrate.rewrite.pool import run_tasks
 from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
-from tpu_migrate.rules import Catalog, load_catalog
+from tpu_migrate.rules import Catalog, RuleError, load_catalog
 
 
 def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | None = None) -> FileResult:
@@ -104,9 +105,23 @@ def _report_open_work(text: str, result: FileResult, catalog: Catalog) -> None:
                                        "(see `tpu-migrate rules`)"))
 
 
+TRIGGER_STRINGS = registry.trigger_strings()
+
+
+@lru_cache(maxsize=None)
+def flagged_names(catalog: Catalog) -> frozenset[str]:
+    """The qualified names outside torch_xla whose statements the walk visits: the rules'
+    `matches` and the registered transforms' `calls=`. Refuses rules and code that disagree
+    (registry.check); the rewrite command asks before any file."""
+    problems = registry.check(catalog)
+    if problems:
+        raise RuleError("; ".join(problems))
+    return catalog.rule_names | registry.trigger_names()
+
+
 def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult) -> str | None:
     tree = ast.parse(text, filename=path)
-    analysis = analyze(tree, catalog.canonical, catalog.rule_names)
+    analysis = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
     has_xla_imports = any(is_xla_name(b.qualname) for b in analysis.imports)
     dynamic_imports = [d for info in analysis.infos.values() for d in info.dynamic_imports]
     result.imports_xla = has_xla_imports or bool(dynamic_imports)
@@ -131,7 +146,8 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         # any more; while some use remains (a manual TODO), they keep testing for torch_xla.
         result.fixes.clear()
         result.manual.clear()
-        fresh = analyze(tree, catalog.canonical, catalog.rule_names)  # plans marked the first
+        # Anew: plans marked the first analysis.
+        fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
         new_module, file = _rewrite_module(module, tree, text, options, catalog, result, False, fresh)
     result.fixes.sort(key=lambda f: (f.line, f.col, f.code))
     result.manual.sort(key=lambda m: (m.line, m.col, m.code))

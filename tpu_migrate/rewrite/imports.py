@@ -19,8 +19,9 @@ import libcst as cst
 
 from tpu_migrate.findings import Fix
 from tpu_migrate.rewrite.context import FileContext, parse_stmt
+from tpu_migrate.rewrite.layout import merge_leading_lines
 from tpu_migrate.rewrite.names import is_xla_name
-from tpu_migrate.rewrite.transformer import merge_leading_lines
+from tpu_migrate.rewrite.registry import emits
 
 SIDE_EFFECT_BACKEND = "torch_xla.distributed.xla_backend"
 
@@ -31,7 +32,7 @@ def removable(qualname: str, file: FileContext) -> bool:
     if is_xla_name(qualname):
         return True
     rule = file.catalog.by_qualname.get(qualname)
-    return rule is not None and rule.code == "TPU190"
+    return rule is not None and rule.transform == "availability_guard"
 
 
 def unused_xla_names(file: FileContext) -> set[tuple[tuple[str, ...], str]]:
@@ -46,6 +47,7 @@ def unused_xla_names(file: FileContext) -> set[tuple[tuple[str, ...], str]]:
     return {k for k in keys if analysis.import_uses[k] - file.removed_roots[k] <= 0}
 
 
+@emits("TPU070")  # `import torch_xla.distributed.xla_backend` goes with the process group
 def remove_unused(module: cst.Module, file: FileContext, unused: set[str]) -> cst.Module:
     if not unused:
         return module

@@ -26,32 +26,12 @@ from tpu_migrate.rewrite.dependencies import DISTRIBUTION, REQUIREMENT, REQUIREM
 
 XLA_ROOTS = ("torch_xla", "torch_xla_py", "optimum.tpu")
 
-# Qualified names outside torch_xla that rules look at.
-TORCH_NAMES = frozenset(
-    {
-        "torch.compile",
-        "importlib.util.find_spec",
-        "torch.device",
-        "torch.autocast",
-        "torch.distributed.init_process_group",
-        "torch.nn.parallel.DistributedDataParallel",
-        "torch.nn.parallel.distributed.DistributedDataParallel",
-        "torch.nn.DataParallel",
-    }
-)
-
 DDP_NAMES = frozenset(
     {
         "torch.nn.parallel.DistributedDataParallel",
         "torch.nn.parallel.distributed.DistributedDataParallel",
     }
 )
-
-
-# Environment variables torch_xla's runtime read (see rules/environment_debug.toml).
-RUNTIME_ENV = frozenset({"PJRT_DEVICE", "XRT_TPU_CONFIG", "TPU_NUM_DEVICES", "XRT_DEVICE_MAP", "XRT_WORKERS"})
-BF16_ENV = frozenset({"XLA_USE_BF16", "XLA_DOWNCAST_BF16"})
-ENV_NAMES = RUNTIME_ENV | BF16_ENV
 
 
 def is_xla_name(qualname: str) -> bool:
@@ -158,7 +138,8 @@ class StmtInfo:
     forced: bool = False
     # A reference to torch_xla, optimum.tpu, or a name some rule handles.
     flagged: bool = False
-    env_string: bool = False  # mentions an environment variable of torch_xla's runtime
+    # A string constant a transform triggers on (registry: `strings=`, torch_xla's variables).
+    trigger_string: bool = False
     # `importlib.import_module("torch_xla...")` / `__import__("torch_xla...")`: (line, col, module)
     dynamic_imports: list[tuple[int, int, str]] = field(default_factory=list)
     # Requirement strings naming torch_xla / optimum-tpu (`"torch_xla[tpu]~=2.5"`): (line, col, text)
@@ -166,7 +147,7 @@ class StmtInfo:
 
     @property
     def interesting(self) -> bool:
-        return (self.forced or self.flagged or self.env_string or bool(self.xla_strings)
+        return (self.forced or self.flagged or self.trigger_string or bool(self.xla_strings)
                 or bool(self.dynamic_imports) or bool(self.requirements))
 
 
@@ -219,7 +200,8 @@ _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 class _Walker:
     """One walk over the tree: builds scopes, statement infos and unresolved references."""
 
-    def __init__(self) -> None:
+    def __init__(self, strings: frozenset[str]) -> None:
+        self.strings = strings
         self.infos: dict[int, StmtInfo] = {}
         self.imports: list[ImportBinding] = []
         self.pending: list[tuple[Scope, str, StmtInfo, int, int]] = []
@@ -365,8 +347,8 @@ class _Walker:
                     _add_requirement(info, node)
                 if node.value.startswith("xla"):
                     info.xla_strings.append((node.lineno, node.col_offset + 1))
-                elif node.value in ENV_NAMES:
-                    info.env_string = True
+                elif node.value in self.strings:
+                    info.trigger_string = True
             return
         if isinstance(node, ast.JoinedStr):
             head = node.values[0] if node.values else None
@@ -438,12 +420,15 @@ def dynamic_xla_import(call: ast.Call) -> str | None:
 
 
 def analyze(
-    tree: ast.Module, canonical=lambda qualname: qualname, rule_names: frozenset[str] = frozenset()
+    tree: ast.Module, canonical=lambda qualname: qualname, rule_names: frozenset[str] = frozenset(),
+    strings: frozenset[str] = frozenset(),
 ) -> Analysis:
     """Scopes, imports and resolved references of a module. `canonical` maps historical
     spellings to the names rules are written against (Catalog.canonical); a statement that
-    refers to torch_xla, optimum.tpu, TORCH_NAMES or `rule_names` is flagged for rewriting."""
-    walker = _Walker()
+    refers to torch_xla, optimum.tpu or `rule_names` (the rules' `matches` and the names the
+    registered transforms trigger on: engine.flagged_names), or holds one of `strings`
+    (registry.trigger_strings), is flagged for rewriting."""
+    walker = _Walker(strings)
     module = walker.new_scope("module", None)
     walker.block(tree.body, module)
     qualnames: set[str] = set()
@@ -457,7 +442,7 @@ def analyze(
         qualnames.add(qualname)
         info.refs.append(Ref(qualname, dotted, line, col + 1))
         if not info.flagged and (
-            is_xla_name(qualname) or qualname in TORCH_NAMES or qualname in rule_names
+            is_xla_name(qualname) or qualname in rule_names
         ):
             info.flagged = True
     for info in walker.infos.values():

@@ -12,6 +12,7 @@ import ast
 from dataclasses import dataclass, field
 
 from tpu_migrate.rewrite.names import Analysis, Scope, StmtInfo, mark_subtrees
+from tpu_migrate.rewrite.registry import emits
 
 SPAWN_NAMES = frozenset(
     {"torch_xla.distributed.xla_multiprocessing.spawn", "torch_xla.launch"}
@@ -54,6 +55,7 @@ class Plans:
         return id(node) in self.main_guarded
 
 
+@emits("TPU060", "TPU040")  # the spawn and device loader rules plan here
 def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
     """`enabled(code, info)` tells whether a rule may run on a statement."""
     plans = Plans()

@@ -3,26 +3,34 @@
 A full libcst traversal costs as much as parsing the file (measured: 11.6 ms to visit vs 11.0 ms
 to parse a 90-line training script), so this module does not run one transformer over the
 module. It walks the statement lists of the CST and of Python's `ast` side by side (both list
-statements in source order) and runs an `ExprRewriter` only on the statements, or compound
-statement headers, where `names.analyze` found a torch_xla reference or an "xla" string.
+statements in source order) and runs an `ExprRewriter` (expressions.py) only on the statements,
+or compound statement headers, where `names.analyze` found a torch_xla reference or an "xla"
+string. Statement-level rules reach it through the registry (registry.py); where comments and
+TODOs go is layout.py's job.
 """
 
 from __future__ import annotations
 
 import ast
-import dataclasses
-import re
 from collections.abc import Sequence
 
 import libcst as cst
 
 from tpu_migrate.rewrite import dependencies, transforms
-from tpu_migrate.rewrite.context import FileContext, StatementContext, cst_dotted
-
+from tpu_migrate.rewrite.context import FileContext, StatementContext
+from tpu_migrate.rewrite.expressions import ExprRewriter
+from tpu_migrate.rewrite.layout import (
+    add_todos,
+    comments_of_removed_if,
+    prepend_lines,
+    rebuild_line,
+)
 from tpu_migrate.rewrite.plans import Plans
+from tpu_migrate.rewrite.registry import REGISTRY, emits
 from tpu_migrate.rewrite.transforms.common import GLOBAL_MASTER, LOCAL_MASTER
+from tpu_migrate.rewrite.transforms.launch import insert_at_body_start
 
-TODO_PREFIX = "# TODO(tpu-migrate): "
+HOOKS = REGISTRY.hooks
 
 _COMPOUND_AST = {
     cst.If: (ast.If,),
@@ -39,284 +47,6 @@ _COMPOUND_AST = {
 
 class WalkError(Exception):
     """The CST and the ast disagree about the statement structure (a bug, reported per file)."""
-
-
-# Nodes that never contain anything a rule rewrites: tokens, whitespace, comments, leaves.
-_LEAVES = (
-    cst.BaseParenthesizableWhitespace,
-    cst.TrailingWhitespace,
-    cst.EmptyLine,
-    cst.Comment,
-    cst.Newline,
-    cst.Name,
-    cst.Integer,
-    cst.Float,
-    cst.Imaginary,
-    cst.SimpleString,
-    cst.Dot,
-    cst.Comma,
-    cst.LeftParen,
-    cst.RightParen,
-    cst.LeftSquareBracket,
-    cst.RightSquareBracket,
-    cst.LeftCurlyBrace,
-    cst.RightCurlyBrace,
-    cst.BaseBinaryOp,
-    cst.BaseBooleanOp,
-    cst.BaseCompOp,
-    cst.BaseUnaryOp,
-    cst.BaseAugOp,
-    cst.AssignEqual,
-    cst.Colon,
-    cst.Semicolon,
-    cst.ImportStar,
-    # Bodies of compound statements are separate statements, rewritten on their own.
-    cst.IndentedBlock,
-    cst.SimpleStatementSuite,
-    cst.Else,
-    cst.Finally,
-)
-# isinstance() against libcst's abstract base classes dominated this walk; match exact types.
-_NODE_TYPES = frozenset(
-    obj for obj in vars(cst).values()
-    if isinstance(obj, type) and issubclass(obj, cst.CSTNode) and not getattr(obj, "__abstractmethods__", None)
-)
-_LEAF_TYPES = frozenset(t for t in _NODE_TYPES if issubclass(t, _LEAVES))
-_SKIPPED_FIELDS = ("whitespace", "lpar", "rpar", "leading_lines", "comma", "semicolon", "header", "footer")
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _child_fields(cls: type) -> tuple[str, ...]:
-    names = _FIELDS.get(cls)
-    if names is None:
-        names = tuple(
-            f.name for f in dataclasses.fields(cls)
-            if not any(skip in f.name for skip in _SKIPPED_FIELDS)
-        )
-        _FIELDS[cls] = names
-    return names
-
-
-def map_children(node: cst.CSTNode, fn) -> cst.CSTNode:
-    """`node` with `fn` applied to each child node (whitespace and tokens skipped), rebuilt only
-    when a child changed."""
-    changes = {}
-    for name in _child_fields(type(node)):
-        value = getattr(node, name)
-        if type(value) in _NODE_TYPES:
-            new = fn(value)
-            if new is not value:
-                changes[name] = new
-        elif type(value) in (list, tuple) and value and type(value[0]) in _NODE_TYPES:
-            items = [fn(item) for item in value]
-            if any(a is not b for a, b in zip(items, value)):
-                changes[name] = items
-    return node.with_changes(**changes) if changes else node
-
-
-# Expressions whose parts may run several times or not at all.
-_CONDITIONAL_CODE = frozenset({
-    cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.IfExp,
-    cst.BooleanOperation,
-})
-
-
-class ExprRewriter:
-    """Applies expression-level rules inside one statement (or one compound header).
-
-    A lean post-order walk instead of a libcst CSTTransformer: it skips whitespace and tokens
-    and rebuilds a node only when a child changed. Measured about 3x cheaper per statement,
-    and this walk is the main cost of rewriting a file beyond the parse and print.
-    """
-
-    def __init__(self, sc: StatementContext, root: cst.CSTNode, statement_call=None):
-        self.sc = sc
-        self.root = root
-        # The call of an expression statement, left for statement-level rules.
-        self.statement_call = statement_call
-        self.loose: set[int] = set()
-        self.call_funcs: set[int] = set()  # a call's own name is handled by leave_Call
-        self.deferred: set[int] = set()  # calls left to a statement-level rule
-
-    def rewrite(self, node):
-        kind = type(node)
-        if kind in _LEAF_TYPES:
-            return node
-        if kind is cst.Attribute and cst_dotted(node) is not None:
-            # Nothing inside `torch.utils.data` can change; the whole name may be renamed.
-            if id(node) in self.call_funcs:
-                return node
-            return self.reference(node)
-        if kind is cst.If and node is not self.root:
-            return node  # an `elif` is a statement of its own
-        if kind in _CONDITIONAL_CODE:
-            self.sc.hoist_blocked += 1
-            try:
-                updated = map_children(node, self.rewrite)
-            finally:
-                self.sc.hoist_blocked -= 1
-            leave = getattr(self, "leave_" + kind.__name__, None)
-            return leave(node, updated) if leave is not None else updated
-        if kind is cst.Call:
-            self.call_funcs.add(id(node.func))
-            qualname = self.sc.resolve(node.func)
-            if qualname is not None and transforms.is_xla(qualname):
-                return self.xla_call(node)
-        updated = map_children(node, self.rewrite)
-        leave = getattr(self, "leave_" + type(node).__name__, None)
-        return leave(node, updated) if leave is not None else updated
-
-    def xla_call(self, node: cst.Call) -> cst.BaseExpression:
-        """A call of torch_xla: if no rule replaces it, it stays for a human exactly as it was,
-        arguments included (`xm.all_reduce(xm.REDUCE_SUM, x, groups=g)` must not come out with
-        a converted constant inside a call that still needs torch_xla)."""
-        snapshot = self.sc.snapshot()
-        updated = map_children(node, self.rewrite)
-        result = self.leave_Call(node, updated)
-        if result is updated and updated is not node and id(node) not in self.deferred:
-            self.sc.rollback(snapshot)
-            return node
-        return result
-
-    def reference(self, node: cst.BaseExpression) -> cst.BaseExpression:
-        """A dotted name that is not called: rename rules and manual rules apply to it."""
-        sc = self.sc
-        qualname = sc.resolve(node)
-        rule = sc.file.catalog.lookup(qualname)
-        if rule is None or not (rule.rename or rule.transform in transforms.REFERENCE or rule.safety == "manual"):
-            return node
-        if not sc.may_fix(rule, qualname):
-            return node
-        return self._wrap(transforms.apply_reference_rule(rule, qualname, node, sc))
-
-    def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:
-        sc = self.sc
-        if id(original) in sc.handled:
-            return updated
-        qualname = sc.resolve(updated.func)
-        if qualname is not None and qualname.endswith(".from_pretrained"):
-            owner = sc.file.catalog.lookup(qualname.rsplit(".", 1)[0])
-            if owner is not None and owner.transform == "optimum_auto_model":
-                if not sc.may_fix(owner, qualname):
-                    return updated
-                return transforms.optimum_auto_model(updated, qualname, sc, owner)
-        if qualname is not None:
-            transforms.environment_reads(updated, sc)
-            rule = sc.file.catalog.lookup(qualname)
-            if rule is not None and rule.rename:
-                if not sc.may_fix(rule, qualname):
-                    return updated
-                new_func = transforms.apply_reference_rule(rule, qualname, updated.func, sc)
-                return updated.with_changes(func=new_func)
-            if rule is not None:
-                if original is self.statement_call and rule.transform in transforms.STATEMENT and (
-                    isinstance(self.root, cst.Expr) or rule.transform in transforms.ASSIGN
-                ):
-                    self.deferred.add(id(original))
-                    return updated  # the statement-level rule takes the whole statement
-                if not sc.may_fix(rule, qualname):
-                    return updated
-                return self._wrap(transforms.apply_call_rule(rule, qualname, updated, sc))
-            special = transforms.QUALNAME_CALLS.get(qualname)
-            if special is not None:
-                return self._wrap(special(updated, sc))
-        return self._wrap(transforms.device_string_args(updated, sc))
-
-    def leave_FormattedString(self, original, updated):
-        """Before Python 3.12 an f-string's expressions cannot reuse its quote character, and
-        replacements bring their own strings (`torch.device("tpu")`): swap their quotes."""
-        if updated is original or len(updated.start.lstrip("rfbuRFBU")) == 3:
-            return updated
-        quote = updated.start[-1]
-        other = "'" if quote == '"' else '"'
-        parts = [
-            part.with_changes(expression=_requote(part.expression, quote, other))
-            if isinstance(part, cst.FormattedStringExpression) else part
-            for part in updated.parts
-        ]
-        return updated.with_changes(parts=parts)
-
-    def leave_Param(self, original: cst.Param, updated: cst.Param) -> cst.Param:
-        return transforms.device_param_default(updated, self.sc)
-
-    def leave_Comparison(self, original, updated) -> cst.BaseExpression:
-        spec_test = transforms.find_spec_test(original, self.sc)
-        if spec_test is not None:
-            return self._wrap(spec_test)
-        updated = transforms.optional_import_test(updated, self.sc)
-        if isinstance(updated, cst.Comparison):
-            return transforms.device_type_compare(updated, self.sc)
-        return self._wrap(updated)
-
-    def leave_Subscript(self, original, updated):
-        transforms.environment_reads(updated, self.sc)
-        return updated
-
-    def leave_Dict(self, original, updated):
-        return transforms.fsdp_config_dict(updated, self.sc)
-
-    # -- parentheses ------------------------------------------------------------------------
-    # Replacements such as `a if c else b` are parenthesised where they land, and the
-    # parentheses are dropped again where the expression stands alone (argument, assignment).
-
-    def _wrap(self, node: cst.BaseExpression) -> cst.BaseExpression:
-        if isinstance(node, transforms.LOOSE) and not node.lpar:
-            node = node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-            self.loose.add(id(node))
-        return node
-
-    def _unwrapped(self, node, field: str):
-        value = getattr(node, field)
-        if value is not None and id(value) in self.loose:
-            return node.with_changes(**{field: value.with_changes(lpar=[], rpar=[])})
-        return node
-
-    def leave_Arg(self, original, updated):
-        return self._unwrapped(updated, "value")
-
-    def leave_Assign(self, original, updated):
-        return transforms.data_assignment(self._unwrapped(updated, "value"), self.sc)
-
-    def leave_AnnAssign(self, original, updated):
-        return transforms.data_assignment(self._unwrapped(updated, "value"), self.sc)
-
-    def leave_Return(self, original, updated):
-        return transforms.data_return(self._unwrapped(updated, "value"), self.sc)
-
-    def leave_Element(self, original, updated):
-        return transforms.data_element(updated, self.sc)
-
-    def leave_DictElement(self, original, updated):
-        return transforms.data_dict_element(updated, self.sc)
-
-    def leave_Expr(self, original, updated):
-        return self._unwrapped(updated, "value")
-
-    def leave_If(self, original, updated):
-        test = self._optional_import_truth(updated.test)
-        if test is not updated.test:
-            updated = updated.with_changes(test=test)
-        return self._unwrapped(updated, "test")
-
-    def _optional_import_truth(self, test):
-        """`if xm:` / `if not xm:` on an optional torch_xla import."""
-        sc = self.sc
-        negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
-        name = test.expression if negated else test
-        if not isinstance(name, cst.Name):
-            return test
-        qualname = sc.resolve(name)
-        if not qualname or not transforms.is_xla(qualname) or not transforms.guards_allowed(sc, qualname):
-            return test
-        sc.fixed("TPU190", qualname)
-        available = transforms.tpu_available(sc)
-        return self._wrap(transforms.parse_expr(f"not ({available})" if negated else available))
-
-    def leave_Assert(self, original, updated):
-        return self._unwrapped(updated, "test")
-
-    def leave_While(self, original, updated):
-        return self._unwrapped(updated, "test")
 
 
 class ModuleRewriter:
@@ -372,7 +102,7 @@ class ModuleRewriter:
                 unchanged = False
             if produced:
                 if carry:
-                    produced[0] = _prepend_lines(produced[0], carry)
+                    produced[0] = prepend_lines(produced[0], carry)
                     carry = []
                 out.extend(produced)
                 carry = removed_comments
@@ -399,7 +129,7 @@ class ModuleRewriter:
             plain = isinstance(stmt, cst.If) and stmt.orelse is None
             if kind == "guard" and plain and condition == self.rank_gate:
                 inner = list(stmt.body.body)
-                inner[0] = _prepend_lines(inner[0], list(stmt.leading_lines))
+                inner[0] = prepend_lines(inner[0], list(stmt.leading_lines))
                 result.extend(inner)
                 previous = None
                 continue
@@ -470,14 +200,13 @@ class ModuleRewriter:
         if not todos and all(p is small for p, small in zip(pieces, line.body)):
             return [line], []
         present = self.comments_above(infos[0]) if todos else frozenset()
-        return _rebuild_line(line, pieces, todos, present)
+        return rebuild_line(line, pieces, todos, present)
 
     def small_statement(self, small: cst.BaseSmallStatement, sc: StatementContext):
-        removed = transforms.environment_statement(small, sc)
-        if removed is None:
-            removed = transforms.metrics_print_statement(small, sc)
-        if removed is not None:
-            return removed
+        for hook in HOOKS["statement"]:
+            replaced = hook(small, sc)
+            if replaced is not None:
+                return replaced
         call = None
         if isinstance(small, (cst.Expr, cst.Assign)) and isinstance(small.value, cst.Call):
             call = small.value
@@ -502,7 +231,8 @@ class ModuleRewriter:
                 result = small
         self.report_leftovers(sc)
         if result is not small:
-            result = transforms.drop_loader_alias(result, sc)
+            for hook in HOOKS["rewritten"]:
+                result = hook(result, sc)
         if result is not small and isinstance(result, cst.Expr) and _is_conditional_call(result.value):
             # `f() if cond else None` (or `else g()`) as a statement reads better as an `if` block.
             value = result.value
@@ -526,6 +256,7 @@ class ModuleRewriter:
             index -= 1
         return frozenset(found)
 
+    @emits("TPU099")
     def report_leftovers(self, sc: StatementContext) -> None:
         for line, col, module in sc.info.dynamic_imports:
             if sc.enabled("TPU099"):
@@ -554,14 +285,14 @@ class ModuleRewriter:
         prefix: list[cst.BaseStatement] = []
         if sc is not None:
             if isinstance(stmt, cst.With):
-                unwrapped = transforms.unwrap_step_context(stmt, sc)
-                if isinstance(unwrapped, list):
-                    return self.unwrapped(unwrapped, node, info, sc)
-                stmt = unwrapped
+                for hook in HOOKS["with"]:
+                    stmt = hook(stmt, sc)
+                    if isinstance(stmt, list):
+                        return self.unwrapped(stmt, node, info, sc)
             elif isinstance(stmt, cst.For):
-                stmt, prefix = transforms.device_loader_loop(
-                    stmt, sc, self.plans, ExprRewriter(sc, stmt)
-                )
+                for hook in HOOKS["loop"]:
+                    stmt, first = hook(stmt, sc, self.plans, ExprRewriter(sc, stmt))
+                    prefix.extend(first)
             stmt = ExprRewriter(sc, stmt).rewrite(stmt)
 
         # Bodies first (their statements pair with the ast), then insertions at their start.
@@ -574,20 +305,21 @@ class ModuleRewriter:
             if collect:
                 after, self.after = self.after, outer_after
         if prefix:
-            stmt = transforms.insert_at_body_start(stmt, prefix)
+            stmt = insert_at_body_start(stmt, prefix)
         if (
             isinstance(stmt, cst.FunctionDef)
             and stmt.name.value in self.plans.workers
             and info.scope.kind == "module"
         ):
-            stmt = transforms.setup_worker(stmt, node, self.file)
+            for hook in HOOKS["worker"]:
+                stmt = hook(stmt, node, self.file)
 
         if sc is not None:
             self.report_leftovers(sc)
             if sc.todos:
-                stmt = _add_todos(stmt, sc.todos, self.comments_above(info))
+                stmt = add_todos(stmt, sc.todos, self.comments_above(info))
         if not elif_ and self._emptied_if(stmt, sc):
-            return [], _comments_of_removed_if(stmt)
+            return [], comments_of_removed_if(stmt)
         if collect and after:
             return [stmt, *after], []
         return [stmt], []
@@ -608,7 +340,7 @@ class ModuleRewriter:
         body, carry = self.block(statements, node.body)
         self.report_leftovers(sc)
         if body and sc.todos:
-            body[0] = _add_todos(body[0], sc.todos, self.comments_above(info))
+            body[0] = add_todos(body[0], sc.todos, self.comments_above(info))
         return body, carry
 
     def children(self, stmt: cst.BaseCompoundStatement, node: ast.stmt):
@@ -699,44 +431,6 @@ _SYNTAX = (
 )
 
 
-def _comments_of_removed_if(stmt: cst.If) -> list[cst.EmptyLine]:
-    """What stays of a removed `if`: the comments above it and in its body (as for a removed
-    statement), not its blank lines."""
-    lines = [line for line in stmt.leading_lines if line.comment is not None]
-    header = stmt.body.header.comment
-    if header is not None and not _about_xla(header.value):
-        lines.append(cst.EmptyLine(indent=True, comment=header))
-    for inner in stmt.body.body:
-        lines.extend(line for line in inner.leading_lines if line.comment is not None)
-    lines.extend(line for line in stmt.body.footer if line.comment is not None)
-    return lines
-
-
-# A trailing comment about torch_xla's machinery: it described the statement a rule removed.
-_XLA_WORDS = re.compile(
-    r"xla|\bxm\.|\bxmp\b|\bxr\.|mark_step|\bsync|all[-_ ]?reduce|rendezvous|pjrt|\bxrt\b|step marker|"
-    r"\bgraph|\btpu",
-    re.IGNORECASE,
-)
-
-
-def _about_xla(comment: str) -> bool:
-    return bool(_XLA_WORDS.search(comment))
-
-
-def _requote(node, quote: str, other: str):
-    """Rewrite the simple strings under `node` that use `quote` to use `other`."""
-    if isinstance(node, cst.SimpleString):
-        prefix = node.prefix
-        body = node.value[len(prefix):]
-        if body.startswith(quote) and other not in body and "\\" not in body:
-            return cst.SimpleString(prefix + other + body[1:-1] + other)
-        return node
-    if type(node) in _LEAF_TYPES:
-        return node
-    return map_children(node, lambda child: _requote(child, quote, other))
-
-
 def _is_conditional_call(node: cst.BaseExpression) -> bool:
     return (
         isinstance(node, cst.IfExp)
@@ -750,125 +444,7 @@ def _block_of(call: cst.Call) -> cst.IndentedBlock:
     return cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Expr(call)])])
 
 
-def _comment_of(ws: cst.TrailingWhitespace, removed: bool = False) -> list[cst.EmptyLine]:
-    """A trailing comment as a line of its own. `removed`: its statement is gone, and a comment
-    about torch_xla (`# sync the graph`) would then describe the next statement: dropped."""
-    if ws.comment is None or (removed and _about_xla(ws.comment.value)):
-        return []
-    return [cst.EmptyLine(indent=True, comment=ws.comment)]
-
-
-def _prepend_lines(stmt: cst.BaseStatement, lines: list[cst.EmptyLine]) -> cst.BaseStatement:
-    return stmt.with_changes(leading_lines=merge_leading_lines(lines, stmt.leading_lines))
-
-
-def merge_leading_lines(carried, existing) -> list[cst.EmptyLine]:
-    """Comments of a removed statement go above the next one. Its blank lines only do when
-    the next statement has none, so removing a line never adds vertical space."""
-    if existing and existing[0].comment is None:
-        carried = [line for line in carried if line.comment is not None]
-    return [*carried, *existing]
-
-
-def _add_todos(stmt: cst.BaseStatement, todos, present: frozenset[str] = frozenset()) -> cst.BaseStatement:
-    """Add TODO comments above `stmt`, except those already there (in its leading lines, or in
-    `present`: the comments above it in the source, which libcst may have given to the module
-    header instead)."""
-    existing = {line.comment.value for line in stmt.leading_lines if line.comment is not None}
-    existing |= present
-    new_lines = []
-    for todo in todos:
-        text = f"{TODO_PREFIX}{todo.code} {todo.message}"
-        if text not in existing:
-            existing.add(text)
-            new_lines.append(cst.EmptyLine(indent=True, comment=cst.Comment(text)))
-    if not new_lines:
-        return stmt
-    return stmt.with_changes(leading_lines=[*stmt.leading_lines, *new_lines])
-
-
-def _rebuild_line(line: cst.SimpleStatementLine, pieces, todos, present=frozenset()):
-    """Turn the rewritten small statements of one line back into statements.
-
-    A piece is a small statement (kept on a line) or a list of whole statements (a removed
-    statement is an empty list; `xm.save(...)` becomes an `if` block).
-    """
-    out: list[cst.BaseStatement] = []
-    run: list[cst.BaseSmallStatement] = []
-
-    def flush() -> None:
-        if run:
-            last = run[-1]
-            if last is not line.body[-1]:
-                last = last.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
-            out.append(cst.SimpleStatementLine(body=[*run[:-1], last]))
-            run.clear()
-
-    for piece in pieces:
-        if isinstance(piece, list):
-            flush()
-            out.extend(piece)
-        else:
-            run.append(piece)
-    flush()
-
-    removed_comments: list[cst.EmptyLine] = []
-    if not out:
-        removed_comments = [*line.leading_lines, *_comment_of(line.trailing_whitespace, removed=True)]
-        return [], removed_comments
-    if len(out) == 1 and isinstance(out[0], cst.SimpleStatementLine) and all(
-        not isinstance(p, list) for p in pieces
-    ):
-        out[0] = line.with_changes(body=out[0].body)
-    else:
-        out[0] = _prepend_lines(out[0], list(line.leading_lines))
-        last = out[-1]
-        if len(out) == 1 and isinstance(last, cst.SimpleStatementLine):
-            out[-1] = last.with_changes(trailing_whitespace=line.trailing_whitespace)
-        elif line.trailing_whitespace.comment is not None:
-            # Several statements replace the line (`xm.optimizer_step(opt)  # all-reduce +
-            # step`): its comment describes them all, so it goes above them, not on the last.
-            out[0] = _prepend_lines(out[0], _comment_of(line.trailing_whitespace))
-    if todos:
-        if any(isinstance(p, list) for p in pieces):
-            out = _place_todos(out, todos, present)
-        else:
-            out[0] = _add_todos(out[0], todos, present)
-    return out, []
-
-
-def _place_todos(statements, todos, present):
-    """A rule rebuilt the statement (`xm.master_print(x)` -> `if ...: print(x)`): put each
-    TODO above the innermost new statement that holds its reference, where a second run
-    would put it, so the output is a fixed point."""
-    statements = list(statements)
-    for todo in todos:
-        for i, stmt in enumerate(statements):
-            placed = _attach(stmt, todo, present)
-            if placed is not None:
-                statements[i] = placed
-                break
-        else:
-            statements[0] = _add_todos(statements[0], [todo], present)
-    return statements
-
-
-def _attach(stmt, todo, present):
-    """`stmt` with the TODO above its innermost statement containing the anchor, or None."""
-    if todo.anchor is None or todo.anchor not in _CODEGEN.code_for_node(stmt):
-        return None
-    body = getattr(stmt, "body", None)
-    if isinstance(body, cst.IndentedBlock):
-        inner = list(body.body)
-        for i, child in enumerate(inner):
-            placed = _attach(child, todo, present)
-            if placed is not None:
-                inner[i] = placed
-                return stmt.with_changes(body=body.with_changes(body=inner))
-    return _add_todos(stmt, [todo], present)
-
-
 _CODEGEN = cst.Module(body=[])
 
 
-__all__ = ["ModuleRewriter", "ExprRewriter", "WalkError", "TODO_PREFIX", "cst_dotted"]
+__all__ = ["ModuleRewriter", "WalkError"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
+from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
     PORTABLE_DEVICE,
     code,
@@ -16,6 +17,7 @@ from tpu_migrate.rewrite.transforms.common import (
 )
 
 
+@transform("xla_autocast", form=CALL)
 def xla_autocast(call, qualname, sc: StatementContext, rule):
     bound = bind(call, ["device", "enabled", "dtype", "cache_enabled"])
     if bound is None:
@@ -40,6 +42,7 @@ SEED_DEVICE = {
 GET_RNG_STATE = "torch_xla.core.xla_model.get_rng_state"
 
 
+@transform("manual_seed", form=CALL, emits=("TPU121",))
 def manual_seed(call, qualname, sc: StatementContext, rule):
     """`xm.set_rng_state(seed)` seeded the XLA device's generator only (TPU120)."""
     bound = bind(call, ["seed", "device"])
@@ -58,6 +61,7 @@ def manual_seed(call, qualname, sc: StatementContext, rule):
     return parse_expr(sc.file.plan.fill(SEED_DEVICE[sc.file.target], seed=code(bound["seed"].value)))
 
 
+@transform("torch_compile", calls=("torch.compile",))
 def torch_compile(call: cst.Call, sc: StatementContext):
     """torch.compile in a torch_xla file: the backend, and what TorchTPU rejects."""
     if not any(is_xla(b.qualname) for b in sc.file.analysis.imports):
@@ -92,6 +96,7 @@ def torch_compile(call: cst.Call, sc: StatementContext):
     return call.with_changes(args=clean_args(args))
 
 
+@transform("xla_compile", form=CALL)
 def xla_compile(call, qualname, sc: StatementContext, rule):
     bound = bind(call, ["f", "full_graph", "name", "max_different_graphs"])
     if bound is None or "f" not in bound:
@@ -109,12 +114,14 @@ def xla_compile(call, qualname, sc: StatementContext, rule):
     return parse_expr(f"{torch}.compile({', '.join(parts)})")
 
 
+@transform("xla_compile", form=REFERENCE)
 def xla_compile_reference(node, qualname, sc: StatementContext, rule):
     """`@torch_xla.compile` used bare (a decorator)."""
     sc.fixed(rule.code, qualname)
     return parse_expr(sc.file.plan.fill("{torch}.compile"))
 
 
+@transform("eager_mode", form=STATEMENT)
 def eager_mode_statement(call, qualname, sc: StatementContext, rule, plans):
     bound = bind(call, ["enable"])
     if bound is None or literal_bool(bound.get("enable"), False) is not True:

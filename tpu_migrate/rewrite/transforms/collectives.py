@@ -6,6 +6,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_expr
+from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
     ALL_GATHER,
     helper,
@@ -43,6 +44,7 @@ def _reduce_op(node: cst.BaseExpression, sc: StatementContext) -> str | None:
     return sc.file.plan.fill("{dist}.ReduceOp.") + op if op else None
 
 
+@transform("all_reduce", form=STATEMENT, assign=True)
 def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
     bound = bind(call, ["reduce_type", "inputs", "scale", "groups", "pin_layout"])
     if bound is None or "reduce_type" not in bound or "inputs" not in bound or given(bound, "groups"):
@@ -86,6 +88,7 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
     return parse_block(lines)
 
 
+@transform("all_reduce", form=CALL)
 def all_reduce_value(call, qualname, sc: StatementContext, rule):
     """`xm.all_reduce(op, tensor)` inside a larger expression (`... / world`, `.item()`): the
     reduction goes in statements just before, into a fresh name that takes the call's place."""
@@ -134,6 +137,7 @@ def _reduce_into(target: str, tensor: str, op: str, scale: str | None, sc: State
     return lines
 
 
+@transform("all_gather", form=STATEMENT, assign=True)
 def all_gather_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
     """`y = xm.all_gather(x, dim=d)` -> `y = _all_gather(x, d)`."""
     gather = _gather_call(call, qualname, sc, rule)
@@ -143,6 +147,7 @@ def all_gather_statement(call, qualname, sc: StatementContext, rule, plans, assi
     return parse_block([line])
 
 
+@transform("all_gather", form=CALL)
 def all_gather_value(call, qualname, sc: StatementContext, rule):
     """`xm.all_gather(x)` inside a larger expression: like the other collectives, it goes into a
     fresh name just before the statement (so it runs on every rank even where the statement
@@ -171,6 +176,7 @@ def _gather_call(call, qualname, sc: StatementContext, rule) -> str | None:
     return f"{helper(sc, '_all_gather', ALL_GATHER)}({code(bound['value'].value)}{dim})"
 
 
+@transform("collective_broadcast", form=STATEMENT)
 def collective_broadcast_statement(call, qualname, sc: StatementContext, rule, plans):
     bound = bind(call, ["tensors", "root_ordinal", "groups", "pin_layout"])
     if bound is None or "tensors" not in bound or given(bound, "groups"):
@@ -189,6 +195,7 @@ def collective_broadcast_statement(call, qualname, sc: StatementContext, rule, p
     return parse_block(lines)
 
 
+@transform("broadcast_master_param", form=STATEMENT)
 def broadcast_master_param_statement(call, qualname, sc: StatementContext, rule, plans):
     bound = bind(call, ["model"])
     if bound is None or "model" not in bound:
@@ -204,6 +211,7 @@ def broadcast_master_param_statement(call, qualname, sc: StatementContext, rule,
     ])
 
 
+@transform("rendezvous", form=STATEMENT)
 def rendezvous_statement(call, qualname, sc: StatementContext, rule, plans):
     bound = bind(call, ["tag", "payload", "replicas"])
     if bound is None or given(bound, "payload") or given(bound, "replicas"):
@@ -216,6 +224,7 @@ def rendezvous_statement(call, qualname, sc: StatementContext, rule, plans):
     return parse_block([f"if {dist}.is_initialized():", f"    {dist}.barrier()"])
 
 
+@transform("mesh_reduce", form=STATEMENT, assign=True)
 def mesh_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
     bound = bind(call, ["tag", "data", "reduce_fn"])
     target = target_name(assign)
@@ -226,6 +235,7 @@ def mesh_reduce_statement(call, qualname, sc: StatementContext, rule, plans, ass
     return parse_block(_mesh_reduce_into(target, bound, sc))
 
 
+@transform("mesh_reduce", form=CALL)
 def mesh_reduce_value(call, qualname, sc: StatementContext, rule):
     """`xm.mesh_reduce(tag, data, fn)` inside a larger expression (`return ...`, `print(...)`):
     the reduction goes in statements just before, into a fresh name that takes the call's place."""
@@ -259,6 +269,7 @@ def _mesh_reduce_into(target: str, bound: dict, sc: StatementContext) -> list[st
     ]
 
 
+@transform("reduce_gradients", form=STATEMENT)
 def reduce_gradients_statement(call, qualname, sc: StatementContext, rule, plans):
     bound = bind(call, ["optimizer", "groups", "pin_layout"])
     if bound is None or "optimizer" not in bound or given(bound, "groups"):
@@ -282,6 +293,7 @@ def average_gradients(optimizer: str, sc: StatementContext) -> list[str]:
     ]
 
 
+@transform("reduce_op_constant", form=REFERENCE)
 def reduce_op_constant(node, qualname, sc: StatementContext, rule):
     """`xm.REDUCE_SUM` used on its own (a name rule)."""
     op = REDUCE_OPS[qualname.rsplit(".", 1)[1]]

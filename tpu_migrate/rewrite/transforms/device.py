@@ -8,6 +8,7 @@ import re
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
+from tpu_migrate.rewrite.registry import CALL, emits, transform
 from tpu_migrate.rewrite.transforms.common import (
     XLA_DEVICE,
     PORTABLE_DEVICE,
@@ -114,6 +115,7 @@ def backend_value(node: cst.BaseExpression, sc: StatementContext) -> cst.BaseExp
     return cst.Name("None")
 
 
+@transform("device_call", form=CALL)
 def device_call(call, qualname, sc: StatementContext, rule):
     sc.fixed(rule.code, qualname)
     if sc.file.target == "tpu":
@@ -121,6 +123,7 @@ def device_call(call, qualname, sc: StatementContext, rule):
     return parse_expr(sc.file.plan.fill(PORTABLE_DEVICE))
 
 
+@transform("device_strings", calls=("torch.device",))
 def torch_device_ctor(call: cst.Call, sc: StatementContext):
     """torch.device("xla"), torch.device("xla:1"), torch.device("xla", i)."""
     bound = bind(call, ["type", "index"])
@@ -175,6 +178,7 @@ def _string_hint(node: cst.BaseExpression) -> str | None:
 _BRANCHES = {cst.IfExp: ("body", "orelse"), cst.BooleanOperation: ("left", "right")}
 
 
+@emits("TPU002", "TPU005")
 def _convert(value: cst.BaseExpression, hint: str, sc: StatementContext, string: bool = True,
              nested: bool = False) -> cst.BaseExpression:
     """A value whose name says device or backend: its "xla" strings converted (the value itself,
@@ -239,6 +243,7 @@ def names_xla(node: cst.BaseExpression) -> bool:
     return False
 
 
+@emits("TPU004")
 def mark(node: cst.BaseExpression, sc: StatementContext, kind: str = "data") -> None:
     """TPU004 on the "xla" literals of `node` (itself, or a branch of `a if c else b` / `or`)."""
     if isinstance(node, cst.IfExp):
@@ -270,6 +275,7 @@ def _where(sc: StatementContext, node: cst.BaseExpression) -> tuple[int, int]:
 # -- the hooks ------------------------------------------------------------------------------
 
 
+@transform("device_strings", on="arguments")
 def device_string_args(call: cst.Call, sc: StatementContext):
     """The "xla" arguments of any call: `.to("xla")`, `device="xla"` (and any keyword that says
     device or backend), argparse defaults, lookups with a default, `torch.amp.autocast("xla")`;
@@ -343,6 +349,7 @@ def _lookup_key_index(call: cst.Call, callee: str | None, qualname: str | None) 
     return None
 
 
+@transform("device_strings", on="param")
 def device_param_default(param: cst.Param, sc: StatementContext) -> cst.Param:
     """`def f(device="xla")`, `device_type="xla"`, `backend="xla"`."""
     if param.default is None or not sc.info.xla_strings:
@@ -356,6 +363,7 @@ def device_param_default(param: cst.Param, sc: StatementContext) -> cst.Param:
     return param if default is param.default else param.with_changes(default=default)
 
 
+@transform("device_strings", on="assign")
 def data_assignment(node, sc: StatementContext):
     """`device = "xla"`, `args.device = ...`, `config["backend"] = ...`, `device: str = "xla"`."""
     if node.value is None or not sc.info.xla_strings:
@@ -371,6 +379,7 @@ def data_assignment(node, sc: StatementContext):
     return node if value is node.value else node.with_changes(value=value)
 
 
+@transform("device_strings", on="return")
 def data_return(node: cst.Return, sc: StatementContext) -> cst.Return:
     """`return "xla"`: a function answering with a device or backend name; marked."""
     if node.value is not None and sc.info.xla_strings:
@@ -378,6 +387,7 @@ def data_return(node: cst.Return, sc: StatementContext) -> cst.Return:
     return node
 
 
+@transform("device_strings", on="element")
 def data_element(node: cst.Element, sc: StatementContext) -> cst.Element:
     """"xla" in a list, tuple or set: `("cpu", "xla")`, `choices=[...]`; marked."""
     if sc.info.xla_strings:
@@ -385,6 +395,7 @@ def data_element(node: cst.Element, sc: StatementContext) -> cst.Element:
     return node
 
 
+@transform("device_strings", on="dict_element")
 def data_dict_element(node: cst.DictElement, sc: StatementContext) -> cst.DictElement:
     """A dict value: converted under a key that says device or backend, else marked. Keys
     (`rng_states = {"xla": ...}`) are names, not devices: left alone."""
@@ -402,13 +413,9 @@ def data_dict_element(node: cst.DictElement, sc: StatementContext) -> cst.DictEl
     return node
 
 
-def device_type_compare(cmp: cst.Comparison, sc: StatementContext):
-    """`x.device.type == "xla"` (TPU003); other comparisons with "xla" are marked (TPU004);
-    `"XLA_USE_BF16" in os.environ` is a read of torch_xla's variables (TPU140 / TPU141)."""
-    if sc.info.env_string:
-        from tpu_migrate.rewrite.transforms.environment import environment_reads
-
-        environment_reads(cmp, sc)
+@transform("device_type_compare", on="comparison", order=2)  # after the guards and the env reads
+def device_type_compare(original: cst.Comparison, cmp: cst.Comparison, sc: StatementContext):
+    """`x.device.type == "xla"` (TPU003); other comparisons with "xla" are marked (TPU004)."""
     if not sc.info.xla_strings:
         return cmp
     converted = _device_type_compare(cmp, sc)
@@ -419,6 +426,7 @@ def device_type_compare(cmp: cst.Comparison, sc: StatementContext):
     return cmp
 
 
+@emits("TPU003")
 def _device_type_compare(cmp: cst.Comparison, sc: StatementContext):
     if len(cmp.comparisons) != 1:
         return cmp
@@ -463,6 +471,7 @@ def _is_plain_xla(node) -> bool:
     return isinstance(node, cst.SimpleString) and is_xla_device_string(node)
 
 
+@transform("device_strings", calls=("torch.autocast",))
 def autocast(call: cst.Call, sc: StatementContext):
     bound = bind(call, ["device_type"])
     if bound is None or "device_type" not in bound or not sc.enabled("TPU002"):

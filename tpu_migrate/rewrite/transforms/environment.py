@@ -5,14 +5,22 @@ from __future__ import annotations
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
+from tpu_migrate.rewrite.registry import CALL, transform
 from tpu_migrate.rewrite.transforms.common import (
     bind,
 )
 
 
+# Environment variables torch_xla's runtime read (TPU140) and its bf16 switches (TPU141): their
+# statements are visited (`strings=`), so a rule sees them with no torch_xla reference near.
+RUNTIME_ENV = frozenset({"PJRT_DEVICE", "XRT_TPU_CONFIG", "TPU_NUM_DEVICES", "XRT_DEVICE_MAP", "XRT_WORKERS"})
+BF16_ENV = frozenset({"XLA_USE_BF16", "XLA_DOWNCAST_BF16"})
+ENV_NAMES = RUNTIME_ENV | BF16_ENV
+
 PRECISIONS = {"default": "medium", "high": "high", "highest": "highest"}
 
 
+@transform("matmul_precision", form=CALL)
 def matmul_precision(call, qualname, sc: StatementContext, rule):
     bound = bind(call, ["precision"])
     value = bound.get("precision") if bound else None
@@ -24,6 +32,7 @@ def matmul_precision(call, qualname, sc: StatementContext, rule):
     return parse_expr(sc.file.plan.fill("{torch}.set_float32_matmul_precision") + f'("{precision}")')
 
 
+@transform("memory_info", form=CALL)
 def memory_info(call, qualname, sc: StatementContext, rule):
     if sc.file.target != "tpu":
         sc.needs_manual(rule.code, "device memory statistics have no CPU equivalent", qualname)
@@ -44,8 +53,6 @@ def memory_info(call, qualname, sc: StatementContext, rule):
 def _environ_key(node: cst.BaseExpression, sc: StatementContext) -> str | None:
     """The variable name in `os.environ[NAME]`, `os.environ.get(NAME)`, `os.getenv(NAME)`,
     `NAME in os.environ`."""
-    from tpu_migrate.rewrite.names import ENV_NAMES
-
     def key_of(expr):
         if isinstance(expr, cst.SimpleString):
             value = expr.evaluated_value
@@ -70,10 +77,9 @@ def _environ_key(node: cst.BaseExpression, sc: StatementContext) -> str | None:
     return None
 
 
+@transform("runtime_env", on="statement", strings=ENV_NAMES)
 def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
     """Setting torch_xla's runtime variables: removed. Returns [] to remove, else None."""
-    from tpu_migrate.rewrite.names import RUNTIME_ENV
-
     key = None
     if isinstance(small, cst.Assign) and len(small.targets) == 1:
         key = _environ_key(small.targets[0].target, sc)
@@ -89,17 +95,16 @@ def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
     return []
 
 
-def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> None:
-    """Reading torch_xla's variables: a manual finding (called on subscripts, calls and
-    comparisons)."""
-    from tpu_migrate.rewrite.names import BF16_ENV
-
+@transform("runtime_env", on="subscript", emits=("TPU141",))
+def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> cst.BaseExpression:
+    """Reading torch_xla's variables: a manual finding (on subscripts, calls and comparisons).
+    Returns `node`, unchanged."""
     key = _environ_key(node, sc)
     if key is None:
-        return
+        return node
     code_ = "TPU141" if key in BF16_ENV else "TPU140"
     if not sc.enabled(code_) or any(t.code == code_ for t in sc.todos):
-        return
+        return node
     where = (sc.info.node.lineno, sc.info.node.col_offset + 1)
     if code_ == "TPU141":
         sc.needs_manual(code_, f"{key} has no TorchTPU equivalent: convert the model with "
@@ -107,3 +112,20 @@ def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> None:
     else:
         sc.needs_manual(code_, f"{key} is not set under TorchTPU: test "
                         "torch.accelerator.current_accelerator() instead", where=where)
+    return node
+
+
+@transform("runtime_env", on="comparison", order=1)  # after the guard tests
+def environment_comparison(original, updated: cst.Comparison, sc: StatementContext):
+    """`"XLA_USE_BF16" in os.environ`, `os.environ.get("PJRT_DEVICE") == "TPU"`: reads."""
+    if sc.info.trigger_string:
+        environment_reads(updated, sc)
+    return updated
+
+
+@transform("runtime_env", on="call")
+def environment_call_reads(call, qualname, sc: StatementContext):
+    """`os.environ.get("PJRT_DEVICE")`, `os.getenv(...)`: reads (calls of a resolved name)."""
+    if qualname is not None:
+        environment_reads(call, sc)
+    return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
+from tpu_migrate.rewrite.registry import CALL, emits, transform
 from tpu_migrate.rewrite.transforms.common import (
     PORTABLE_DEVICE,
     code,
@@ -22,8 +23,22 @@ MULTI_PROCESS = frozenset({
 })
 
 
+@transform("optimum_auto_model", on="call", order=-1)  # before any other use of the call
+def optimum_from_pretrained(call, qualname, sc: StatementContext):
+    """The rule matches Optimum's class; what it converts is a call of its `from_pretrained`."""
+    if qualname is None or not qualname.endswith(".from_pretrained"):
+        return None
+    owner = sc.file.catalog.lookup(qualname.rsplit(".", 1)[0])
+    if owner is None or owner.transform != "optimum_auto_model":
+        return None
+    if not sc.may_fix(owner, qualname):
+        return call
+    return optimum_auto_model(call, qualname, sc, owner)
+
+
+@emits("TPU183")
 def optimum_auto_model(call, qualname, sc: StatementContext, rule):
-    """`AutoModelForCausalLM.from_pretrained(...)` from optimum.tpu (called from leave_Call)."""
+    """`AutoModelForCausalLM.from_pretrained(...)` from optimum.tpu."""
     plan = sc.file.plan
     args = [a for a in call.args if not (a.keyword and a.keyword.value in ("task", "batch_size", "sequence_length"))]
     device = '"tpu"' if sc.file.target == "tpu" else plan.fill(PORTABLE_DEVICE)
@@ -44,6 +59,7 @@ def optimum_auto_model(call, qualname, sc: StatementContext, rule):
 FSDP_XLA_KEYS = frozenset({"xla_fsdp_v2", "xla_fsdp_grad_ckpt", "xla_fsdp_settings"})
 
 
+@transform("fsdp_config_dict", on="dict")
 def fsdp_config_dict(node: cst.Dict, sc: StatementContext):
     keys = {
         e.key.evaluated_value for e in node.elements
@@ -67,6 +83,7 @@ def tpu_available(sc: StatementContext) -> str:
     return sc.file.plan.fill("{torch}.accelerator.is_available()")
 
 
+@emits("TPU190")
 def guards_allowed(sc: StatementContext, qualname: str | None) -> bool:
     """TPU190 applies in this pass; when not, the guard is kept as it is, with a TODO."""
     if not sc.enabled("TPU190"):
@@ -82,6 +99,7 @@ def guards_allowed(sc: StatementContext, qualname: str | None) -> bool:
     return False
 
 
+@transform("availability_guard", form=CALL)
 def availability_guard(call, qualname, sc: StatementContext, rule):
     if not guards_allowed(sc, qualname):
         return call
@@ -89,6 +107,7 @@ def availability_guard(call, qualname, sc: StatementContext, rule):
     return parse_expr(tpu_available(sc))
 
 
+@transform("availability_guard", calls=("importlib.util.find_spec",))
 def find_spec_guard(call: cst.Call, sc: StatementContext):
     """`importlib.util.find_spec("torch_xla")` (compared with None by the caller's code)."""
     if (
@@ -104,11 +123,12 @@ def find_spec_guard(call: cst.Call, sc: StatementContext):
     return call
 
 
-def find_spec_test(original: cst.Comparison, sc: StatementContext):
+@transform("availability_guard", on="comparison")
+def find_spec_test(original: cst.Comparison, updated: cst.Comparison, sc: StatementContext):
     """`find_spec("torch_xla") is not None`: the whole test becomes the TPU test. The call
-    itself was already rewritten (and reported) by find_spec_guard."""
+    itself was already rewritten (and reported) by find_spec_guard, so this reads `original`."""
     if len(original.comparisons) != 1:
-        return None
+        return updated
     target = original.comparisons[0]
     left = original.left
     if not (
@@ -119,12 +139,13 @@ def find_spec_test(original: cst.Comparison, sc: StatementContext):
         and left.args[0].value.evaluated_value.split(".")[0] == "torch_xla"
         and sc.file.convert_guards and sc.enabled("TPU190")
     ):
-        return None
+        return updated
     available = tpu_available(sc)
     return parse_expr(f"not ({available})" if isinstance(target.operator, cst.Is) else available)
 
 
-def optional_import_test(cmp: cst.Comparison, sc: StatementContext):
+@transform("availability_guard", on="comparison")
+def optional_import_test(original: cst.Comparison, cmp: cst.Comparison, sc: StatementContext):
     """`xm is None` / `xm is not None` for an optional torch_xla import."""
     if len(cmp.comparisons) != 1 or not isinstance(cmp.comparisons[0].operator, (cst.Is, cst.IsNot)):
         return cmp
@@ -138,3 +159,18 @@ def optional_import_test(cmp: cst.Comparison, sc: StatementContext):
     available = tpu_available(sc)
     negate = isinstance(cmp.comparisons[0].operator, cst.Is)
     return parse_expr(f"not ({available})" if negate else available)
+
+
+@transform("availability_guard", on="if_test")
+def optional_import_truth(test, sc: StatementContext):
+    """`if xm:` / `if not xm:` on an optional torch_xla import."""
+    negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+    name = test.expression if negated else test
+    if not isinstance(name, cst.Name):
+        return test
+    qualname = sc.resolve(name)
+    if not qualname or not is_xla(qualname) or not guards_allowed(sc, qualname):
+        return test
+    sc.fixed("TPU190", qualname)
+    available = tpu_available(sc)
+    return parse_expr(f"not ({available})" if negated else available)

@@ -7,6 +7,7 @@ import ast
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
+from tpu_migrate.rewrite.registry import STATEMENT, transform
 from tpu_migrate.rewrite.transforms.device import device_string_args
 from tpu_migrate.rewrite.transforms.common import (
     atom,
@@ -23,6 +24,7 @@ from tpu_migrate.rewrite.transforms.common import (
 SELECT_LOCAL_DEVICE = "if {torch}.accelerator.is_available():\n    {torch}.accelerator.set_device_index({local_rank})\n"
 
 
+@transform("init_process_group", calls=("torch.distributed.init_process_group",))
 def init_process_group(call: cst.Call, sc: StatementContext):
     bound = bind(call, ["backend", "init_method"])
     if bound is None or "backend" not in bound:
@@ -83,6 +85,7 @@ def init_process_group(call: cst.Call, sc: StatementContext):
     return new
 
 
+@transform("spawn", form=STATEMENT)
 def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
     if id(sc.info.node) not in plans.spawn_workers:
         why = plans.spawn_refusals.get(id(sc.info.node), "the call is too dynamic to convert")
@@ -224,6 +227,7 @@ def _forked_without_main_guard(bound: dict, sc: StatementContext) -> bool:
     return sc.scope.kind == "module" and not sc.file.plans.under_main_guard(sc.info.node)
 
 
+@transform("spawn", on="worker")
 def setup_worker(func: cst.FunctionDef, node: ast.FunctionDef, file) -> cst.FunctionDef:
     """Start a spawned worker with its rank and the process group, as torch_xla's runtime
     gave every worker its rank and world size whether or not the program made a group."""

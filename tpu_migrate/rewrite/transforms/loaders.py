@@ -15,6 +15,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_stmt
 from tpu_migrate.rewrite.plans import MP_DEVICE_LOADER, PARALLEL_LOADER
+from tpu_migrate.rewrite.registry import CALL, transform
 from tpu_migrate.rewrite.transforms.common import (
     TO_DEVICE,
     code,
@@ -86,7 +87,7 @@ def _movable_device(device: cst.BaseExpression, sc: StatementContext) -> bool:
     if isinstance(device, cst.Call):
         qualname = sc.resolve(device.func)
         rule = sc.file.catalog.lookup(qualname)
-        if rule is not None and rule.code == "TPU001":
+        if rule is not None and rule.transform == "device_call":  # xm.xla_device() (TPU001)
             return True
         torch = sc.file.plan.names["torch"]
         return qualname == "torch.device" or cst_dotted(device.func) == f"{torch}.device"
@@ -113,6 +114,7 @@ def _move_statement(target: cst.BaseExpression, device: cst.BaseExpression, sc) 
     return parse_stmt(f"{lhs} = {rhs}\n")
 
 
+@transform("device_loader", on="loop")
 def device_loader_loop(stmt: cst.For, sc: StatementContext, plans, expr_rewriter):
     """`for b in MpDeviceLoader(loader, d):` -> `for b in loader:` + a move. Returns (for, prefix)."""
     if not sc.fix_allowed("TPU040"):
@@ -169,6 +171,7 @@ def device_loader_loop(stmt: cst.For, sc: StatementContext, plans, expr_rewriter
     return stmt.with_changes(iter=new_iter), [move]
 
 
+@transform("device_loader", form=CALL)
 def device_loader(call, qualname, sc: StatementContext, rule):
     """A device loader outside a `for` header: the plain loader where it is assigned to a
     loop-only variable, else the added class (DEVICE_LOADER) in its place."""
@@ -233,6 +236,7 @@ def _reads_loader_internals(sc: StatementContext) -> bool:
                for node in ast.walk(sc.file.analysis.tree))
 
 
+@transform("device_loader", on="rewritten")
 def drop_loader_alias(result, sc: StatementContext):
     """`alias = loader`, left by a device loader whose loops now iterate `loader` itself
     (Plans.inline_loaders): the statement goes. Else `result` unchanged."""
@@ -245,6 +249,7 @@ def drop_loader_alias(result, sc: StatementContext):
     return result
 
 
+@transform("sample_generator", form=CALL)
 def sample_generator(call, qualname, sc: StatementContext, rule):
     """`xu.SampleGenerator(data, sample_count)` -> `[data] * sample_count`: the same object `n`
     times, on every pass, with `len()` `n`, as the generator gave."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
+from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
     GLOBAL_MASTER,
     GLOBAL_RANK,
@@ -133,6 +134,7 @@ def _helper_name(sc: StatementContext, qualname: str) -> str:
     return helper(sc, base, template)
 
 
+@transform("helper", form=REFERENCE)
 def helper_reference(node, qualname, sc: StatementContext, rule):
     """`test_utils.print_test_update` passed as a value (a step closure): the file's copy."""
     if qualname not in HELPERS:
@@ -142,6 +144,7 @@ def helper_reference(node, qualname, sc: StatementContext, rule):
     return cst.Name(_helper_name(sc, qualname))
 
 
+@transform("helper", form=CALL)
 def helper_call(call, qualname, sc: StatementContext, rule):
     """The call with its arguments, to the file's copy of the helper; `test_utils.now()` inline."""
     if qualname == TEST_UTILS + "now":
@@ -190,6 +193,7 @@ MASTER_PRINT = "torch_xla.core.xla_model.master_print"
 _PRINT_KEYWORDS = frozenset({"sep", "end", "file", "flush", "fd", "local"})
 
 
+@transform("metrics_print", on="statement")
 def metrics_print_statement(small: cst.BaseSmallStatement, sc: StatementContext):
     """`print(met.metrics_report())` / `xm.master_print(met.short_metrics_report())`, labels
     (string literals) allowed: a debug print of counters that only torch_xla keeps. Returns []
@@ -259,6 +263,7 @@ def _logger_parts(call, qualname, sc: StatementContext, rule):
     return plan.fill(GLOBAL_MASTER), cst.Call(func=logged, args=[message])
 
 
+@transform("xla_logger", form=CALL)
 def xla_logger(call, qualname, sc: StatementContext, rule):
     parts = _logger_parts(call, qualname, sc, rule)
     if parts is None:
@@ -267,6 +272,7 @@ def xla_logger(call, qualname, sc: StatementContext, rule):
     return cst.IfExp(test=parse_expr(condition), body=logged, orelse=cst.Name("None"))
 
 
+@transform("xla_logger", form=STATEMENT)
 def xla_logger_statement(call, qualname, sc: StatementContext, rule, plans):
     parts = _logger_parts(call, qualname, sc, rule)
     if parts is None:

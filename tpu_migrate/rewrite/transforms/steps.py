@@ -10,6 +10,7 @@ import libcst.matchers as m
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.names import DDP_NAMES
+from tpu_migrate.rewrite.registry import CALL, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
     atom,
     GLOBAL_RANK,
@@ -30,17 +31,20 @@ from tpu_migrate.rewrite.transforms.common import (
 from tpu_migrate.rewrite.transforms.collectives import average_gradients
 
 
+@transform("remove_step_marker", form=CALL)
 def remove_step_marker(call, qualname, sc: StatementContext, rule):
     """A step marker used as a value (not a statement): it returned None."""
     sc.fixed(rule.code, qualname)
     return cst.Name("None")
 
 
+@transform("remove_step_marker", form=STATEMENT)
 def remove_step_marker_statement(call, qualname, sc: StatementContext, rule, plans):
     sc.fixed(rule.code, qualname)
     return []
 
 
+@transform("is_master_ordinal", form=CALL)
 def is_master_ordinal(call, qualname, sc: StatementContext, rule):
     bound = bind(call, ["local"])
     local = literal_bool(bound.get("local") if bound is not None else None, True)
@@ -108,6 +112,7 @@ def _master_print_parts(call, qualname, sc: StatementContext, rule, hoist: list 
     return condition, cst.Call(func=cst.Name("print"), args=clean_args(args))
 
 
+@transform("master_print", form=CALL)
 def master_print(call, qualname, sc: StatementContext, rule):
     parts = _master_print_parts(call, qualname, sc, rule, sc.before if sc.can_hoist else None)
     if parts is None:
@@ -116,6 +121,7 @@ def master_print(call, qualname, sc: StatementContext, rule):
     return cst.IfExp(test=parse_expr(condition), body=printed, orelse=cst.Name("None"))
 
 
+@transform("master_print", form=STATEMENT)
 def master_print_statement(call, qualname, sc: StatementContext, rule, plans):
     computed: list[cst.BaseStatement] = []
     parts = _master_print_parts(call, qualname, sc, rule, computed)
@@ -167,6 +173,7 @@ def _keyword_args(value: cst.BaseExpression) -> list[cst.Arg]:
     return [cst.Arg(value, star="**")]
 
 
+@transform("optimizer_step", form=CALL, emits=("TPU031",))
 def optimizer_step(call, qualname, sc: StatementContext, rule):
     """`xm.optimizer_step(opt)` inside a larger expression: the all-reduce cannot go before
     it, so it is only converted where DDP already averages the gradients."""
@@ -184,6 +191,7 @@ def optimizer_step(call, qualname, sc: StatementContext, rule):
     return parts[1]
 
 
+@transform("optimizer_step", form=STATEMENT, assign=True)
 def optimizer_step_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
     """`xm.optimizer_step(opt)` averaged the gradients over the replicas, then stepped: keep
     both (DDP, where it wraps the model on every path, already averaged them)."""
@@ -212,6 +220,7 @@ def _ddp_on_every_path(sc: StatementContext) -> bool:
     return False
 
 
+@transform("xla_save", form=STATEMENT)
 def xla_save_statement(call, qualname, sc: StatementContext, rule, plans):
     bound = bind(call, ["data", "file_or_path", "master_only", "global_master"])
     master_only = literal_bool(bound.get("master_only") if bound else None, True)
@@ -244,6 +253,7 @@ def _barrier(text: str, sc: StatementContext) -> cst.If:
     return barrier
 
 
+@transform("unwrap_step_context", on="with")
 def unwrap_step_context(stmt: cst.With, sc: StatementContext):
     """Returns the body statements (unwrapped), or the `with` statement (maybe with fewer items)."""
     step_items = []
@@ -281,6 +291,7 @@ def unwrap_step_context(stmt: cst.With, sc: StatementContext):
     return statements
 
 
+@transform("step_closure", form=CALL)
 def step_closure(call, qualname, sc: StatementContext, rule):
     """`xm.add_step_closure(fn, args=(a, b))` -> `fn(a, b)`: TorchTPU has no step to defer to."""
     bound = bind(call, ["closure", "args", "run_async"])

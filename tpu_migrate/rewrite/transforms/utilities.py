@@ -7,6 +7,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
+from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, rule_code, transform
 from tpu_migrate.rewrite.transforms.common import (
     CPU_COPIES,
     bind,
@@ -21,6 +22,7 @@ CHECKPOINT = "{torch}.utils.checkpoint.checkpoint"
 _EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 
+@transform("xla_checkpoint", form=CALL)
 def xla_checkpoint(call, qualname, sc: StatementContext, rule):
     """torch_xla's checkpoint defaulted to use_reentrant=True; torch's warns when it is not
     passed (and its default may change): pass torch_xla's default explicitly."""
@@ -41,6 +43,7 @@ def xla_checkpoint(call, qualname, sc: StatementContext, rule):
     return call.with_changes(func=func, args=args)
 
 
+@transform("xla_checkpoint", form=REFERENCE)
 def xla_checkpoint_reference(node, qualname, sc: StatementContext, rule):
     """Passed around or patched in (`torch.utils.checkpoint.checkpoint = xla_checkpoint`): a
     partial bound now to torch's own function keeps torch_xla's default."""
@@ -112,11 +115,13 @@ SYNC_BATCH_NORM = '''class {name}({torch}.nn.Module):
 '''
 
 
+@transform("sync_batch_norm", form=CALL)
 def sync_batch_norm(call, qualname, sc: StatementContext, rule):
     """`xf.SyncBatchNorm(...)`: the file's own copy takes the same arguments."""
     return call.with_changes(func=sync_batch_norm_reference(call.func, qualname, sc, rule))
 
 
+@transform("sync_batch_norm", form=REFERENCE)
 def sync_batch_norm_reference(node, qualname, sc: StatementContext, rule):
     """`isinstance(m, xf.SyncBatchNorm)`, a base class: the file's own copy."""
     sc.fixed(rule.code, qualname)
@@ -128,6 +133,7 @@ def sync_batch_norm_reference(node, qualname, sc: StatementContext, rule):
 CACHE_ROOT = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
 
 
+@transform("initialize_cache", form=STATEMENT)
 def initialize_cache_statement(call, qualname, sc: StatementContext, rule, plans):
     """`xr.initialize_cache(path)` set torch_xla's cache variable; TorchTPU reads its own."""
     bound = bind(call, ["path", "readonly"])
@@ -146,6 +152,7 @@ def initialize_cache_statement(call, qualname, sc: StatementContext, rule, plans
 # -- TPU128: xm._maybe_convert_to_cpu --------------------------------------------------------
 
 
+@transform("cpu_copies", form=CALL)
 def cpu_copies(call, qualname, sc: StatementContext, rule):
     """`xm._maybe_convert_to_cpu(data)`: the tensors of `data` copied to the CPU, through
     dicts, lists and tuples (the helper xm.save's conversion adds too)."""
@@ -175,9 +182,10 @@ _SPMD_MEANING = {
     "process-count": ("the number of hosts", "the world size or NNODES"),
 }
 # The rank rule whose answer each query shares in a process-per-device program.
-_SAME_AS = {"process-index": "TPU021", "process-count": "TPU020"}
+_SAME_AS = {"process-index": rule_code("TPU021"), "process-count": rule_code("TPU020")}
 
 
+@transform("process_query", form=CALL)
 def process_query(call, qualname, sc: StatementContext, rule):
     """Multi-process torch_xla ran one process per device, as TorchTPU does: the process
     index is the rank and the process count the world size (TPU021 / TPU020's answers)."""

@@ -1,0 +1,202 @@
+"""The rule registry: rules/*.toml and the registered transforms must agree, checked when the
+rewrite loads them, and rule codes appear in the Python only where a transform or helper
+declares them."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tpu_migrate
+from tpu_migrate.rewrite import registry, transforms
+from tpu_migrate.rewrite.engine import flagged_names
+from tpu_migrate.rewrite.registry import Entry, Registry, RegistryError
+from tpu_migrate.rules import RuleError, load_catalog, rules_dir
+
+PACKAGE = Path(tpu_migrate.__file__).resolve().parent
+RULE_CODE = re.compile(r"TPU\d{3}\Z")
+
+
+def copied_rules(tmp_path: Path) -> Path:
+    target = tmp_path / "rules"
+    shutil.copytree(rules_dir(), target)
+    return target
+
+
+def test_every_transform_of_the_tables_names_registered_code():
+    catalog = load_catalog()
+    assert registry.check(catalog) == []
+    named = {rule.transform for rule in catalog.rules if rule.transform}
+    assert named <= registry.REGISTRY.transforms
+    # torch's own names that transforms convert flag their statements, like the rules' matches
+    assert {"torch.compile", "torch.device", "importlib.util.find_spec"} <= flagged_names(catalog)
+    # and so do the strings they declare: torch_xla's environment variables
+    assert {"PJRT_DEVICE", "XLA_USE_BF16"} <= registry.trigger_strings()
+
+
+def test_a_misspelt_transform_is_refused_at_load(tmp_path):
+    rules = copied_rules(tmp_path)
+    core = rules / "core.toml"
+    text = core.read_text(encoding="utf-8")
+    assert 'transform = "optimizer_step"\n' in text
+    core.write_text(text.replace('transform = "optimizer_step"\n', 'transform = "optimiser_step"\n'),
+                    encoding="utf-8")
+    with pytest.raises(RuleError, match="TPU030: transform 'optimiser_step' names no registered function"):
+        flagged_names(load_catalog(str(rules)))
+
+
+def test_the_rewrite_command_refuses_such_tables(tmp_path):
+    """Before any file: a configuration error (exit 2, one line), not a finding per file."""
+    rules = copied_rules(tmp_path)
+    core = rules / "core.toml"
+    core.write_text(core.read_text(encoding="utf-8").replace('transform = "spawn"', 'transform = "spwan"'),
+                    encoding="utf-8")
+    program = tmp_path / "train.py"
+    program.write_text("import torch_xla.core.xla_model as xm\nxm.mark_step()\n", encoding="utf-8")
+    env = {**os.environ, "TPU_MIGRATE_RULES_DIR": str(rules), "PYTHONPATH": str(PACKAGE.parent)}
+    done = subprocess.run([sys.executable, "-m", "tpu_migrate", "rewrite", "--no-cache", str(program)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "TPU060: transform 'spwan' names no registered function" in done.stderr
+    assert program.read_text(encoding="utf-8").endswith("xm.mark_step()\n")
+
+
+def test_a_code_the_python_writes_must_be_a_rule(tmp_path):
+    """environment_reads writes TPU141 findings (declared with `emits`): without the rule the
+    tables are refused, not the finding written under a code no rule explains."""
+    rules = copied_rules(tmp_path)
+    table = rules / "environment_debug.toml"
+    blocks = table.read_text(encoding="utf-8").split("\n[[rule]]\n")
+    kept = [block for block in blocks if 'code = "TPU141"' not in block]
+    assert len(kept) == len(blocks) - 1
+    table.write_text("\n[[rule]]\n".join(kept), encoding="utf-8")
+    with pytest.raises(RuleError, match="declares rule TPU141"):
+        flagged_names(load_catalog(str(rules)))
+
+
+def test_the_registry_refuses_ambiguous_registrations():
+    fresh = Registry()
+    fresh.add(Entry("torch_compile", print, calls=("torch.compile",)))
+    with pytest.raises(RegistryError, match="two functions for calls of torch.compile"):
+        fresh.add(Entry("other", repr, calls=("torch.compile",)))
+    with pytest.raises(RegistryError, match="unknown syntax kind"):
+        fresh.add(Entry("x", repr, on="lambda"))
+    with pytest.raises(RegistryError, match="give one of"):
+        fresh.add(Entry("x", repr, form="call", on="dict"))
+    fresh.add(Entry("all_reduce", repr, form="statement"))
+    with pytest.raises(RegistryError, match="two statement functions"):
+        fresh.add(Entry("all_reduce", print, form="statement"))
+
+
+def test_hooks_run_in_their_declared_order():
+    """The comparison hooks: the guard tests read the original comparison before the others
+    may change it; environment reads are reported before the device type test's findings."""
+    names = [f.__name__ for f in registry.REGISTRY.hooks["comparison"]]
+    assert names == ["find_spec_test", "optional_import_test", "environment_comparison", "device_type_compare"]
+    assert registry.REGISTRY.hooks["call"][0].__name__ == "optimum_from_pretrained"
+
+
+# -- rule-code literals -------------------------------------------------------------------------
+
+
+def _declared_codes(catalog) -> dict[tuple[str, str], set[str]]:
+    """(module, qualified function name) -> the codes it may write: those of the rules whose
+    transform it implements, its `emits`, and a helper's `@emits`."""
+    owned: dict[str, set[str]] = {}
+    for rule in catalog.rules:
+        if rule.transform:
+            owned.setdefault(rule.transform, set()).add(rule.code)
+    declared: dict[tuple[str, str], set[str]] = {}  # qualified names as Python spells them
+    for entry in registry.REGISTRY.entries:
+        key = (entry.function.__module__, entry.function.__qualname__)
+        declared.setdefault(key, set()).update(owned.get(entry.transform, ()), entry.emits)
+    for function, codes in registry.REGISTRY.helper_codes.items():
+        declared.setdefault((function.__module__, function.__qualname__), set()).update(codes)
+    return declared
+
+
+def stray_codes(source: str, module: str, declared) -> list[str]:
+    """Rule-code string literals of `source` outside the places that declare them: a module-level
+    `rule_code("TPU...")`, a registry decorator, or the body of a function whose declaration (its
+    transform's rules, `emits`) includes the code; nested functions inherit it. Docstrings are
+    prose."""
+    found: list[str] = []
+
+    def scan(node: ast.AST, path: tuple[str, ...], allowed: frozenset[str]) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            path = (*path, node.name)
+            if not isinstance(node, ast.ClassDef):
+                allowed = allowed | declared.get((module, ".".join(path)), frozenset())
+            for statement in _without_docstring(node.body):  # decorators declare: not scanned
+                scan(statement, path, allowed)
+            return
+        if not path and isinstance(node, ast.Call) and getattr(node.func, "id", None) == "rule_code":
+            return
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and RULE_CODE.match(node.value):
+            if node.value not in allowed:
+                found.append(f"{module}:{node.lineno}: {node.value} in {'.'.join(path) or 'module'}")
+            return
+        for child in ast.iter_child_nodes(node):
+            scan(child, path, allowed)
+
+    for statement in _without_docstring(ast.parse(source).body):
+        scan(statement, (), frozenset())
+    return found
+
+
+def _without_docstring(body: list[ast.stmt]) -> list[ast.stmt]:
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        return body[1:]
+    return body
+
+
+def test_rule_codes_appear_only_where_declared():
+    sources = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        sources[module.removesuffix(".__init__")] = path.read_text(encoding="utf-8")
+    for module, source in sources.items():
+        if "rewrite.registry import" in source:
+            importlib.import_module(module)  # its declarations
+    assert transforms.FAMILIES
+    catalog = load_catalog()
+    assert registry.check(catalog) == []  # also the modules load_catalog does not import
+    declared = _declared_codes(catalog)
+    stray = [found for module, source in sources.items() for found in stray_codes(source, module, declared)]
+    assert stray == []
+
+
+def test_the_scan_finds_a_stray_code():
+    """The scan itself: a literal in an undeclared function, or one its declaration lacks."""
+    source = '''
+"""Docstrings may name TPU010."""
+from tpu_migrate.rewrite.registry import emits, rule_code
+
+KNOWN = rule_code("TPU098")
+LOOSE = "TPU099"
+
+@emits("TPU190")
+def guard(sc):
+    """TPU190 in prose."""
+    sc.fixed("TPU190")
+    sc.fixed("TPU191")
+    def inner():
+        return "TPU190"
+
+def helper(sc):
+    sc.fixed("TPU002")
+'''
+    declared = {("m", "guard"): {"TPU190"}}
+    assert stray_codes(source, "m", declared) == [
+        "m:6: TPU099 in module",
+        "m:12: TPU191 in guard",
+        "m:17: TPU002 in helper",
+    ]
