@@ -50,7 +50,7 @@ def _split(value: str | None) -> list[str] | None:
 def _rewrite_paths(files, settings, jobs, sources=None):
     # Imported here: a run answered from the cache never loads libcst.
     from tpu_migrate.rewrite.context import Options
-    from tpu_migrate.rewrite.engine import rewrite_paths
+    from tpu_migrate.rewrite.paths import rewrite_paths
 
     return rewrite_paths(files, Options(**settings), jobs, sources=sources)
 
