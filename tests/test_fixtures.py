@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 
+import pyflakes.checker
+import pyflakes.messages
 import pytest
 
 from conftest import FIXTURES, expected_path, rewrite_cases
@@ -50,10 +50,9 @@ def test_every_rule_has_fixtures_for_both_targets():
 
 
 def _undefined_names(path) -> set[str]:
-    out = subprocess.run(
-        [sys.executable, "-m", "pyflakes", str(path)], capture_output=True, text=True
-    ).stdout
-    return {line.split("undefined name ")[1].strip() for line in out.splitlines() if "undefined name" in line}
+    """pyflakes' `undefined name` findings, in-process (a pyflakes subprocess per file cost ~40 s)."""
+    found = pyflakes.checker.Checker(ast.parse(path.read_bytes(), str(path)), filename=str(path)).messages
+    return {m.message_args[0] for m in found if isinstance(m, pyflakes.messages.UndefinedName)}
 
 
 @pytest.mark.parametrize("target", TARGETS)
