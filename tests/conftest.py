@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -64,3 +65,13 @@ def default_sigint() -> None:
     """Start with Ctrl-C's default action, as from a terminal: a test run started in the
     background by a non-interactive shell inherits SIGINT ignored, and so would the program."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def undefined_names(source: bytes) -> set[str]:
+    """The names pyflakes reports as undefined in `source`; in-process (the same findings as
+    `python -m pyflakes`, and a subprocess per file cost the fixture and realistic tests ~90 s)."""
+    import pyflakes.checker
+    import pyflakes.messages
+
+    found = pyflakes.checker.Checker(ast.parse(source)).messages
+    return {m.message_args[0] for m in found if isinstance(m, pyflakes.messages.UndefinedName)}

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import ast
 
-import pyflakes.checker
-import pyflakes.messages
 import pytest
 
-from conftest import FIXTURES, expected_path, rewrite_cases
+from conftest import FIXTURES, expected_path, rewrite_cases, undefined_names
 from tpu_migrate.rewrite.context import Options
 from tpu_migrate.rewrite.engine import rewrite_bytes
 from tpu_migrate.rules import load_catalog
@@ -49,16 +47,10 @@ def test_every_rule_has_fixtures_for_both_targets():
                 assert expected_path(case, target).is_file()
 
 
-def _undefined_names(path) -> set[str]:
-    """pyflakes' `undefined name` findings, in-process (a pyflakes subprocess per file cost ~40 s)."""
-    found = pyflakes.checker.Checker(ast.parse(path.read_bytes(), str(path)), filename=str(path)).messages
-    return {m.message_args[0] for m in found if isinstance(m, pyflakes.messages.UndefinedName)}
-
-
 @pytest.mark.parametrize("target", TARGETS)
 def test_outputs_use_no_undefined_names(target):
     for case in CASES:
-        introduced = _undefined_names(expected_path(case, target)) - _undefined_names(case)
+        introduced = undefined_names(expected_path(case, target).read_bytes()) - undefined_names(case.read_bytes())
         assert not introduced, f"{case.name} ({target}): {introduced}"
 
 
