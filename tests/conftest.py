@@ -75,3 +75,17 @@ def undefined_names(source: bytes) -> set[str]:
 
     found = pyflakes.checker.Checker(ast.parse(source)).messages
     return {m.message_args[0] for m in found if isinstance(m, pyflakes.messages.UndefinedName)}
+
+
+# The fast lane (`pytest -m "not slow"`, README: Tests) stays fast: with TPU_MIGRATE_FAST_LIMIT=S
+# set, a test not marked slow fails when its call takes over S seconds. (Set-up is not counted:
+# a module-scoped fixture's one run is shared by its tests.)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    limit = os.environ.get("TPU_MIGRATE_FAST_LIMIT")
+    if limit and report.when == "call" and report.passed and item.get_closest_marker("slow") is None \
+            and report.duration > float(limit):
+        report.outcome = "failed"
+        report.longrepr = (f"call took {report.duration:.1f} s, over TPU_MIGRATE_FAST_LIMIT={limit}: "
+                           "make it faster or mark it @pytest.mark.slow")

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from conftest import ROOT, default_sigint
 from differential import free_port
+
+pytestmark = pytest.mark.slow  # real torch_xla programs under diagnose, torchrun
 
 PROGRAMS = ROOT / "fixtures" / "diagnose"
 

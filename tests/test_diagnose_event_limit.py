@@ -13,6 +13,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow  # long runs under diagnose
+
 PROGRAMS = ROOT / "fixtures" / "diagnose"
 
 

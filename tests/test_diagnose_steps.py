@@ -14,6 +14,8 @@ import pytest
 from conftest import ROOT
 from test_diagnose import diagnose, findings_of
 
+pytestmark = pytest.mark.slow  # real torch_xla training scripts under diagnose
+
 NATIVE = ROOT / "fixtures" / "diagnose" / "native"
 REAL = ROOT / "fixtures" / "programs" / "real" / "pytorch_xla"
 MNIST_FLAGS = ("--fake_data", "--num_cores", "1", "--num_epochs", "1", "--batch_size", "32", "--log_steps", "5")

@@ -16,6 +16,8 @@ from conftest import ROOT
 from differential import free_port
 from test_realistic import unmarked_references
 
+pytestmark = pytest.mark.slow  # torch_xla originals and migrated programs, torchrun at world size 2
+
 PROGRAMS = sorted(harness.PROGRAMS.glob("p*.py"))
 
 
