@@ -11,16 +11,13 @@ from pathlib import Path
 
 import pytest
 
+import fixture_spec
+
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures" / "rewrite"
-
-
-def rewrite_cases() -> list[Path]:
-    return sorted(FIXTURES.glob("*/*.in.py"))
-
-
-def expected_path(case: Path, target: str) -> Path:
-    return case.with_name(case.name.replace(".in.py", f".{target}.py"))
+# The rewrite fixture corpus (defined in fixture_spec, which regenerate.py shares).
+FIXTURES = fixture_spec.FIXTURES
+rewrite_cases = fixture_spec.rewrite_cases
+expected_path = fixture_spec.expected_path
 
 
 def run_cli(*args: str, cwd: Path | None = None, input: bytes | None = None) -> subprocess.CompletedProcess:

@@ -44,7 +44,7 @@ def test_json_schema():
     assert doc["costs"]["run_seconds"] > doc["costs"]["first_step_seconds"] > 0
     for finding in doc["findings"]:
         assert set(finding) == {"kind", "file", "line", "count", "first_step", "op", "rank",
-                                "message", "explanation", "source", "cost"}
+                                "message", "explanation", "source", "via", "cost"}
         assert set(finding["cost"]) == {"seconds", "share", "how", "slow_steps"}
         assert isinstance(finding["line"], int) and isinstance(finding["count"], int)
 

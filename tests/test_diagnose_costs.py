@@ -54,7 +54,30 @@ def test_ties_keep_their_order_and_no_steady_state_is_said():
     assert "fewer than 3 steady-state steps" in run.lines()[1]
 
 
-def test_a_native_read_on_the_cpu_is_not_given_a_wait():
-    read = _finding("sync", 1, [1, 2], op="item")
+def test_a_native_read_costs_its_wait_on_an_accelerator_not_on_the_cpu_standing_in():
+    # The native wrapper times every read; with the CPU standing in, that time is the CPU's
+    # own compute, not a wait for a device.
+    read = _finding("sync", 1, [1, 2], waited=0.004, op="item")
     costs.measure(Summary([read], 3, 2), [], {}, "native", "cpu")
     assert read.cost.seconds is None and "the CPU stands in for the TPU" in read.message
+    read = _finding("sync", 1, [1, 2], waited=0.004, op="item")
+    costs.measure(Summary([read], 3, 2), [], {}, "native", "cuda")
+    assert read.cost.seconds == 0.004 and "time the host waited in the call" in read.message
+
+
+def test_the_headline_counts_a_read_inside_a_slow_compile_step_once():
+    # Step 5 took 1.1 s against a 0.1 s median: it compiled, and a read in it waited 0.6 s of
+    # that time. The two findings lost 1.0 s + the reads of the other steps, not 1.6 s.
+    times = [2.0, 2.1, 2.2, 2.3, 2.4, 3.5, 3.6, 3.7]
+    records = [StepRecord(i, 0.0 if i == 0 else times[i] - times[i - 1]) for i in range(len(times))]
+    records[5].compiles, records[5].compile_seconds = 1, 0.4
+    waits = {1: 0.01, 2: 0.01, 3: 0.01, 4: 0.01, 5: 0.6, 6: 0.01, 7: 0.01}
+    read = _finding("sync", 10, list(waits), waited=sum(waits.values()), op="item")
+    recompile = _finding("recompile", 20, [5])
+    events = _events(times, ended=4.0)
+    events[1] += [{"kind": "sync", "op": "item", "file": __file__, "line": 10, "step": s, "wait": w}
+                  for s, w in waits.items()]
+    run = costs.measure(Summary([recompile, read], 8, 2), records, events, "xla", None)
+    assert abs(read.cost.seconds - 0.66) < 1e-9 and abs(recompile.cost.seconds - 1.0) < 1e-9
+    # (1.0 + 0.06) / 4.0 s, where adding the two costs would say (1.0 + 0.66) / 4.0 = 41%
+    assert run.headline.startswith("2 finding(s) cost 26% of the run (4.00 s)"), run.headline

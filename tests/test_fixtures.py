@@ -1,38 +1,50 @@
-"""Golden fixtures: every rule, both targets, compared byte for byte, and each a fixed point."""
+"""Golden fixtures: every rule, both targets, compared byte for byte (outputs and findings), each
+output a fixed point, each rule's directory exercising that rule and holding a near miss of it.
+
+Each case is rewritten once per target (cached): the assertions below share the results."""
 
 from __future__ import annotations
 
 import ast
+import functools
+from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, expected_path, rewrite_cases, undefined_names
-from tpu_migrate.rewrite.context import Options
-from tpu_migrate.rewrite.engine import rewrite_bytes
+from conftest import undefined_names
+from fixture_spec import (
+    FIXTURES, NEAR_MISS, TARGETS, codes, expected_path, findings_path, findings_text, is_leave_alone,
+    near_miss_lines, output, rewrite, rewrite_cases, rule_code,
+)
 from tpu_migrate.rules import load_catalog
 
 CASES = rewrite_cases()
-TARGETS = ("tpu", "portable")
+CASE_IDS = [f"{case.parent.name}/{case.name[:-6]}" for case in CASES]
 
 
-def rewrite(data: bytes, target: str, name: str = "case.py"):
-    result = rewrite_bytes(data, name, Options(target=target))
-    assert result.error is None, result.error
-    return result.output if result.changed else data
+@functools.cache
+def rewritten(case: Path, target: str):
+    return rewrite(case.read_bytes(), target)
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("case", CASES, ids=lambda p: f"{p.parent.name}/{p.name[:-6]}")
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_fixture_output_matches(case, target):
     expected = expected_path(case, target).read_bytes()
-    assert rewrite(case.read_bytes(), target).decode() == expected.decode()
+    assert output(rewritten(case, target), case.read_bytes()).decode() == expected.decode()
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_fixture_findings_match(case):
+    expected = findings_path(case).read_text()
+    assert findings_text({target: rewritten(case, target) for target in TARGETS}) == expected
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("case", CASES, ids=lambda p: f"{p.parent.name}/{p.name[:-6]}")
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_fixture_output_is_a_fixed_point(case, target):
     expected = expected_path(case, target).read_bytes()
-    assert rewrite(expected, target) == expected
+    assert output(rewrite(expected, target), expected) == expected
     ast.parse(expected)
 
 
@@ -45,12 +57,56 @@ def test_every_rule_has_fixtures_for_both_targets():
         for case in cases:
             for target in TARGETS:
                 assert expected_path(case, target).is_file()
+            assert findings_path(case).is_file()
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_rule_directory_exercises_its_rule(target):
+    """Some case of a rule's directory reports that rule: its outputs are the rule's work, not
+    only the work of the other rules its cases also trigger."""
+    for rule in load_catalog().rules:
+        cases = FIXTURES.glob(f"{rule.code}-*/*.in.py")
+        assert any(rule.code in codes(rewritten(case, target)) for case in cases), rule.code
+
+
+def test_every_rule_has_a_leave_alone_case():
+    for rule in load_catalog().rules:
+        cases = [case for case in FIXTURES.glob(f"{rule.code}-*/*.in.py") if is_leave_alone(case)]
+        assert cases, f"{rule.code} has no leave_alone*.in.py case (a near miss it must not report)"
+
+
+LEAVE_ALONE = [case for case in CASES if is_leave_alone(case)]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", LEAVE_ALONE, ids=[f"{c.parent.name}/{c.name[:-6]}" for c in LEAVE_ALONE])
+def test_leave_alone_case_is_not_reported(case, target):
+    """A near miss of its directory's rule: no finding of that rule, and each line marked
+    `# near miss` is in the output as it was (the rest of the file may be other rules' work)."""
+    result = rewritten(case, target)
+    assert rule_code(case) not in codes(result)
+    near_misses = near_miss_lines(case)
+    assert near_misses, f"{case.name} marks no line `{NEAR_MISS}`"
+    kept = set(output(result, case.read_bytes()).decode().splitlines())
+    assert [line for line in near_misses if line not in kept] == []
+
+
+def test_findings_of_a_case_name_no_rule_outside_the_catalog():
+    known = {rule.code for rule in load_catalog().rules}
+    for case in CASES:
+        for target in TARGETS:
+            assert codes(rewritten(case, target)) <= known, case
+
+
+@functools.cache
+def _undefined_names(path: Path) -> frozenset[str]:
+    return frozenset(undefined_names(path.read_bytes()))
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_outputs_use_no_undefined_names(target):
     for case in CASES:
-        introduced = undefined_names(expected_path(case, target).read_bytes()) - undefined_names(case.read_bytes())
+        introduced = _undefined_names(expected_path(case, target)) - _undefined_names(case)
         assert not introduced, f"{case.name} ({target}): {introduced}"
 
 

@@ -13,8 +13,9 @@ import re
 from dataclasses import dataclass, field
 
 from tpu_migrate.diagnose import causes
+from tpu_migrate.diagnose.locations import library_location, relative
 from tpu_migrate.diagnose.runner import Evidence
-from tpu_migrate.diagnose.tracer import EXPECTED_ATEN, is_library
+from tpu_migrate.diagnose.tracer import EXPECTED_ATEN, is_library, is_shown_library
 
 KINDS = ("recompile", "recompile-limit", "graph-break", "sync", "dynamic-shape", "fallback",
          "unsupported-op", "tpu-incompatible", "compile", "closure-read")
@@ -72,6 +73,8 @@ class Finding:
     traced: bool = field(default=False, repr=False)
     waited: float | None = field(default=None, repr=False)  # seconds the host waited in its calls
     cost: object = field(default=None, repr=False)  # costs.Cost, once measured
+    # Inside a library: the call the user's line made and the library line it happened at.
+    via: list = field(default_factory=list, repr=False)
 
     @property
     def step_count(self) -> int:
@@ -82,7 +85,8 @@ class Finding:
         document = {"kind": self.kind, "file": self.file, "line": self.line, "count": self.count,
                     "first_step": self.first_step, "op": self.op, "rank": self.rank,
                     "message": self.message, "explanation": self.explanation,
-                    "source": linecache.getline(self.file, self.line).strip() or None}
+                    "source": linecache.getline(self.file, self.line).strip() or None,
+                    "via": self.via}
         if self.cost is not None:
             document["cost"] = self.cost.to_json()
         return document
@@ -139,7 +143,7 @@ def parse_fallbacks(log: bytes) -> list[tuple[int, str, str, int]]:
     return calls
 
 
-def _step_boundaries(events: list[dict]) -> list[dict]:
+def step_boundaries(events: list[dict]) -> list[dict]:
     """The events that end a step: XLA step markers, or without any, optimizer steps."""
     steps = [e for e in events if e["kind"] == "step"]
     return steps or [e for e in events if e["kind"] == "opt_step"]
@@ -149,7 +153,7 @@ def _process_steps(events: list[dict]) -> tuple[int, list[dict]]:
     """Steps the process ran, and the events that ended them. Without an XLA step marker,
     optimizer steps are the steps (and events are renumbered by them). Past the event limit
     the boundaries skip the steps that brought no news: their `step` field is the step."""
-    boundaries = _step_boundaries(events)
+    boundaries = step_boundaries(events)
     counted = _counted(events)
     by_optimizer = (boundaries[0]["kind"] == "opt_step" if boundaries else
                     counted is not None and counted["steps"] == 0 and counted["osteps"] > 0)
@@ -226,8 +230,8 @@ def backend(evidence: Evidence) -> tuple[str, str | None]:
 
 def step_records(evidence: Evidence) -> list[StepRecord]:
     """The steps recorded one by one (up to the event limit) of the process that ran the most."""
-    events = max(evidence.events.values(), key=lambda e: len(_step_boundaries(e)), default=[])
-    boundaries = _step_boundaries(events)
+    events = max(evidence.events.values(), key=lambda e: len(step_boundaries(e)), default=[])
+    boundaries = step_boundaries(events)
     by_optimizer = bool(boundaries) and boundaries[0]["kind"] == "opt_step"
     counted = _counted(events)
     if counted is not None:
@@ -323,6 +327,7 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
                            event.get("in_steps", 1))
             finding.changed = finding.changed or event.get("reason") or event.get("gb") or event.get("closure")
             finding.hint = finding.hint or event.get("hint")
+            finding.via = finding.via or event.get("via", [])
             finding.placement_unknown |= event.get("placement") == "unknown"
             finding.exact = finding.exact or bool(event.get("exact"))
             finding.traced |= bool(event.get("traced"))
@@ -378,7 +383,7 @@ def _notes(found, reported, stepless: bool, warmup: int, warmup_steps: int, proc
                      f"step once")
     once = [f for f in found if f.kind == "sync" and f not in reported]
     if once:
-        reads = ", ".join(f"{os.path.basename(f.file)}:{f.line} {f.op.strip('_')} x{f.count}"
+        reads = ", ".join(f"{relative(f.file)}:{f.line} {f.op.strip('_')} x{f.count}"
                           for f in sorted(once, key=lambda f: (f.file, f.line))[:8])
         notes.append(f"host reads not repeated step after step (not findings): {reads}")
     return notes
@@ -421,9 +426,19 @@ def _add_compiles(findings, compiles: list[Compile], boundaries: list[dict], ste
                 kind, op = "compile", "changed once"
             finding = _add(findings, kind, compile_.file, compile_.line, op, compile_.step, rank)
             finding.changed = finding.changed or expected
+            finding.via = finding.via or _origin_via(compile_.origin)
             if kind == "recompile" and finding.changed is None and graphs:
                 finding.changed = graph_change(graphs.get(previous[site] or ""), graphs.get(compile_.graph_hash or ""))
         previous[site] = compile_.graph_hash
+
+
+def _origin_via(origin: str | None) -> list[str]:
+    """The `via` of a compile from torch_xla's frames (innermost first) under the user's line,
+    without the tool's wrappers."""
+    frames = [FRAME.match(f" {text}") for text in (origin or "").split("|") if text]
+    library = [library_location(m["file"], int(m["line"]), m["fn"]) for m in frames
+               if m and is_shown_library(m["file"])]
+    return list(dict.fromkeys(library[-1:] + library[:1]))
 
 
 def _add_counted_compiles(findings, processes, warmup_steps: int) -> None:
@@ -503,7 +518,7 @@ def _reportable(finding: Finding, stepless: bool = False) -> bool:
 
 
 def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
-    where = f"{f.file}:{f.line}"
+    where = f"{relative(f.file)}:{f.line}"
     if f.kind == "recompile" and f.op not in (None, "host read"):  # native: Dynamo's reason
         what = "the compiled code called here" if f.op == "(called here)" else f"`{f.op}`"
         if SHAPE_GUARD.search(f.changed or ""):

@@ -18,7 +18,7 @@ set-up (broadcasting parameters, a data loader's first sync) used up the warm-up
 
 from __future__ import annotations
 
-import os
+from tpu_migrate.diagnose.locations import relative
 
 
 def expected_changes(events: list[dict]) -> dict[int, str]:
@@ -40,7 +40,7 @@ def expected_changes(events: list[dict]) -> dict[int, str]:
                                      f"{step - 1}, and the graph now reads it")
         elif event["kind"] == "accumulator" and event.get("file"):
             changes.setdefault(step, f"an accumulator that starts as a Python number became a "
-                                     f"device tensor at {os.path.basename(event['file'])}:"
+                                     f"device tensor at {relative(event['file'])}:"
                                      f"{event['line']} in step {step - 1} (start it as a tensor: "
                                      f"torch.zeros((), device=...), to compile one graph)")
     return changes

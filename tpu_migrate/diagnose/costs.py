@@ -6,19 +6,19 @@ each finding took.
 - A recompile costs the steps it compiled in, over the steady-state median (its compile and
   whatever else made those steps slow), or, with too few steady steps to compare, the compile
   time those steps spent.
-- A host read or a data-dependent shape costs the time the host waited in the call (torch_xla:
-  the wrapper times each call).
+- A host read or a data-dependent shape costs the time the host waited in the call (the
+  wrapper times each call; on the native backend with the CPU standing in there is no device
+  to wait for, so none).
 - Anything else is not timed by the backend: the report says so instead of a number.
 """
 
 from __future__ import annotations
 
-import linecache
-import os
 import statistics
 from dataclasses import dataclass, field
 
-from tpu_migrate.diagnose.analysis import Finding, StepRecord, Summary
+from tpu_migrate.diagnose.analysis import Finding, StepRecord, Summary, step_boundaries
+from tpu_migrate.diagnose.locations import relative
 
 SLOW = 1.5  # a step this many times the steady-state median is slow
 MIN_STEADY = 3  # fewer steady steps give no median to compare with
@@ -155,7 +155,8 @@ def measure(summary: Summary, records: list[StepRecord], events_by_process: dict
                      "torch_xla CompileTime" if backend == "xla" else "Dynamo compile time",
                      median, _percentile(steady, 0.1) if median else None,
                      _percentile(steady, 0.9) if median else None, slow)
-    costs.headline = _headline(summary.findings, run_seconds)
+    lost = _lost_together(summary.findings, records, median, _busiest(events_by_process))
+    costs.headline = _headline(summary.findings, lost, run_seconds)
     return costs
 
 
@@ -175,34 +176,52 @@ def _finding_cost(f: Finding, records: list[StepRecord], median: float | None,
         return Cost(over, why=f"its {len(steps)} step(s) over the steady-state median, of which "
                               f"compiling {_duration(compiled)}")
     if f.kind in WAIT_KINDS:
+        if backend == "native" and device == "cpu":  # the call's time is the CPU's compute
+            return Cost(None, why="the CPU stands in for the TPU, so there is no device to wait for")
         if f.waited is not None:
             return Cost(f.waited, why="time the host waited in the call")
-        if backend == "native" and device == "cpu":
-            return Cost(None, why="the CPU stands in for the TPU, so there is no device to wait for")
         return Cost(None, why=f"the {backend} backend does not time this call")
     if f.kind == "fallback" and backend == "xla":
         return Cost(None, why="torch_xla does not time the ops it runs on the CPU")
     return Cost(None, why=f"the {backend} backend does not time it")
 
 
-def _headline(findings: list[Finding], run_seconds: float | None) -> str:
+def _lost_together(findings: list[Finding], records: list[StepRecord], median: float | None,
+                   events: list[dict]) -> float:
+    """The time the costed findings lost together, each second once: a host read inside a step
+    that a compile slowed is already in that step's time over the median, so a step counts the
+    larger of the two. Reads the busiest process's events do not show one by one (another
+    process, past the event limit) count as measured."""
+    compiled: dict[int, float] = {}  # step -> time the compile findings in it lost
+    for f in findings:
+        if f.kind in COMPILE_KINDS and f.cost.seconds:
+            for step in f.steps:
+                if 0 < step < len(records):
+                    record = records[step]
+                    compiled[step] = max(record.seconds - median, 0.0) if median else record.compile_seconds
+    reads = {(f.file, f.line, f.op) for f in findings if f.kind in WAIT_KINDS and f.cost.seconds}
+    waited: dict[int, float] = {}  # step -> time the host waited in those reads
+    # The records count optimizer steps when the program has no XLA step marker.
+    step_key = "step" if any(e["kind"] == "step" for e in events) else "ostep"
+    for event in events:
+        if "wait" in event and (event.get("file"), event.get("line"), event.get("op")) in reads:
+            step = event.get(step_key, 0)
+            waited[step] = waited.get(step, 0.0) + event["wait"]
+    unplaced = sum(f.cost.seconds for f in findings if f.kind in WAIT_KINDS and f.cost.seconds) - sum(waited.values())
+    return (sum(max(compiled.get(step, 0.0), waited.get(step, 0.0)) for step in compiled.keys() | waited.keys())
+            + max(unplaced, 0.0))
+
+
+def _busiest(events_by_process: dict[int, list[dict]]) -> list[dict]:
+    """The events of the process whose steps the records are (analysis.step_records)."""
+    return max(events_by_process.values(), default=[], key=lambda events: len(step_boundaries(events)))
+
+
+def _headline(findings: list[Finding], lost: float, run_seconds: float | None) -> str:
     costed = [f for f in findings if f.cost.seconds]
     if not costed or not run_seconds:
         return ""
-    total = min(sum(f.cost.seconds for f in costed) / run_seconds, 1.0)
     top = costed[0]
-    return (f"{len(costed)} finding(s) cost {_share(total)} of the run ({_duration(run_seconds)}); the "
-            f"{top.kind} at {relative(top.file)}:{top.line} alone {_share(top.cost.share)}")
-
-
-def relative(path: str) -> str:
-    """A path under the working directory, relative to it; others as they are."""
-    try:
-        shown = os.path.relpath(path)
-    except ValueError:  # another drive
-        return path
-    return path if shown.startswith("..") else shown
-
-
-def source_line(path: str, line: int) -> str:
-    return linecache.getline(path, line).strip()
+    return (f"{len(costed)} finding(s) cost {_share(min(lost / run_seconds, 1.0))} of the run "
+            f"({_duration(run_seconds)}); the {top.kind} at {relative(top.file)}:{top.line} alone "
+            f"{_share(top.cost.share)}")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import html
 
 from tpu_migrate.diagnose.analysis import Finding, StepRecord
-from tpu_migrate.diagnose.costs import RunCosts, relative, source_line
+from tpu_migrate.diagnose.costs import RunCosts
+from tpu_migrate.diagnose.locations import relative, source_line, via_text
 from tpu_migrate.report.html_page import inline, page
 
 MARKS = (("compiles", "#d62728", "compile"), ("syncs", "#1f77b4", "host sync"),
@@ -26,6 +27,7 @@ th:nth-child(1) { width: 8rem; } th:nth-child(3), th:nth-child(4) { width: 4.5re
 .kind-unsupported-op, .kind-tpu-incompatible { color: #8c564b; font-weight: bold; }
 .legend span { margin-right: 1.2rem; }
 code.source { display: block; white-space: pre-wrap; color: #555; }
+.via { font-size: 12px; color: #777; }
 """
 
 
@@ -124,7 +126,8 @@ def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: li
     rows = "\n".join(
         f'<tr class="finding"><td class="kind-{html.escape(f.kind)}">{html.escape(f.kind)}</td>'
         f"<td>{html.escape(relative(f.file))}:{f.line}{'' if f.rank is None else f' (rank {f.rank})'}"
-        f'<code class="source">{html.escape(source_line(f.file, f.line))}</code></td>'
+        f'<code class="source">{html.escape(source_line(f.file, f.line))}</code>'
+        + (f'<div class="via">{html.escape(via_text(f.via))}</div>' if f.via else "") + "</td>"
         f'<td class="count">{f.count}</td><td class="count">{f.first_step}</td>'
         f'<td>{inline(f.message)}<div class="explanation">{inline(f.explanation or "")}</div></td></tr>'
         for f in findings
@@ -143,7 +146,7 @@ def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: li
     if costs is not None:
         legend += ('<span style="color:#2ca02c">- - steady-state median</span>'
                    '<span style="color:#d62728">&#9633; slowed by a finding</span>')
-    return page(f"tpu-migrate diagnose: {script}", STYLE, f"""<p>backend {html.escape(backend)} &middot; {total_steps} steps{covered} &middot; {warmup_steps} warm-up steps (shaded) &middot; exit status {exit_code}</p>
+    return page(f"tpu-migrate diagnose: {relative(script)}", STYLE, f"""<p>backend {html.escape(backend)} &middot; {total_steps} steps{covered} &middot; {warmup_steps} warm-up steps (shaded) &middot; exit status {exit_code}</p>
 {summary}
 <h2>Findings</h2>
 {table}

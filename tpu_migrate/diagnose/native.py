@@ -406,13 +406,15 @@ class NativeHooks:
             if where is None:
                 return original(self, *args, **kwargs)
             local.busy = True
+            started = time.perf_counter()
             try:
-                if where == UNKNOWN:
-                    recorder.at_user_line(kind, label, placement=UNKNOWN)
-                else:
-                    recorder.at_user_line(kind, label)
                 return original(self, *args, **kwargs)
-            finally:
+            finally:  # with how long the host waited (on a real accelerator; costs.py knows)
+                waited = time.perf_counter() - started
+                if where == UNKNOWN:
+                    recorder.at_user_line(kind, label, placement=UNKNOWN, wait=waited)
+                else:
+                    recorder.at_user_line(kind, label, wait=waited)
                 local.busy = False
 
         return _dynamo_skips(wrapper)

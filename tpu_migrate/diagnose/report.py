@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tpu_migrate.diagnose.analysis import KINDS, Finding
-from tpu_migrate.diagnose.costs import relative, source_line
+from tpu_migrate.diagnose.locations import relative, source_line, via_text
 
 JSON_VERSION = 1
 
@@ -39,7 +39,7 @@ def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
 def print_report(console: Console, script: str, steps: int, warmup_steps: int,
                  findings: list[Finding], timeline: str = "", backend: str = "xla",
                  device: str | None = None, notes: list[str] | None = None, costs=None) -> None:
-    console.print(f"tpu-migrate diagnose: {script} (backend {backend}, {steps} steps, "
+    console.print(f"tpu-migrate diagnose: {relative(script)} (backend {backend}, {steps} steps, "
                   f"{warmup_steps} warm-up)", style="bold", markup=False, highlight=False)
     if backend == "native" and device == "cpu":
         console.print("device: cpu - no accelerator here, so the CPU stands in for the TPU: the "
@@ -71,6 +71,8 @@ def print_report(console: Console, script: str, steps: int, warmup_steps: int,
             code = source_line(f.file, f.line)
             if code:
                 console.print(f"    > {code}", markup=False, highlight=False)
+            if f.via:
+                console.print(f"    {via_text(f.via)}", markup=False, highlight=False)
             if f.explanation:
                 console.print(f"    {f.explanation}", markup=False, highlight=False)
         return
@@ -80,7 +82,8 @@ def print_report(console: Console, script: str, steps: int, warmup_steps: int,
     for f in findings:
         rank = f"\nrank {f.rank}" if f.rank is not None else ""
         code = source_line(f.file, f.line)
-        table.add_row(f.kind, f"{relative(f.file)}:{f.line}{rank}" + (f"\n> {code}" if code else ""),
+        table.add_row(f.kind, f"{relative(f.file)}:{f.line}{rank}" + (f"\n> {code}" if code else "")
+                      + (f"\n{via_text(f.via)}" if f.via else ""),
                       str(f.count), str(f.first_step), f"{f.message}\n{f.explanation or ''}")
     console.print(table)
 

@@ -37,6 +37,7 @@ import sysconfig
 import threading
 import time
 
+from tpu_migrate.diagnose.locations import library_location
 from tpu_migrate.diagnose.modes import leave_dispatch_mode
 
 ENV_DIR = "TPU_MIGRATE_DIAGNOSE"
@@ -87,6 +88,39 @@ def user_frame(start_depth: int = 2):
             return os.path.abspath(filename), frame.f_lineno
         frame = frame.f_back
     return None, None
+
+
+def call_site(start_depth: int = 2):
+    """(file, line, via): the user's frame, and when the event happened inside a library, the
+    library call the user's line made and the library line it happened at ("path:line in
+    function", outermost first; one entry when they are the same frame). The tool's own frames
+    and the standard library's are not shown."""
+    frame = sys._getframe(start_depth)
+    innermost = outermost = None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not is_library(filename):
+            shown = [f for f in (outermost, innermost) if f is not None]
+            return os.path.abspath(filename), frame.f_lineno, [
+                library_location(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+                for f in dict.fromkeys(shown)]
+        if is_shown_library(filename):
+            innermost = innermost or frame
+            outermost = frame
+        frame = frame.f_back
+    return None, None, []
+
+
+def is_shown_library(filename: str) -> bool:
+    """A library frame worth naming in `via`: not the tool's own wrappers, not the standard
+    library (contextlib, threading), not generated code."""
+    if not is_library(filename) or _TOOL in filename or filename.startswith("<"):
+        return False
+    # A venv's platstdlib is a prefix of its site-packages.
+    return not filename.startswith(_STDLIB) or any(root in filename for root in _LIBRARY_MARKERS[:2])
+
+
+_TOOL = os.sep + "tpu_migrate" + os.sep
 
 
 class Recorder:
@@ -221,9 +255,12 @@ class Recorder:
             self.flush()
 
     def at_user_line(self, kind: str, op: str, depth: int = 3, **extra) -> None:
-        filename, line = user_frame(depth)
+        filename, line, via = call_site(depth)
         if filename is not None:
-            self.emit({"kind": kind, "op": op, "file": filename, "line": line, **extra})
+            event = {"kind": kind, "op": op, "file": filename, "line": line}
+            if via:  # before the wait, which an event counted past the limit drops
+                event["via"] = via
+            self.emit({**event, **extra})
 
     def step_boundary(self, marker: str) -> None:
         self.read_fallbacks()
