@@ -74,7 +74,7 @@ def undefined_names(source: bytes) -> set[str]:
     return {m.message_args[0] for m in found if isinstance(m, pyflakes.messages.UndefinedName)}
 
 
-# The fast lane (`pytest -m "not slow"`, README: Tests) stays fast: with TPU_MIGRATE_FAST_LIMIT=S
+# The fast lane (`pytest -m "not slow"`, README: Quick start) stays fast: with TPU_MIGRATE_FAST_LIMIT=S
 # set, a test not marked slow fails when its call takes over S seconds. (Set-up is not counted:
 # a module-scoped fixture's one run is shared by its tests.)
 @pytest.hookimpl(hookwrapper=True)
