@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tpu_migrate.rewrite.context import Options  # noqa: E402
-from tpu_migrate.rewrite.engine import rewrite_path  # noqa: E402
+from tpu_migrate.rewrite.paths import rewrite_path  # noqa: E402
 from tpu_migrate.rewrite.files import discover  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

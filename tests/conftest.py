@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
@@ -61,3 +62,27 @@ def default_sigint() -> None:
     """Start with Ctrl-C's default action, as from a terminal: a test run started in the
     background by a non-interactive shell inherits SIGINT ignored, and so would the program."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def undefined_names(source: bytes) -> set[str]:
+    """The names pyflakes reports as undefined in `source`; in-process (the same findings as
+    `python -m pyflakes`, and a subprocess per file cost the fixture and realistic tests ~90 s)."""
+    import pyflakes.checker
+    import pyflakes.messages
+
+    found = pyflakes.checker.Checker(ast.parse(source)).messages
+    return {m.message_args[0] for m in found if isinstance(m, pyflakes.messages.UndefinedName)}
+
+
+# The fast lane (`pytest -m "not slow"`, README: Quick start) stays fast: with TPU_MIGRATE_FAST_LIMIT=S
+# set, a test not marked slow fails when its call takes over S seconds. (Set-up is not counted:
+# a module-scoped fixture's one run is shared by its tests.)
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    limit = os.environ.get("TPU_MIGRATE_FAST_LIMIT")
+    if limit and report.when == "call" and report.passed and item.get_closest_marker("slow") is None \
+            and report.duration > float(limit):
+        report.outcome = "failed"
+        report.longrepr = (f"call took {report.duration:.1f} s, over TPU_MIGRATE_FAST_LIMIT={limit}: "
+                           "make it faster or mark it @pytest.mark.slow")

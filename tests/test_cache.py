@@ -21,6 +21,8 @@ from conftest import ROOT
 from tpu_migrate.findings import FileResult
 from tpu_migrate.rewrite import cache as result_cache
 
+pytestmark = pytest.mark.slow  # the CLI as a subprocess, concurrent runs
+
 XLA = "import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()\nxm.mark_step()\n"
 MANUAL = "import torch_xla.core.xla_model as xm\n\nxm.collective_permute(t, [(0, 1)])\n"
 CLEAN = "import torch\n\nx = torch.ones(2)\n"

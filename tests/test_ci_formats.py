@@ -9,8 +9,11 @@ import subprocess
 import sys
 
 import jsonschema
+import pytest
 
 from conftest import FIXTURES, ROOT
+
+pytestmark = pytest.mark.slow  # the CLI and diagnose as subprocesses
 
 SCHEMA = json.loads((ROOT / "tests" / "data" / "sarif-2.1.0.json").read_text())
 MANUAL = FIXTURES / "TPU099-unconverted-api" / "basic.in.py"

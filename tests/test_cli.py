@@ -13,6 +13,8 @@ import pytest
 
 from conftest import FIXTURES
 
+pytestmark = pytest.mark.slow  # the CLI as a subprocess
+
 XLA = "import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()\nxm.mark_step()\n"
 XLA_REWRITTEN = 'import torch\n\ndevice = torch.device("tpu")\n'
 MANUAL = "import torch_xla.core.xla_model as xm\n\nxm.collective_permute(t, [(0, 1)])\n"

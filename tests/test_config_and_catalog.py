@@ -36,6 +36,7 @@ def check_json(cli, project, *args):
     return result, json.loads(result.stdout) if result.stdout else None
 
 
+@pytest.mark.slow
 def test_config_sets_target_select_exclude_and_fix_level(cli, project):
     write_config(project, 'target = "portable"\nselect = ["TPU0"]\nexclude = ["legacy.py"]\nfix-level = "safe"\n')
     result, doc = check_json(cli, project)
@@ -48,6 +49,7 @@ def test_config_sets_target_select_exclude_and_fix_level(cli, project):
     ]
 
 
+@pytest.mark.slow
 def test_cli_flags_override_the_config(cli, project):
     write_config(project, 'target = "portable"\nfix-level = "safe"\nignore = ["TPU001"]\n')
     result, doc = check_json(cli, project, "--target", "tpu", "--fix-level", "unsafe", "--ignore", "TPU099")
@@ -56,6 +58,7 @@ def test_cli_flags_override_the_config(cli, project):
     assert codes == {"TPU001", "TPU040"}
 
 
+@pytest.mark.slow
 def test_config_is_found_from_a_subdirectory_path(cli, project):
     write_config(project, 'ignore = ["TPU001"]\n')
     result = cli("rewrite", "--check", "--format", "json", "src/train.py", cwd=project / "src")
@@ -86,6 +89,7 @@ def test_bad_config_is_one_error_line_naming_the_file_and_the_problem(cli, proje
     assert (project / "src" / "train.py").read_text() == SOURCE
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where, args", [
     ("", ["."]), ("", ["src"]), ("", ["./src/"]), ("", ["src/train.py", "./src/legacy.py"]),
     ("", ["ABS/src"]), ("", ["ABS/src/legacy.py", "ABS/src/train.py"]), ("src", ["."]), ("src", ["legacy.py", "train.py"]),
@@ -99,6 +103,7 @@ def test_config_excludes_are_relative_to_the_pyproject_whatever_the_path_spellin
     assert names == ["train.py"], (args, names)
 
 
+@pytest.mark.slow
 def test_exclude_flags_are_relative_to_the_working_directory(cli, project):
     def names(*args, cwd=project):
         result = cli("rewrite", "--check", "--format", "json", *args, cwd=cwd)
@@ -113,6 +118,7 @@ def test_exclude_flags_are_relative_to_the_working_directory(cli, project):
     assert names("--exclude", "src", ".") == []  # a directory: everything below it
 
 
+@pytest.mark.slow
 def test_fix_level_safe_keeps_unsafe_code_without_todo_comments(cli, project):
     cli("rewrite", "--fix-level", "safe", "src/train.py", cwd=project)
     text = (project / "src" / "train.py").read_text()
@@ -132,11 +138,25 @@ def test_rules_lists_every_rule(cli):
     assert set(doc[0]) == {"code", "name", "safety", "targets", "summary"}
 
 
+def explain_in_process(code: str) -> str:
+    """`tpu-migrate explain CODE`'s output, the same bytes as through a subprocess (which costs
+    ~0.5 s of start-up per rule: 40 s for the catalog; the test below compares one with the real one)."""
+    from click.testing import CliRunner
+
+    from tpu_migrate.cli import main
+
+    result = CliRunner().invoke(main, ["explain", code], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
 def test_every_rule_is_explained_with_its_own_fixture(cli):
+    first = load_catalog().rules[0].code
+    assert cli("explain", first).stdout.decode() == explain_in_process(first)
     for rule in load_catalog().rules:
         cases = rule_examples(rule)
         assert cases, rule.code
-        out = cli("explain", rule.code.lower()).stdout.decode()
+        out = explain_in_process(rule.code.lower())
         assert out.startswith(f"{rule.code} {rule.name} ({rule.safety})")
         assert rule.explanation.splitlines()[0] in out
         for target in TARGETS:
@@ -154,6 +174,7 @@ def test_explain_unknown_rule(cli):
     assert result.returncode == 2 and b"unknown rule 'TPU999'" in result.stderr
 
 
+@pytest.mark.slow
 def test_wheel_carries_rules_and_examples(tmp_path):
     """A non-editable install (what pre-commit does) finds the rule tables and fixtures."""
     import subprocess

@@ -27,6 +27,8 @@ from tpu_migrate.findings import FileResult
 from tpu_migrate.rewrite.files import TEMP_SUFFIX, discover, is_stale_temp
 from tpu_migrate.rewrite.pool import run_tasks
 
+pytestmark = pytest.mark.slow  # SIGKILLed CLI runs over a 520-file tree
+
 XLA = "import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()\nxm.mark_step()\n"
 XLA_REWRITTEN = 'import torch\n\ndevice = torch.device("tpu")\n'
 PLAIN = "import torch\n\n\ndef f{i}(x):\n    return torch.relu(x) * {i}\n"

@@ -70,6 +70,7 @@ def test_install_lines(line, expected):
     assert install_line(line) == expected
 
 
+@pytest.mark.slow
 def test_the_cli_reports_dependency_files_found_or_named(cli, tmp_path):
     """`rewrite .` finds requirements*.txt and pyproject.toml beside the code and reports what
     still installs torch_xla (exit 1 under --check); named, a requirements file is scanned, not

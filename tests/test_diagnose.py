@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from conftest import ROOT, default_sigint
 from differential import free_port
+
+pytestmark = pytest.mark.slow  # real torch_xla programs under diagnose, torchrun
 
 PROGRAMS = ROOT / "fixtures" / "diagnose"
 
@@ -21,6 +25,7 @@ def diagnose(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
                           capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
 
 
+@functools.lru_cache(maxsize=None)  # one run per program and options: two tests read host_sync_item's
 def findings_of(program: str, *options: str):
     result = diagnose("--format", "json", *options, str(PROGRAMS / program))
     document = json.loads(result.stdout)

@@ -17,6 +17,8 @@ from test_diagnose import diagnose
 
 from tpu_migrate.diagnose import incompatible, native
 
+pytestmark = pytest.mark.slow  # real torch programs (eager, torch.compile) under diagnose
+
 PROGRAMS = ROOT / "fixtures" / "diagnose" / "native"
 
 

@@ -23,6 +23,7 @@ def by_line(document) -> dict[tuple, dict]:
     return {(f["kind"], f["line"], f["op"]): f for f in document["findings"]}
 
 
+@pytest.mark.slow  # a torch.compile program under diagnose, and Dynamo's own log
 def test_shape_recompiles_are_predicted_as_torchtpu_compiles():
     name = "tpu_shape_recompiles.py"
     _, document = run(name)
@@ -37,12 +38,14 @@ def test_shape_recompiles_are_predicted_as_torchtpu_compiles():
     assert "dynamic=False" in recompile["explanation"]
 
 
+@pytest.mark.slow  # a torch.compile program under diagnose, and Dynamo's own log
 def test_attention_is_checked_as_a_tpu_dispatches_it():
     name = "sdpa_attention.py"
     _, document = run(name)
     assert summary(document) == {("unsupported-op", name, line_of(name, "unsupported"), "aten::median")}
 
 
+@pytest.mark.slow  # a torch.compile program under diagnose, and Dynamo's own log
 def test_ops_of_compiled_graphs_are_checked_without_changing_them():
     name = "compiled_unsupported_op.py"
     result, document = run(name)
@@ -53,6 +56,7 @@ def test_ops_of_compiled_graphs_are_checked_without_changing_them():
     assert stats and stats == dynamo_stats(result.stderr)
 
 
+@pytest.mark.slow  # a torch.compile program under diagnose, and Dynamo's own log
 def test_reads_of_host_tensors_are_not_syncs():
     name = "host_tensors.py"
     _, document = run(name)
@@ -67,6 +71,7 @@ def test_reads_of_host_tensors_are_not_syncs():
     assert evaluation["count"] == 18 and "in 3 of 6 steps (not every step)" in evaluation["message"]
 
 
+@pytest.mark.slow  # a torch.compile program under diagnose, and Dynamo's own log
 def test_function_form_data_dependent_ops_under_compile():
     name = "compiled_dynamic_functions.py"
     _, document = run(name)
@@ -80,6 +85,7 @@ def test_function_form_data_dependent_ops_under_compile():
     assert f"{name}\", line {compiled_line}" in dynamo_log(name)  # Dynamo breaks the graph there
 
 
+@pytest.mark.slow  # a torch.compile program under diagnose, and Dynamo's own log
 def test_advice_fits_the_cause():
     name = "advice_fits_cause.py"
     _, document = run(name)

@@ -7,7 +7,11 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
+
 from test_diagnose import diagnose
+
+pytestmark = pytest.mark.slow  # torch_xla programs under diagnose
 
 # A library the program calls: a directory named site-packages is library code to the tracer,
 # as an installed package is.

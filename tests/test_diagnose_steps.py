@@ -8,11 +8,14 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from conftest import ROOT
 from test_diagnose import diagnose, findings_of
+
+pytestmark = pytest.mark.slow  # real torch_xla training scripts under diagnose
 
 NATIVE = ROOT / "fixtures" / "diagnose" / "native"
 REAL = ROOT / "fixtures" / "programs" / "real" / "pytorch_xla"
@@ -72,6 +75,18 @@ def test_optimizer_state_accumulator_and_step_closure_are_named_not_blamed():
     assert diagnose("--fail-on", "sync", str(ROOT / "fixtures" / "diagnose" / "training_state_and_closure.py")).returncode == 0
 
 
+def plain_beside_traced(plain_command: list[str], traced_args: list[str], env: dict, cwd):
+    """The script run plainly and under `diagnose --format json`, side by side: two independent
+    processes (each in its own directory), so on two cores the pair takes the longer one's time."""
+    (cwd / "plain").mkdir()
+    (cwd / "traced").mkdir()
+    with ThreadPoolExecutor(1) as pool:
+        plain = pool.submit(subprocess.run, plain_command, capture_output=True, text=True, env=env,
+                            cwd=cwd / "plain", timeout=300)
+        traced = diagnose("--format", "json", *traced_args, cwd=cwd / "traced")
+        return plain.result(), traced
+
+
 def _metrics(text: str) -> dict[str, int]:
     """Counters of the script's own met.metrics_report() (--metrics_debug)."""
     return {name: int(value) for name, value in re.findall(r"Counter: (\S+)\n\s+Value: (\d+)", text)}
@@ -84,9 +99,7 @@ def test_real_mnist_script_unchanged_and_findings_match_its_metrics(tmp_path):
     script = REAL / "test" / "test_train_mp_mnist.py"
     args = [str(script), *MNIST_FLAGS, "--metrics_debug"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
-    plain = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
-                           cwd=tmp_path, timeout=300)
-    traced = diagnose("--format", "json", *args, cwd=tmp_path)
+    plain, traced = plain_beside_traced([sys.executable, *args], args, env, tmp_path)
     assert plain.returncode == traced.returncode == 0
     accuracy = re.compile(r"Accuracy=[\d.]+|Max Accuracy: [\d.]+%")
     assert accuracy.findall(plain.stdout) == accuracy.findall(traced.stderr) != []
@@ -134,9 +147,7 @@ def test_real_scripts_unchanged_with_findings_written_down(spec, tmp_path):
     script, *args = spec
     command = [str(REAL / script), *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
-    plain = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env,
-                           cwd=tmp_path, timeout=300)
-    traced = diagnose("--format", "json", *command, cwd=tmp_path)
+    plain, traced = plain_beside_traced([sys.executable, *command], command, env, tmp_path)
     assert plain.returncode == traced.returncode == 0
     losses, traced_losses = printed_values(plain.stdout), printed_values(traced.stderr)
     assert losses and losses == traced_losses

@@ -20,6 +20,8 @@ import pytest
 
 from conftest import ROOT, default_sigint
 
+pytestmark = pytest.mark.slow  # programs that exit, crash or get killed under diagnose
+
 STRESS = ROOT / "fixtures" / "diagnose" / "stress"
 
 

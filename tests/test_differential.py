@@ -16,6 +16,8 @@ from conftest import ROOT
 from differential import free_port
 from test_realistic import unmarked_references
 
+pytestmark = pytest.mark.slow  # torch_xla originals and migrated programs, torchrun at world size 2
+
 PROGRAMS = sorted(harness.PROGRAMS.glob("p*.py"))
 
 
@@ -78,10 +80,15 @@ FORBIDDEN = re.compile(
 )
 
 
+@pytest.fixture(scope="module")
+def tpu_copies(tmp_path_factory):
+    """Every program rewritten with --target tpu in one CLI run (not one run per program)."""
+    return harness.migrate_many(PROGRAMS, tmp_path_factory.mktemp("tpu-target"), target="tpu")
+
+
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.stem)
-def test_tpu_target_output_is_torchtpu_code(program, tmp_path):
-    copy = harness.migrate(program, tmp_path, target="tpu")
-    text = copy.read_text()
+def test_tpu_target_output_is_torchtpu_code(program, tpu_copies):
+    text = tpu_copies[program.name].read_text()
     tree = ast.parse(text)
     assert not FORBIDDEN.search(text)
     assert unmarked_references(text) == [], program.name

@@ -10,8 +10,8 @@ import functools
 from pathlib import Path
 
 import pytest
-from pyflakes import checker, messages
 
+from conftest import undefined_names
 from fixture_spec import (
     FIXTURES, NEAR_MISS, TARGETS, codes, expected_path, findings_path, findings_text, is_leave_alone,
     near_miss_lines, output, rewrite, rewrite_cases, rule_code,
@@ -100,8 +100,7 @@ def test_findings_of_a_case_name_no_rule_outside_the_catalog():
 
 @functools.cache
 def _undefined_names(path: Path) -> frozenset[str]:
-    found = checker.Checker(ast.parse(path.read_bytes()), filename=str(path)).messages
-    return frozenset(m.message_args[0] for m in found if isinstance(m, messages.UndefinedName))
+    return frozenset(undefined_names(path.read_bytes()))
 
 
 @pytest.mark.parametrize("target", TARGETS)

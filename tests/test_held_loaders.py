@@ -99,6 +99,7 @@ print("same")
 """
 
 
+@pytest.mark.slow  # runs torch_xla's SampleGenerator in a subprocess
 def test_fake_data_matches_torch_xla_sample_generator():
     """torch_xla's own SampleGenerator, in a process of its own (importing torch_xla here would
     load its runtime into the test process)."""

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the CLI as a subprocess over hostile trees
+
 XLA = "import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()\nxm.mark_step()\n"
 XLA_REWRITTEN = 'import torch\n\ndevice = torch.device("tpu")\n'
 BIG = 20 * 1024 * 1024

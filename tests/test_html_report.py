@@ -12,6 +12,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow  # a diagnose run and headless Chromium
+
 PROGRAM = ROOT / "fixtures" / "diagnose" / "recompile_last_batch.py"
 
 

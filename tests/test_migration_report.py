@@ -183,6 +183,7 @@ def test_the_cache_answers_the_same_report(checked):
     assert (project / "again.html").read_text(encoding="utf-8") == page
 
 
+@pytest.mark.slow
 def test_a_write_run_reports_what_it_did(tmp_path):
     project = make_project(tmp_path)
     result = run_cli("rewrite", "--html", "report.html", "--format", "json", "realistic", "small", cwd=project)
@@ -203,6 +204,7 @@ def test_a_write_run_reports_what_it_did(tmp_path):
     assert after["migration"]["fixes"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="Chromium is not installed (apt-get install chromium)")
 def test_opens_in_headless_chromium(checked, tmp_path):
     project, _, doc = checked

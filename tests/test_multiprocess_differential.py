@@ -36,6 +36,8 @@ import pytest
 import differential as harness
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow  # torch_xla originals and torchrun runs at world size 2
+
 
 @dataclass(frozen=True)
 class Mode:

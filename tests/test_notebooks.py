@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from conftest import ROOT
+
+pytestmark = pytest.mark.slow  # the CLI as a subprocess
 
 NOTEBOOKS = ROOT / "fixtures" / "notebooks"
 

@@ -12,6 +12,8 @@ import pytest
 
 from conftest import ROOT
 
+pytestmark = pytest.mark.slow  # pre-commit installs the hooks into its own environments
+
 XLA = "import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()\nxm.mark_step()\n"
 REWRITTEN = 'import torch\n\ndevice = torch.device("tpu")\n'
 # Migrated already, with the manual work left: no torch_xla, only the TODO comment.

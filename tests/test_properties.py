@@ -114,6 +114,7 @@ def check_rewrite(source: bytes, target: str):
 # (a) Programs without torch_xla -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @profile(300)
 @given(source=PROGRAMS, target=TARGETS)
 # What this found (regression tests in test_engine.py): a form feed that libcst drops.
@@ -308,6 +309,7 @@ def test_the_locality_check_accepts_every_fixture():
                 assert unexplained_changes(case.read_text(), result.output.decode(), result) == [], case
 
 
+@pytest.mark.slow
 @profile(300)
 @given(program=spliced_programs(), target=TARGETS)
 # What this found (regression tests in test_engine.py): comments dropped at the end of the file,

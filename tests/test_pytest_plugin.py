@@ -3,6 +3,10 @@ installed `pytest11` entry point."""
 
 from __future__ import annotations
 
+import pytest
+
+pytestmark = pytest.mark.slow  # inner pytest runs of torch programs under the tracer
+
 pytest_plugins = ["pytester"]
 
 HEADER = '''

@@ -56,6 +56,7 @@ def test_every_script_has_an_expected_status():
     assert len(harness.SCRIPTS) >= 10
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", harness.SCRIPTS, ids=_key)
 def test_real_script_keeps_its_status(script, workspace):
     expected = EXPECTED[_key(script)]

@@ -50,7 +50,8 @@ def _split(value: str | None) -> list[str] | None:
 def _rewrite_paths(files, settings, jobs, sources=None):
     # Imported here: a run answered from the cache never loads libcst.
     from tpu_migrate.rewrite.context import Options
-    from tpu_migrate.rewrite.engine import flagged_names, rewrite_paths
+    from tpu_migrate.rewrite.engine import flagged_names
+    from tpu_migrate.rewrite.paths import rewrite_paths
 
     try:
         flagged_names(load_catalog())  # the rules and the registered transforms agree

@@ -1,4 +1,4 @@
-"""Rewrite one file's bytes, or many files through a process pool.
+"""Rewrite one Python file's bytes (files by path, notebooks included: paths.py).
 
 Per file: pre-filter the bytes; decode as Python does; parse with `ast` (fast, and the error
 message users know); analyse names; stop here when nothing refers to torch_xla; parse with libcst;
@@ -9,9 +9,7 @@ does not parse is kept byte-for-byte and reported as an error.
 from __future__ import annotations
 
 import ast
-import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import lru_cache
 
 import libcst as cst
@@ -19,12 +17,9 @@ import libcst as cst
 from tpu_migrate.findings import FileResult, KeptImport, Note
 from tpu_migrate.rewrite import imports, registry, todos
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
-from tpu_migrate.rewrite.dependencies import CODE as DEPENDENCY_CODE
-from tpu_migrate.rewrite.dependencies import is_dependency_file, scan_dependency_file
-from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter, read_source
+from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter
 from tpu_migrate.rewrite.names import analyze, is_xla_name
 from tpu_migrate.rewrite.plans import make_plans
-from tpu_migrate.rewrite.pool import run_tasks
 from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rules import Catalog, RuleError, load_catalog
@@ -294,61 +289,3 @@ def _rewrite_module(module, tree, text, options, catalog, result, convert_guards
     )
     file.kept_xla_imports = [b for b in analysis.imports if is_xla_name(b.qualname) and b.key not in unused]
     return new_module, file
-
-
-def rewrite_path(path: str, options: Options, data: bytes | None = None) -> FileResult:
-    """`data`: the file's bytes, when the caller has read them (the result cache)."""
-    try:
-        if data is None:
-            data = read_source(path)  # a FIFO or device is refused, not waited on
-    except IsADirectoryError:
-        return FileResult(path, error="is a directory")
-    except OSError as exc:
-        return FileResult(path, error=f"cannot read: {exc.strerror or exc}")
-    try:
-        if path.endswith(".ipynb"):
-            from tpu_migrate.rewrite.notebooks import rewrite_notebook
-
-            return rewrite_notebook(data, path, options)
-        if is_dependency_file(path):  # requirements*.txt, pyproject.toml: reported, never written
-            manual = scan_dependency_file(path, data) if options.enabled(DEPENDENCY_CODE) else []
-            return FileResult(path, manual=manual)
-        return _named_foreign_file(rewrite_bytes(data, path, options))
-    except Exception as exc:  # noqa: BLE001 - one file's bug must not stop the run
-        return FileResult(path, error=f"internal error: {type(exc).__name__}: {exc}")
-
-
-PYTHON_SUFFIXES = ("", ".py", ".pyw", ".pyi")
-
-
-def _named_foreign_file(result: FileResult) -> FileResult:
-    """A file named on the command line with another suffix (`requirements.txt`) that is not
-    Python either: say so, rather than report its syntax. Suffix-less scripts stay Python."""
-    suffix = os.path.splitext(result.path)[1].lower()
-    if suffix not in PYTHON_SUFFIXES and result.error is not None and result.error.startswith(
-            ("syntax error", "cannot parse", "cannot decode")):
-        result.error = f"not a Python file or notebook ({suffix} file); nothing to rewrite"
-        result.error_line = None
-    return result
-
-
-def _worker(args: tuple[str, Options, bytes | None]) -> FileResult:
-    return rewrite_path(*args)
-
-
-def rewrite_paths(
-    paths: Iterable[str], options: Options, jobs: int | None = None,
-    on_result: Callable[[FileResult], None] | None = None,
-    sources: Mapping[str, bytes] | None = None,
-) -> Iterator[FileResult]:
-    """Results in input order. `jobs=1` runs in this process (no pool start-up cost).
-
-    `sources`: bytes already read for some paths (the others are read from disk)."""
-    paths = list(paths)
-    sources = sources or {}
-    jobs = jobs or os.cpu_count() or 1
-    if jobs == 1 or len(paths) < 2:
-        for path in paths:
-            yield rewrite_path(path, options, sources.get(path))
-        return
-    yield from run_tasks(_worker, [(p, options, sources.get(p)) for p in paths], jobs)

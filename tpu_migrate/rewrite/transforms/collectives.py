@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_expr
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, transform
@@ -17,6 +16,7 @@ from tpu_migrate.rewrite.transforms.common import (
     target_name,
     fresh_name,
     given,
+    find_all,
 )
 
 
@@ -258,7 +258,8 @@ def _mesh_reduce_into(target: str, bound: dict, sc: StatementContext) -> list[st
     dist = sc.file.plan.use("dist")
     data = code(bound["data"].value)
     # `acc = xm.mesh_reduce("t", acc, fn)`: gathering into `acc` would overwrite the value sent.
-    gathered = fresh_name(sc, "gathered") if m.findall(bound["data"].value, m.Name(target)) else target
+    sends_target = any(name.value == target for name in find_all(bound["data"].value, cst.Name))
+    gathered = fresh_name(sc, "gathered") if sends_target else target
     return [
         f"if {dist}.is_initialized():",
         f"    {gathered} = [None] * {dist}.get_world_size()",

@@ -6,7 +6,6 @@ import ast
 import keyword
 
 import libcst as cst
-import libcst.matchers as m
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.names import DDP_NAMES
@@ -27,6 +26,7 @@ from tpu_migrate.rewrite.transforms.common import (
     if_block,
     is_xla,
     parse_block,
+    find_all,
 )
 from tpu_migrate.rewrite.transforms.collectives import average_gradients
 
@@ -74,7 +74,7 @@ _QUIET_CALLEES = frozenset({
 
 def _calls_anything(expression: cst.BaseExpression) -> bool:
     """Whether `expression` calls something outside `_QUIET_CALLEES` (anything it cannot name)."""
-    for call in m.findall(expression, m.Call()):
+    for call in find_all(expression, cst.Call):
         func = call.func
         name = func.value if isinstance(func, cst.Name) else func.attr.value if isinstance(func, cst.Attribute) else None
         if name not in _QUIET_CALLEES:

@@ -1,0 +1,76 @@
+"""Rewrite files by path: a notebook, a dependency file (reported, never written) or Python
+source, chosen by name; many files through a process pool.
+
+This sits above engine.py (one Python file's bytes) and notebooks.py (which rewrites each
+notebook through engine.py), so neither of them needs the other's caller.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+
+from tpu_migrate.findings import FileResult
+from tpu_migrate.rewrite.context import Options
+from tpu_migrate.rewrite.dependencies import CODE as DEPENDENCY_CODE
+from tpu_migrate.rewrite.dependencies import is_dependency_file, scan_dependency_file
+from tpu_migrate.rewrite.engine import rewrite_bytes
+from tpu_migrate.rewrite.files import read_source
+from tpu_migrate.rewrite.notebooks import rewrite_notebook
+from tpu_migrate.rewrite.pool import run_tasks
+
+
+def rewrite_path(path: str, options: Options, data: bytes | None = None) -> FileResult:
+    """`data`: the file's bytes, when the caller has read them (the result cache)."""
+    try:
+        if data is None:
+            data = read_source(path)  # a FIFO or device is refused, not waited on
+    except IsADirectoryError:
+        return FileResult(path, error="is a directory")
+    except OSError as exc:
+        return FileResult(path, error=f"cannot read: {exc.strerror or exc}")
+    try:
+        if path.endswith(".ipynb"):
+            return rewrite_notebook(data, path, options)
+        if is_dependency_file(path):  # requirements*.txt, pyproject.toml: reported, never written
+            manual = scan_dependency_file(path, data) if options.enabled(DEPENDENCY_CODE) else []
+            return FileResult(path, manual=manual)
+        return _named_foreign_file(rewrite_bytes(data, path, options))
+    except Exception as exc:  # noqa: BLE001 - one file's bug must not stop the run
+        return FileResult(path, error=f"internal error: {type(exc).__name__}: {exc}")
+
+
+PYTHON_SUFFIXES = ("", ".py", ".pyw", ".pyi")
+
+
+def _named_foreign_file(result: FileResult) -> FileResult:
+    """A file named on the command line with another suffix (`requirements.txt`) that is not
+    Python either: say so, rather than report its syntax. Suffix-less scripts stay Python."""
+    suffix = os.path.splitext(result.path)[1].lower()
+    if suffix not in PYTHON_SUFFIXES and result.error is not None and result.error.startswith(
+            ("syntax error", "cannot parse", "cannot decode")):
+        result.error = f"not a Python file or notebook ({suffix} file); nothing to rewrite"
+        result.error_line = None
+    return result
+
+
+def _worker(args: tuple[str, Options, bytes | None]) -> FileResult:
+    return rewrite_path(*args)
+
+
+def rewrite_paths(
+    paths: Iterable[str], options: Options, jobs: int | None = None,
+    on_result: Callable[[FileResult], None] | None = None,
+    sources: Mapping[str, bytes] | None = None,
+) -> Iterator[FileResult]:
+    """Results in input order. `jobs=1` runs in this process (no pool start-up cost).
+
+    `sources`: bytes already read for some paths (the others are read from disk)."""
+    paths = list(paths)
+    sources = sources or {}
+    jobs = jobs or os.cpu_count() or 1
+    if jobs == 1 or len(paths) < 2:
+        for path in paths:
+            yield rewrite_path(path, options, sources.get(path))
+        return
+    yield from run_tasks(_worker, [(p, options, sources.get(p)) for p in paths], jobs)
