@@ -19,8 +19,7 @@ import tempfile
 
 import pytest
 
-KINDS = ("recompile", "recompile-limit", "graph-break", "sync", "dynamic-shape", "fallback",
-         "unsupported-op", "tpu-incompatible")
+from tpu_migrate.diagnose.kinds import FAIL_KINDS as KINDS
 
 
 def pytest_configure(config) -> None:

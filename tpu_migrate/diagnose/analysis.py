@@ -14,13 +14,11 @@ from dataclasses import dataclass, field
 
 from tpu_migrate.diagnose import causes
 from tpu_migrate.diagnose.events import CountedEvent, Event, Kind, StepEvent
+from tpu_migrate.diagnose.kinds import KINDS
 from tpu_migrate.diagnose.locations import library_location, relative
 from tpu_migrate.diagnose.recording import EXPECTED_ATEN, is_library, is_shown_library
 from tpu_migrate.diagnose.runner import Evidence
 
-KINDS = ("recompile", "recompile-limit", "graph-break", "sync", "dynamic-shape", "fallback",
-         "unsupported-op", "tpu-incompatible", "compile", "closure-read")
-INFO_KINDS = ("compile", "closure-read")  # information, not problems (--fail-on never counts them)
 # Recorded event kind -> finding kind. Recompiles of the native backend come with Dynamo's
 # reason; those of the xla backend come from torch_xla's compile log (parse_compiles).
 EVENT_KINDS = {"sync": "sync", "dynamic": "dynamic-shape", "fallback": "fallback",
