@@ -35,6 +35,12 @@ def test_fail_on_names_are_the_catalog_problems(cli):
     assert set(kinds.INFO_KINDS) == {"compile", "closure-read"}
 
 
+def test_every_finding_the_analysis_makes_is_in_the_catalog():
+    from tpu_migrate.diagnose import analysis
+
+    assert set(analysis.EVENT_KINDS.values()) | {"compile", "closure-read"} <= set(kinds.KINDS)
+
+
 def test_pytest_marker_accepts_the_fail_on_names():
     from tpu_migrate import pytest_plugin
 

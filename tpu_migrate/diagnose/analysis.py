@@ -21,10 +21,10 @@ from tpu_migrate.diagnose.runner import Evidence
 
 # Recorded event kind -> finding kind. Recompiles of the native backend come with Dynamo's
 # reason; those of the xla backend come from torch_xla's compile log (parse_compiles).
-EVENT_KINDS = {"sync": "sync", "dynamic": "dynamic-shape", "fallback": "fallback",
-               "unsupported": "unsupported-op", "incompatible": "tpu-incompatible",
-               "graph_break": "graph-break", "recompile_limit": "recompile-limit",
-               "recompile": "recompile"}
+EVENT_KINDS = {Kind.SYNC: "sync", Kind.DYNAMIC: "dynamic-shape", Kind.FALLBACK: "fallback",
+               Kind.UNSUPPORTED: "unsupported-op", Kind.INCOMPATIBLE: "tpu-incompatible",
+               Kind.GRAPH_BREAK: "graph-break", Kind.RECOMPILE_LIMIT: "recompile-limit",
+               Kind.RECOMPILE: "recompile"}
 FRAME = re.compile(r"^\s+(?P<fn>.+?) \((?P<file>.+):(?P<line>\d+)\)$")
 HOST_READ_CAUSE = "most likely user code trying to access tensor value"
 SHAPE_GUARD = re.compile(r"^tensor '[^']+' (?:size|stride|rank) mismatch")
@@ -171,7 +171,7 @@ def _process_steps(events: list[Event]) -> tuple[int, list[StepEvent]]:
 
 
 def _counted(events: list[Event]) -> CountedEvent | None:
-    """The `counted` event of a process that went past the event limit (runner.read_events)."""
+    """The `counted` event of a process that went past the event limit (events.read_events)."""
     return next((e for e in events if e["kind"] == Kind.COUNTED), None)
 
 
@@ -196,7 +196,7 @@ def _traced_something(events: list[Event]) -> bool:
 def _rank(events: list[Event], fallback: int | None) -> int | None:
     """The rank the process declared (RANK, PJRT_LOCAL_PROCESS_RANK, or its index from
     torch.multiprocessing.spawn, recorded when it started: a worker may never end by itself)."""
-    for kind in ("end", "rank"):
+    for kind in (Kind.END, Kind.RANK):
         declared = [e["rank"] for e in events if e["kind"] == kind and e.get("rank") is not None]
         if declared:
             return declared[-1]
