@@ -6,6 +6,7 @@ import sys
 
 from tpu_migrate.diagnose import native, recording, tracer, xla_hooks
 
+
 class InProcess:
     """Trace a block of code in this process (the pytest plugin): no child process, no
     PT_XLA_DEBUG file; torch_xla compiles are counted per step from its counters instead.

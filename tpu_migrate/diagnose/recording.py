@@ -28,7 +28,7 @@ from tpu_migrate.diagnose.modes import leave_dispatch_mode
 
 ENV_DIR = "TPU_MIGRATE_DIAGNOSE"
 ENV_DEBUG_FILE = "PT_XLA_DEBUG_FILE"
-ENV_BACKEND = "TPU_MIGRATE_DIAGNOSE_BACKEND"  # xla, native or auto (see install_backend)
+ENV_BACKEND = "TPU_MIGRATE_DIAGNOSE_BACKEND"  # xla, native or auto (see tracer.install_backend)
 ENV_WARMUP = "TPU_MIGRATE_DIAGNOSE_WARMUP"  # native: how many steps the op-coverage mode samples
 ENV_EVENT_LIMIT = "TPU_MIGRATE_DIAGNOSE_EVENT_LIMIT"
 DEFAULT_EVENT_LIMIT = 200_000

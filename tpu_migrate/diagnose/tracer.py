@@ -19,6 +19,7 @@ from tpu_migrate.diagnose import recording, xla_hooks
 from tpu_migrate.diagnose.events import Kind
 from tpu_migrate.diagnose.recording import ENV_BACKEND, ENV_DIR
 
+
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Runs a callback right after `import NAME` finishes: the hooks go in only once the
     program's own set-up before that import (PJRT_DEVICE, ...) has run."""

@@ -17,6 +17,7 @@ from tpu_migrate.diagnose import recording
 from tpu_migrate.diagnose.events import Kind
 from tpu_migrate.diagnose.recording import DYNAMIC_FUNCTIONS, SYNC_METHODS, log_size
 
+
 def _sync_wrapper(original, name):
     @functools.wraps(original)
     def wrapper(self, *args, **kwargs):
