@@ -243,7 +243,7 @@ def rules(output_format) -> None:
         explain_report.print_rules(catalog, Console(highlight=False, soft_wrap=True))
 
 
-@main.command(short_help="Show a rule's explanation and before/after example, or a diagnose kind's.")
+@main.command(short_help="Show a rule's explanation and example, or a diagnose kind's.")
 @click.argument("code")
 def explain(code) -> None:
     """Show a rule's explanation and its before/after example (from its test fixture), or what a
