@@ -110,7 +110,7 @@ def test_diagnose_sarif_and_github(tmp_path):
 
 
 def test_diagnose_sarif_declares_every_finding_kind():
-    from tpu_migrate.diagnose.analysis import KINDS
+    from tpu_migrate.diagnose.kinds import KINDS
     from tpu_migrate.report import ci_formats
 
     findings = [{"kind": kind, "file": "/src/train.py", "line": 3 + i, "message": kind, "explanation": None}

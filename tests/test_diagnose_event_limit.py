@@ -1,5 +1,5 @@
 """Past the event limit a traced process counts its events instead of writing each one
-(tracer.Recorder): the disk use stays bounded and the findings stay exactly the same."""
+(recording.Recorder): the disk use stays bounded and the findings stay exactly the same."""
 
 from __future__ import annotations
 
@@ -79,10 +79,10 @@ def test_a_long_run_records_a_bounded_amount(tmp_path):
 
 
 def test_recorder_counts_past_its_limit(tmp_path, monkeypatch):
-    from tpu_migrate.diagnose import runner, tracer
+    from tpu_migrate.diagnose import events, recording
 
-    monkeypatch.setenv(tracer.ENV_EVENT_LIMIT, "5")
-    recorder = tracer.Recorder(str(tmp_path))
+    monkeypatch.setenv(recording.ENV_EVENT_LIMIT, "5")
+    recorder = recording.Recorder(str(tmp_path))
     for step in range(4):
         recorder.emit({"kind": "sync", "op": "item", "file": "/a.py", "line": 3})
         recorder.emit({"kind": "sync", "op": "item", "file": "/a.py", "line": 3})
@@ -96,7 +96,7 @@ def test_recorder_counts_past_its_limit(tmp_path, monkeypatch):
     assert [(e["kind"], e["step"]) for e in lines] == [
         ("sync", 0), ("sync", 0), ("step", 0), ("sync", 1), ("sync", 1),
         ("step", 1), ("step", 3), ("end", 4)]
-    [events] = runner.read_events(str(tmp_path)).values()
+    [events] = events.read_events(str(tmp_path)).values()
     counted = [e for e in events if "in_steps" in e or e["kind"] == "counted"]
     assert counted[0] == {"kind": "counted", "op": None, "file": None, "line": None,
                           "step": 1, "ostep": 0, "steps": 4, "osteps": 0}

@@ -17,6 +17,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from tpu_migrate import __version__
 from tpu_migrate.findings import FileResult
 from tpu_migrate.config import ConfigError, load_config
+from tpu_migrate.diagnose.kinds import BY_NAME as DIAGNOSE_KINDS
+from tpu_migrate.diagnose.kinds import FAIL_KINDS
 from tpu_migrate.report import ci_formats
 from tpu_migrate.report import render
 from tpu_migrate.report.migration import Migration
@@ -246,12 +248,17 @@ def rules(output_format) -> None:
         explain_report.print_rules(catalog, Console(highlight=False, soft_wrap=True))
 
 
-@main.command(short_help="Show a rule's explanation and before/after example.")
+@main.command(short_help="Show a rule's explanation and example, or a diagnose kind's.")
 @click.argument("code")
 def explain(code) -> None:
-    """Show a rule's explanation and its before/after example (from its test fixture)."""
+    """Show a rule's explanation and its before/after example (from its test fixture), or what a
+    kind of `diagnose` finding (recompile, sync, ...) means and how to fix it."""
     from tpu_migrate.report import explain as explain_report  # rich.markdown: only here
 
+    kind = DIAGNOSE_KINDS.get(code.lower())
+    if kind is not None:
+        explain_report.print_kind_explanation(kind, Console(highlight=False, soft_wrap=True))
+        return
     catalog = load_catalog()
     try:
         rule = catalog.by_code(code.upper())
@@ -260,8 +267,6 @@ def explain(code) -> None:
     explain_report.print_explanation(rule, Console(highlight=False, soft_wrap=True))
 
 
-FAIL_KINDS = ("recompile", "recompile-limit", "graph-break", "sync", "dynamic-shape", "fallback",
-              "unsupported-op", "tpu-incompatible")
 
 
 def _fail_kinds(ctx, param, value):

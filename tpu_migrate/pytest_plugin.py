@@ -19,8 +19,7 @@ import tempfile
 
 import pytest
 
-KINDS = ("recompile", "recompile-limit", "graph-break", "sync", "dynamic-shape", "fallback",
-         "unsupported-op", "tpu-incompatible")
+from tpu_migrate.diagnose.kinds import FAIL_KINDS as KINDS
 
 
 def pytest_configure(config) -> None:
@@ -40,8 +39,9 @@ def _runtest_call(item):
     marker = item.get_closest_marker("tpu_diagnose")
     if marker is None:
         return (yield)
-    from tpu_migrate.diagnose import analysis, tracer
-    from tpu_migrate.diagnose.runner import Evidence, read_events
+    from tpu_migrate.diagnose import analysis, inprocess
+    from tpu_migrate.diagnose.events import read_events
+    from tpu_migrate.diagnose.runner import Evidence
 
     fail_on = tuple(marker.kwargs.get("fail_on", KINDS))
     unknown = set(fail_on) - set(KINDS)
@@ -50,7 +50,7 @@ def _runtest_call(item):
     warmup_steps = int(marker.kwargs.get("warmup_steps", 2))
     directory = tempfile.mkdtemp(prefix="tpu-migrate-pytest-")
     try:
-        with tracer.InProcess(directory, warmup_steps) as traced:
+        with inprocess.InProcess(directory, warmup_steps) as traced:
             result = yield
         evidence = Evidence(exit_code=0, events=read_events(traced.directory))
     finally:

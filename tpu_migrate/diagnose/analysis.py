@@ -13,19 +13,18 @@ import re
 from dataclasses import dataclass, field
 
 from tpu_migrate.diagnose import causes
+from tpu_migrate.diagnose.events import CountedEvent, Event, Kind, StepEvent
+from tpu_migrate.diagnose.kinds import KINDS
 from tpu_migrate.diagnose.locations import library_location, relative
+from tpu_migrate.diagnose.recording import EXPECTED_ATEN, is_library, is_shown_library
 from tpu_migrate.diagnose.runner import Evidence
-from tpu_migrate.diagnose.tracer import EXPECTED_ATEN, is_library, is_shown_library
 
-KINDS = ("recompile", "recompile-limit", "graph-break", "sync", "dynamic-shape", "fallback",
-         "unsupported-op", "tpu-incompatible", "compile", "closure-read")
-INFO_KINDS = ("compile", "closure-read")  # information, not problems (--fail-on never counts them)
 # Recorded event kind -> finding kind. Recompiles of the native backend come with Dynamo's
 # reason; those of the xla backend come from torch_xla's compile log (parse_compiles).
-EVENT_KINDS = {"sync": "sync", "dynamic": "dynamic-shape", "fallback": "fallback",
-               "unsupported": "unsupported-op", "incompatible": "tpu-incompatible",
-               "graph_break": "graph-break", "recompile_limit": "recompile-limit",
-               "recompile": "recompile"}
+EVENT_KINDS = {Kind.SYNC: "sync", Kind.DYNAMIC: "dynamic-shape", Kind.FALLBACK: "fallback",
+               Kind.UNSUPPORTED: "unsupported-op", Kind.INCOMPATIBLE: "tpu-incompatible",
+               Kind.GRAPH_BREAK: "graph-break", Kind.RECOMPILE_LIMIT: "recompile-limit",
+               Kind.RECOMPILE: "recompile"}
 FRAME = re.compile(r"^\s+(?P<fn>.+?) \((?P<file>.+):(?P<line>\d+)\)$")
 HOST_READ_CAUSE = "most likely user code trying to access tensor value"
 SHAPE_GUARD = re.compile(r"^tensor '[^']+' (?:size|stride|rank) mismatch")
@@ -143,40 +142,40 @@ def parse_fallbacks(log: bytes) -> list[tuple[int, str, str, int]]:
     return calls
 
 
-def step_boundaries(events: list[dict]) -> list[dict]:
+def step_boundaries(events: list[Event]) -> list[StepEvent]:
     """The events that end a step: XLA step markers, or without any, optimizer steps."""
-    steps = [e for e in events if e["kind"] == "step"]
-    return steps or [e for e in events if e["kind"] == "opt_step"]
+    steps = [e for e in events if e["kind"] == Kind.STEP]
+    return steps or [e for e in events if e["kind"] == Kind.OPT_STEP]
 
 
-def _process_steps(events: list[dict]) -> tuple[int, list[dict]]:
+def _process_steps(events: list[Event]) -> tuple[int, list[StepEvent]]:
     """Steps the process ran, and the events that ended them. Without an XLA step marker,
     optimizer steps are the steps (and events are renumbered by them). Past the event limit
     the boundaries skip the steps that brought no news: their `step` field is the step."""
     boundaries = step_boundaries(events)
     counted = _counted(events)
-    by_optimizer = (boundaries[0]["kind"] == "opt_step" if boundaries else
+    by_optimizer = (boundaries[0]["kind"] == Kind.OPT_STEP if boundaries else
                     counted is not None and counted["steps"] == 0 and counted["osteps"] > 0)
     if by_optimizer:
         for event in events:
             event["step"] = event.get("ostep", 0)
             if "in_osteps" in event:
                 event["in_steps"] = event["in_osteps"]
-            if event["kind"] == "counted":
+            if event["kind"] == Kind.COUNTED:
                 event["steps"] = event["osteps"]
     total = len(boundaries)
     for event in events:
-        if event["kind"] in ("counted", "end"):
-            total = max(total, event["steps"] if event["kind"] == "counted" else event["step"])
+        if event["kind"] in (Kind.COUNTED, Kind.END):
+            total = max(total, event["steps"] if event["kind"] == Kind.COUNTED else event["step"])
     return total, boundaries
 
 
-def _counted(events: list[dict]) -> dict | None:
-    """The `counted` event of a process that went past the event limit (runner.read_events)."""
-    return next((e for e in events if e["kind"] == "counted"), None)
+def _counted(events: list[Event]) -> CountedEvent | None:
+    """The `counted` event of a process that went past the event limit (events.read_events)."""
+    return next((e for e in events if e["kind"] == Kind.COUNTED), None)
 
 
-def _step_finder(boundaries: list[dict], key: str, total: int):
+def _step_finder(boundaries: list[StepEvent], key: str, total: int):
     """offset -> the step in which a log (`key`: the boundaries' offset field) reached it: the
     first step at whose end the log was longer."""
     offsets = [b.get(key, 0) for b in boundaries]
@@ -188,16 +187,16 @@ def _step_finder(boundaries: list[dict], key: str, total: int):
     return step_at
 
 
-def _traced_something(events: list[dict]) -> bool:
+def _traced_something(events: list[Event]) -> bool:
     """Helper processes that ran no step and read nothing (torch.compile's compile workers, say)
     are not ranks of the program."""
-    return any(e["kind"] not in ("backend", "end", "rank") for e in events)
+    return any(e["kind"] not in (Kind.BACKEND, Kind.END, Kind.RANK) for e in events)
 
 
-def _rank(events: list[dict], fallback: int | None) -> int | None:
+def _rank(events: list[Event], fallback: int | None) -> int | None:
     """The rank the process declared (RANK, PJRT_LOCAL_PROCESS_RANK, or its index from
     torch.multiprocessing.spawn, recorded when it started: a worker may never end by itself)."""
-    for kind in ("end", "rank"):
+    for kind in (Kind.END, Kind.RANK):
         declared = [e["rank"] for e in events if e["kind"] == kind and e.get("rank") is not None]
         if declared:
             return declared[-1]
@@ -223,7 +222,7 @@ def backend(evidence: Evidence) -> tuple[str, str | None]:
     chosen = ("xla", None)
     for events in evidence.events.values():
         for event in events:
-            if event["kind"] == "backend":
+            if event["kind"] == Kind.BACKEND:
                 chosen = (event["op"], event.get("device"))
     return chosen
 
@@ -232,7 +231,7 @@ def step_records(evidence: Evidence) -> list[StepRecord]:
     """The steps recorded one by one (up to the event limit) of the process that ran the most."""
     events = max(evidence.events.values(), key=lambda e: len(step_boundaries(e)), default=[])
     boundaries = step_boundaries(events)
-    by_optimizer = bool(boundaries) and boundaries[0]["kind"] == "opt_step"
+    by_optimizer = bool(boundaries) and boundaries[0]["kind"] == Kind.OPT_STEP
     counted = _counted(events)
     if counted is not None:
         boundaries = boundaries[: counted["ostep" if by_optimizer else "step"]]
@@ -251,15 +250,15 @@ def step_records(evidence: Evidence) -> list[StepRecord]:
     for event in events:
         step = event.get("ostep", 0) if by_optimizer else event.get("step", 0)
         if step < len(records) and "in_steps" not in event:
-            if event["kind"] == "compile":
+            if event["kind"] == Kind.COMPILE:
                 records[step].compiles += 1
-            elif event["kind"] == "sync" and not event.get("closure"):  # a step closure's: after the step
+            elif event["kind"] == Kind.SYNC and not event.get("closure"):  # a step closure's: after the step
                 records[step].syncs += 1
-            elif event["kind"] == "dynamic":
+            elif event["kind"] == Kind.DYNAMIC:
                 records[step].dynamic += 1
-            elif event["kind"] == "fallback":
+            elif event["kind"] == Kind.FALLBACK:
                 records[step].fallbacks += event.get("count", 1)
-            elif event["kind"] == "compile_time":
+            elif event["kind"] == Kind.COMPILE_TIME:
                 records[step].compile_seconds += event["seconds"]
     offsets = [b.get("debug_offset", 0) for b in boundaries]
     for compile_ in parse_compiles(evidence.debug_log) if evidence.debug_log else []:
@@ -344,7 +343,7 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
                       graphs, rank if multi else None, changes, stepless)
     if exact_fallbacks:
         boundaries = sorted((e for events in evidence.events.values() for e in events
-                             if e["kind"] in ("step", "opt_step") and e.get("fallback_offset")),
+                             if e["kind"] in (Kind.STEP, Kind.OPT_STEP) and e.get("fallback_offset")),
                             key=lambda e: e["fallback_offset"])
         step_at = _step_finder(boundaries, "fallback_offset", main_steps)
         for offset, op, file, line in parse_fallbacks(evidence.fallback_log):
@@ -377,7 +376,7 @@ def _notes(found, reported, stepless: bool, warmup: int, warmup_steps: int, proc
                      "recompile), and host reads, data-dependent shapes and CPU fallbacks repeated "
                      "at the same line (a loop)")
     if warmup > warmup_steps:
-        created = sorted({e["op"] for _, events in processes for e in events if e["kind"] == "opt_state"})
+        created = sorted({e["op"] for _, events in processes for e in events if e["kind"] == Kind.OPT_STATE})
         notes.append(f"warm-up extended to {warmup} steps: the {', '.join(created)} optimizer "
                      f"created its state in its first step, which changes the graph of the next "
                      f"step once")
@@ -402,7 +401,7 @@ def _add(findings, kind, file, line, op, step, rank, count=1, in_steps=1):
     return finding
 
 
-def _add_compiles(findings, compiles: list[Compile], boundaries: list[dict], steps: int,
+def _add_compiles(findings, compiles: list[Compile], boundaries: list[StepEvent], steps: int,
                   warmup_steps: int, graphs: dict[str, str], rank: int | None,
                   changes: dict[int, str] | None = None, stepless: bool = False) -> None:
     """A site that compiled before and compiles again after warm-up recompiles; a first compile
@@ -445,7 +444,7 @@ def _add_counted_compiles(findings, processes, warmup_steps: int) -> None:
     """Without torch_xla's compile analysis (in-process tracing): a step after warm-up whose
     UncachedCompile counter moved recompiled, at the line where the step ended."""
     for _, events in processes:
-        boundaries = [e for e in events if e["kind"] == "step" and "compiles" in e]
+        boundaries = [e for e in events if e["kind"] == Kind.STEP and "compiles" in e]
         for previous, current in zip(boundaries, boundaries[1:]):
             delta = current["compiles"] - previous["compiles"]
             if delta > 0 and current["step"] >= warmup_steps and current.get("file"):

@@ -14,7 +14,7 @@ import signal
 import sys
 import traceback
 
-from tpu_migrate.diagnose import tracer
+from tpu_migrate.diagnose import recording, tracer
 
 # The signals the tool blocked before it started this process (runner._block_signals).
 ENV_UNBLOCK = "TPU_MIGRATE_DIAGNOSE_UNBLOCK"
@@ -70,7 +70,7 @@ def main() -> None:
         raise
     except BaseException as exc:  # print it as Python would, without the bootstrap's frames
         tb = exc.__traceback__
-        while tb is not None and tracer.is_library(tb.tb_frame.f_code.co_filename):
+        while tb is not None and recording.is_library(tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next
         traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
         sys.exit(1)

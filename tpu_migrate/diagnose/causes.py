@@ -20,25 +20,27 @@ from __future__ import annotations
 
 from tpu_migrate.diagnose.locations import relative
 
+from tpu_migrate.diagnose.events import Event, Kind
 
-def expected_changes(events: list[dict]) -> dict[int, str]:
+
+def expected_changes(events: list[Event]) -> dict[int, str]:
     """step -> why a graph compiled in that step may differ from the one before, once."""
     changes: dict[int, str] = {}
     # `sum(losses)` adds to a Python 0 every step, and every step's graph does the same: only a
     # line that adds to a number in one step and not in the next became a tensor.
     accumulated: dict[tuple, set] = {}
     for event in events:
-        if event["kind"] == "accumulator":
+        if event["kind"] == Kind.ACCUMULATOR:
             accumulated.setdefault((event.get("file"), event.get("line")), set()).add(event.get("step", 0))
     for event in events:
         step = event.get("step", 0) + 1  # state created in step N changes the graph of step N+1
-        if event["kind"] == "accumulator" and step in accumulated[(event.get("file"), event.get("line"))]:
+        if event["kind"] == Kind.ACCUMULATOR and step in accumulated[(event.get("file"), event.get("line"))]:
             continue
-        if event["kind"] == "opt_state":
+        if event["kind"] == Kind.OPT_STATE:
             changes.setdefault(step, f"the {event['op']} optimizer created its state (momentum, "
                                      f"moments) for {event.get('count', 1)} parameter(s) in step "
                                      f"{step - 1}, and the graph now reads it")
-        elif event["kind"] == "accumulator" and event.get("file"):
+        elif event["kind"] == Kind.ACCUMULATOR and event.get("file"):
             changes.setdefault(step, f"an accumulator that starts as a Python number became a "
                                      f"device tensor at {relative(event['file'])}:"
                                      f"{event['line']} in step {step - 1} (start it as a tensor: "
@@ -46,10 +48,10 @@ def expected_changes(events: list[dict]) -> dict[int, str]:
     return changes
 
 
-def warmup_end(events: list[dict], warmup_steps: int) -> int:
+def warmup_end(events: list[Event], warmup_steps: int) -> int:
     """The first step after warm-up: at least `warmup_steps`, and after the step that reads the
     optimizer state the first optimizer step created."""
-    created = [e.get("step", 0) for e in events if e["kind"] == "opt_state"]
+    created = [e.get("step", 0) for e in events if e["kind"] == Kind.OPT_STATE]
     return max(warmup_steps, min(created) + 2) if created else warmup_steps
 
 

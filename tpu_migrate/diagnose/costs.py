@@ -18,6 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from tpu_migrate.diagnose.analysis import Finding, StepRecord, Summary, step_boundaries
+from tpu_migrate.diagnose.events import Event, Kind
 from tpu_migrate.diagnose.locations import relative
 
 SLOW = 1.5  # a step this many times the steady-state median is slow
@@ -105,18 +106,18 @@ def _why_slow(record: StepRecord) -> list[str]:
     return reasons or ["no recorded cause"]
 
 
-def _run_times(events_by_process: dict[int, list[dict]], records: list[StepRecord]):
+def _run_times(events_by_process: dict[int, list[Event]], records: list[StepRecord]):
     """(run seconds, seconds to the first step) of the process with the most steps."""
     best = None
     for events in events_by_process.values():
-        boundaries = [e for e in events if e["kind"] in ("step", "opt_step") and "time" in e]
+        boundaries = [e for e in events if e["kind"] in (Kind.STEP, Kind.OPT_STEP) and "time" in e]
         if best is None or len(boundaries) > len(best[1]):
             best = (events, boundaries)
     if best is None:
         return None, None
     events, boundaries = best
-    started = next((e["started"] for e in events if e["kind"] == "backend" and "started" in e), None)
-    ended = next((e["time"] for e in events if e["kind"] == "end" and "time" in e), None)
+    started = next((e["started"] for e in events if e["kind"] == Kind.BACKEND and "started" in e), None)
+    ended = next((e["time"] for e in events if e["kind"] == Kind.END and "time" in e), None)
     if started is None:
         return None, None
     first = boundaries[0]["time"] - started if boundaries else None
@@ -125,7 +126,7 @@ def _run_times(events_by_process: dict[int, list[dict]], records: list[StepRecor
     return (ended - started if ended is not None else None), first
 
 
-def measure(summary: Summary, records: list[StepRecord], events_by_process: dict[int, list[dict]],
+def measure(summary: Summary, records: list[StepRecord], events_by_process: dict[int, list[Event]],
             backend: str, device: str | None) -> RunCosts:
     """Cost every finding (finding.cost), rank the findings costliest first (ties keep their
     order) and return what the run cost as a whole."""
@@ -202,7 +203,7 @@ def _lost_together(findings: list[Finding], records: list[StepRecord], median: f
     reads = {(f.file, f.line, f.op) for f in findings if f.kind in WAIT_KINDS and f.cost.seconds}
     waited: dict[int, float] = {}  # step -> time the host waited in those reads
     # The records count optimizer steps when the program has no XLA step marker.
-    step_key = "step" if any(e["kind"] == "step" for e in events) else "ostep"
+    step_key = "step" if any(e["kind"] == Kind.STEP for e in events) else "ostep"
     for event in events:
         if "wait" in event and (event.get("file"), event.get("line"), event.get("op")) in reads:
             step = event.get(step_key, 0)

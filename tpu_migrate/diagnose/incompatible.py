@@ -12,7 +12,8 @@ import ast
 import re
 import sys
 
-from tpu_migrate.diagnose import tracer
+from tpu_migrate.diagnose import recording
+from tpu_migrate.diagnose.events import Kind
 
 # torch.tpu.X -> what to call instead (torchtpu-target-api.md section 1.2)
 LEGACY_DEVICE_API = {
@@ -83,12 +84,12 @@ def user_sources() -> list[str]:
     files = []
     for module in list(sys.modules.values()):
         filename = getattr(module, "__file__", None)
-        if filename and filename.endswith(".py") and not tracer.is_library(filename):
+        if filename and filename.endswith(".py") and not recording.is_library(filename):
             files.append(filename)
     return sorted(set(files))
 
 
-def report_sources(recorder: tracer.Recorder) -> None:
+def report_sources(recorder: recording.Recorder) -> None:
     """At exit: one `incompatible` event per problem in the program's own files."""
     import os
 
@@ -101,5 +102,5 @@ def report_sources(recorder: tracer.Recorder) -> None:
         if b"tpu" not in source:
             continue
         for line, problem in scan(source, filename):
-            recorder.emit({"kind": "incompatible", "op": problem, "file": os.path.abspath(filename),
+            recorder.emit({"kind": Kind.INCOMPATIBLE, "op": problem, "file": os.path.abspath(filename),
                            "line": line, "static": True})

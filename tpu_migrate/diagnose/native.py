@@ -37,7 +37,8 @@ import re
 import sys
 import time
 
-from tpu_migrate.diagnose import placement, tracer
+from tpu_migrate.diagnose import placement, recording
+from tpu_migrate.diagnose.events import Kind
 from tpu_migrate.diagnose.modes import leave_dispatch_mode
 
 TENSOR_DYNAMIC = ("nonzero", "masked_select", "unique", "argwhere")
@@ -87,7 +88,7 @@ def _dynamo_skips(function):
 
 
 class NativeHooks:
-    def __init__(self, recorder: tracer.Recorder, warmup_steps: int, scan_sources: bool = True):
+    def __init__(self, recorder: recording.Recorder, warmup_steps: int, scan_sources: bool = True):
         import torch
 
         self.torch = torch
@@ -97,7 +98,7 @@ class NativeHooks:
         accelerator = _accelerator(torch)
         self.device_types = {accelerator} if accelerator else {"cpu"}
         self.cpu_stands_in = accelerator is None
-        self.recorder.emit({"kind": "backend", "op": "native", "file": None, "line": None,
+        self.recorder.emit({"kind": Kind.BACKEND, "op": "native", "file": None, "line": None,
                             "device": accelerator or "cpu", "started": recorder.started})
         self.method_originals: dict[str, object] = {}  # Tensor.__dict__ entries (None: inherited)
         self.method_wrappers: dict[str, object] = {}
@@ -114,11 +115,11 @@ class NativeHooks:
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
         torch = self.torch
-        for name in (*tracer.SYNC_METHODS, *TENSOR_DYNAMIC, "__getitem__"):
+        for name in (*recording.SYNC_METHODS, *TENSOR_DYNAMIC, "__getitem__"):
             if getattr(torch.Tensor, name, None) is None:
                 continue
             self.method_originals[name] = torch.Tensor.__dict__.get(name)
-            kind = "sync" if name in tracer.SYNC_METHODS else "dynamic"
+            kind = Kind.SYNC if name in recording.SYNC_METHODS else Kind.DYNAMIC
             self.method_wrappers[name] = self._method_wrapper(getattr(torch.Tensor, name), name, kind)
         self._put_methods(wrapped=True)
         for name in TENSOR_DYNAMIC:
@@ -183,7 +184,7 @@ class NativeHooks:
             parsed = placement.module(filename)
             for line, name in parsed.calls_of(TENSOR_DYNAMIC) if parsed else ():
                 if placement.read_kind(filename, line, places) != placement.HOST:
-                    self.recorder.emit({"kind": "dynamic", "op": name, "file": os.path.abspath(filename),
+                    self.recorder.emit({"kind": Kind.DYNAMIC, "op": name, "file": os.path.abspath(filename),
                                         "line": line, "count": 0, "static": True, "traced": True})
 
     def uninstall(self) -> None:
@@ -250,13 +251,13 @@ class NativeHooks:
         if self.optimizer_hook is not None:  # a compiled optimizer step would trace our hook
             self.optimizer_hook.remove()
             self.optimizer_hook = None
-        self.recorder.emit({"kind": "compile", "op": str(getattr(args, "compile_id", "")),
+        self.recorder.emit({"kind": Kind.COMPILE, "op": str(getattr(args, "compile_id", "")),
                             "file": None, "line": None})
         self.compile_started = time.perf_counter()
 
     def _compile_ended(self, args) -> None:
         if self.compile_started is not None:  # Dynamo's compile time, for the cost of a recompile
-            self.recorder.emit({"kind": "compile_time", "op": None, "file": None, "line": None,
+            self.recorder.emit({"kind": Kind.COMPILE_TIME, "op": None, "file": None, "line": None,
                                 "seconds": time.perf_counter() - self.compile_started})
             self.compile_started = None
         self._put_methods(wrapped=True)
@@ -292,7 +293,7 @@ class NativeHooks:
     def _start_op_coverage(self) -> None:
         def found(key, args):
             if self._on_device(args):
-                self.recorder.at_user_line("unsupported", key, 4)
+                self.recorder.at_user_line(Kind.UNSUPPORTED, key, 4)
 
         self.mode = self._coverage_mode(found)
         if self.mode is not None:
@@ -319,14 +320,14 @@ class NativeHooks:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         node = [None]
-        call_site = tracer.user_frame(3)
+        call_site = recording.user_frame(3)
         found_ops: set = set()
 
         def found(key, args):
             file, line = _node_line(node[0]) or call_site
             if file is not None and (key, file, line) not in found_ops:
                 found_ops.add((key, file, line))
-                self.recorder.emit({"kind": "unsupported", "op": key, "file": file, "line": line,
+                self.recorder.emit({"kind": Kind.UNSUPPORTED, "op": key, "file": file, "line": line,
                                     "reason": "compiled"})
 
         coverage = self._coverage_mode(found)
@@ -379,7 +380,7 @@ class NativeHooks:
         """With the CPU standing in, every tensor is a CPU tensor: the source says which would be
         on the TPU (placement.py). Reads by torch's or a library's code are of host tensors
         (the optimizer's step counter stays on the host on a TPU too)."""
-        if tracer.is_library(filename):
+        if recording.is_library(filename):
             return placement.HOST
         if self.program_places is None:
             from tpu_migrate.diagnose import incompatible
@@ -426,7 +427,7 @@ class NativeHooks:
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
             if args and not recorder.busy() and counts(args[0], 2) is not None:
-                recorder.at_user_line("dynamic", name)
+                recorder.at_user_line(Kind.DYNAMIC, name)
             return original(*args, **kwargs)
 
         return _dynamo_skips(wrapper)
@@ -434,7 +435,7 @@ class NativeHooks:
     def _optimizer_step(self, optimizer, args, kwargs) -> None:
         recorder = self.recorder
         # Written by hand: json.dumps of the event was most of this hook's cost per step.
-        recorder.emit_line(f'{{"kind": "opt_step", "op": null, "file": null, "line": null, '
+        recorder.emit_line(f'{{"kind": "{Kind.OPT_STEP}", "op": null, "file": null, "line": null, '
                            f'"time": {time.perf_counter()!r}, "step": {recorder.steps}, '
                            f'"ostep": {recorder.optimizer_steps}}}')
         recorder.optimizer_steps += 1
@@ -449,9 +450,9 @@ class NativeHooks:
         def compile(*args, **kwargs):
             hooks._stop_op_coverage()  # a dispatch mode makes Dynamo skip compiling
             hooks._drop_function_wrappers()
-            if not tracer.is_library(sys._getframe(1).f_code.co_filename):  # not torch's own re-call
+            if not recording.is_library(sys._getframe(1).f_code.co_filename):  # not torch's own re-call
                 for problem in _compile_problems(kwargs):
-                    hooks.recorder.at_user_line("incompatible", problem)
+                    hooks.recorder.at_user_line(Kind.INCOMPATIBLE, problem)
                 if hooks.cpu_stands_in:
                     kwargs = as_torchtpu_compiles(kwargs)
             importlib.import_module("torch._dynamo")  # torch.compile imports it anyway; hook it first
@@ -473,7 +474,7 @@ class NativeHooks:
             method = getattr(type(process), "_start_method", None) or multiprocessing.get_start_method()
             target = getattr(getattr(process, "_target", None), "__name__", "")
             if method == "fork" and target != DATALOADER_WORKER:  # DataLoader workers stay on the host
-                recorder.at_user_line("incompatible", "fork start method")
+                recorder.at_user_line(Kind.INCOMPATIBLE, "fork start method")
             return original(process)
 
         return start
@@ -489,15 +490,15 @@ class NativeHooks:
             code = frame.f_code
             file, line = os.path.abspath(code.co_filename), _def_line(code)
             name = _function_name(code.co_name)
-            if tracer.is_library(code.co_filename):  # a compiled nn.Module: torch's own call code
-                file, line = tracer.user_frame(2)
+            if recording.is_library(code.co_filename):  # a compiled nn.Module: torch's own call code
+                file, line = recording.user_frame(2)
                 name = CALLED_HERE
             if file is not None:
                 reason = guard_reason(reasons[0]) if reasons else "unknown guard failure"
                 origin = _shape_origin(reason, frame)
                 if origin:
                     reason += f"; the new shape comes from {origin}"
-                recorder.emit({"kind": "recompile", "op": name, "file": file, "line": line,
+                recorder.emit({"kind": Kind.RECOMPILE, "op": name, "file": file, "line": line,
                                "reason": reason})
             return reasons
 
@@ -514,19 +515,19 @@ class NativeHooks:
                     import torch._guards
 
                     user_stack = torch._guards.TracingContext.extract_stack()
-                frame = next((f for f in reversed(user_stack) if not tracer.is_library(f.filename)), None)
+                frame = next((f for f in reversed(user_stack) if not recording.is_library(f.filename)), None)
                 # A break inside library code (a compiled DDP module, say): the user's call of it.
                 file, line = ((os.path.abspath(frame.filename), frame.lineno) if frame is not None
-                              else tracer.user_frame(2))
+                              else recording.user_frame(2))
                 if file is not None:
                     match = GRAPH_BREAK_ID.search(reason)
                     hint = " ".join(m.strip() for m in GRAPH_BREAK_HINT.findall(reason)) or None
-                    recorder.emit({"kind": "graph_break", "op": reason.strip().splitlines()[0],
+                    recorder.emit({"kind": Kind.GRAPH_BREAK, "op": reason.strip().splitlines()[0],
                                    "file": file, "line": line, "gb": match[1].upper() if match else None,
                                    "hint": hint})
                     dynamic = DYNAMIC_OPERATOR.search(reason)
                     if dynamic:  # torch.nonzero(x) in compiled code: data-dependent on a TPU too
-                        recorder.emit({"kind": "dynamic", "op": dynamic["op"], "file": file, "line": line,
+                        recorder.emit({"kind": Kind.DYNAMIC, "op": dynamic["op"], "file": file, "line": line,
                                        "traced": True})
             except Exception:  # noqa: BLE001 - never break the compile we observe
                 pass
@@ -551,7 +552,7 @@ def _shape_origin(reason: str, frame) -> str | None:
     except Exception:  # noqa: BLE001 - a frame Dynamo has not materialized, a short tuple
         return None
     caller = sys._getframe(2)
-    while caller is not None and tracer.is_library(caller.f_code.co_filename):
+    while caller is not None and recording.is_library(caller.f_code.co_filename):
         caller = caller.f_back
     if caller is None or tensor is None:
         return None
@@ -578,9 +579,9 @@ class _RecompileLimitHandler(logging.Handler):
         if match is None:
             return
         file, line = os.path.abspath(match["file"]), _def_line_of(match["file"], int(match["line"]))
-        if tracer.is_library(file):
-            file, line = tracer.user_frame(2)
-        self.hooks.recorder.emit({"kind": "recompile_limit", "op": f"{limit_type}={limit}",
+        if recording.is_library(file):
+            file, line = recording.user_frame(2)
+        self.hooks.recorder.emit({"kind": Kind.RECOMPILE_LIMIT, "op": f"{limit_type}={limit}",
                                   "file": file, "line": line, "reason": guard_reason(str(reason))})
 
 
@@ -673,7 +674,7 @@ def _node_line(node) -> tuple[str, int] | None:
     """The user's line an FX node of a Dynamo graph came from (its recorded stack trace)."""
     trace = node.meta.get("stack_trace") if node is not None else None
     for file, line in reversed(STACK_LINE.findall(trace or "")):
-        if not tracer.is_library(file):
+        if not recording.is_library(file):
             return os.path.abspath(file), int(line)
     return None
 
@@ -716,12 +717,12 @@ def _accelerator(torch) -> str | None:
     return current.type if current is not None else None
 
 
-def install(recorder: tracer.Recorder, warmup_steps: int | None = None, scan_sources: bool = True) -> None:
+def install(recorder: recording.Recorder, warmup_steps: int | None = None, scan_sources: bool = True) -> None:
     global HOOKS
     if HOOKS is not None:
         return
     if warmup_steps is None:
-        warmup_steps = int(os.environ.get(tracer.ENV_WARMUP, "2"))
+        warmup_steps = int(os.environ.get(recording.ENV_WARMUP, "2"))
     HOOKS = NativeHooks(recorder, warmup_steps, scan_sources)
     HOOKS.install()
 

@@ -7,7 +7,8 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from tpu_migrate.diagnose.analysis import KINDS, Finding
+from tpu_migrate.diagnose.analysis import Finding
+from tpu_migrate.diagnose.kinds import KINDS
 from tpu_migrate.diagnose.locations import relative, source_line, via_text
 
 JSON_VERSION = 1

@@ -19,7 +19,6 @@ own session, and killing ours would hit the rest of a shell pipeline (`echo data
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import signal
@@ -30,8 +29,9 @@ import time
 from dataclasses import dataclass, field
 
 from tpu_migrate.diagnose import rundir
+from tpu_migrate.diagnose.events import Event, read_events
 from tpu_migrate.diagnose.bootstrap import ENV_TOOL, ENV_UNBLOCK
-from tpu_migrate.diagnose.tracer import ENV_BACKEND, ENV_DEBUG_FILE, ENV_DIR, ENV_WARMUP
+from tpu_migrate.diagnose.recording import ENV_BACKEND, ENV_DEBUG_FILE, ENV_DIR, ENV_WARMUP
 
 # Signals the tool takes while the program runs (blocked, then read with sigtimedwait), and how
 # long one that some process sent to the tool waits before it is relayed to a program that
@@ -53,7 +53,7 @@ except Exception:  # never break the program being diagnosed
 @dataclass
 class Evidence:
     exit_code: int
-    events: dict[int, list[dict]] = field(default_factory=dict)  # pid -> events in order
+    events: dict[int, list[Event]] = field(default_factory=dict)  # pid -> events in order
     debug_log: bytes = b""  # torch_xla's PT_XLA_DEBUG_FILE (byte offsets matter)
     graphs: str = ""  # --explain: XLA_SAVE_TENSORS_FILE, every synced graph's IR
     fallback_log: bytes = b""  # --explain: XLA_FNTRACKER_FILE, one record per CPU-fallback call
@@ -272,39 +272,3 @@ def _stop_leftovers() -> int:
             if not live:
                 break
     return len(signalled)
-
-
-def read_events(directory: str) -> dict[int, list[dict]]:
-    """The events every traced process wrote, by process id, in order; then, for a process that
-    went on counting (tracer.Recorder), a `counted` event and one event per tally entry."""
-    events = {}
-    for path in sorted(glob.glob(os.path.join(directory, "events.*.jsonl"))):
-        pid = int(path.rsplit(".", 2)[1])
-        events[pid] = []
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                try:
-                    events[pid].append(json.loads(line))
-                except ValueError:  # a line cut short by SIGKILL
-                    continue
-        events[pid].extend(_tally_events(os.path.join(directory, f"tally.{pid}.json")))
-    return events
-
-
-def _tally_events(path: str) -> list[dict]:
-    """A tally entry as one event at its first step, its count multiplied, and the number of
-    steps it was seen in (`in_steps`, `in_osteps`)."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            tally = json.load(handle)
-    except (OSError, ValueError):
-        return []
-    events = [{"kind": "counted", "op": None, "file": None, "line": None,
-               "step": tally["from_step"], "ostep": tally["from_ostep"],
-               "steps": tally["steps"], "osteps": tally["osteps"]}]
-    for key, count, first_step, first_ostep, _, _, in_steps, in_osteps in tally["events"]:
-        event = json.loads(key)
-        event.update(step=first_step, ostep=first_ostep, count=event.get("count", 1) * count,
-                     in_steps=in_steps, in_osteps=in_osteps)
-        events.append(event)
-    return events

@@ -11,25 +11,12 @@ import json
 import os
 
 from tpu_migrate import __version__
-from tpu_migrate.diagnose.analysis import INFO_KINDS
+from tpu_migrate.diagnose import kinds
 from tpu_migrate.findings import FileResult
 from tpu_migrate.rules import Catalog
 
 HOME = "https://github.com/tpu-migrate/tpu-migrate"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
-
-DIAGNOSE_KINDS = {
-    "recompile": "A line whose graph compiled before compiles again after warm-up.",
-    "sync": "The host waits for the device to read a tensor value, step after step.",
-    "dynamic-shape": "An op whose output shape depends on the data.",
-    "fallback": "An op with no XLA lowering ran on the CPU.",
-    "compile": "A graph first compiled after warm-up, or changed once for a known reason (information).",
-    "closure-read": "A host read in an xm.add_step_closure callback, after the step ran (information).",
-    "recompile-limit": "torch.compile hit its recompile limit and runs the function eagerly.",
-    "graph-break": "torch.compile splits the function at this line (a Dynamo graph break).",
-    "unsupported-op": "An aten op TorchTPU cannot run on the tpu device.",
-    "tpu-incompatible": "A call that raises on TorchTPU.",
-}
 
 
 def _uri(path: str) -> str:
@@ -105,10 +92,11 @@ def rewrite_sarif(results: list[FileResult], catalog: Catalog) -> str:
 
 
 def diagnose_sarif(findings: list[dict]) -> str:
-    rules = [{"id": kind, "name": kind, "shortDescription": {"text": text}, "helpUri": f"{HOME}#diagnose"}
-             for kind, text in DIAGNOSE_KINDS.items()]
+    rules = [{"id": kind.name, "name": kind.name, "shortDescription": {"text": kind.summary},
+              "helpUri": f"{HOME}#diagnose"}
+             for kind in kinds.documentation_order()]
     results = [
-        {"ruleId": f["kind"], "level": "note" if f["kind"] in INFO_KINDS else "warning",
+        {"ruleId": f["kind"], "level": kinds.BY_NAME[f["kind"]].severity,
          "message": {"text": f["message"] + (f"\n{f['explanation']}" if f.get("explanation") else "")},
          "locations": [_location(f["file"], f["line"])]}
         for f in findings
@@ -161,7 +149,7 @@ def _file_line(line: int, col: int, cell: int | None) -> tuple[int | None, int |
 
 def diagnose_github(findings: list[dict]) -> str:
     lines = [
-        _annotation("notice" if f["kind"] in INFO_KINDS else "warning", f["file"], f["line"], None,
+        _annotation(kinds.GITHUB_LEVELS[kinds.BY_NAME[f["kind"]].severity], f["file"], f["line"], None,
                     f"tpu-migrate {f['kind']}", f["message"])
         for f in findings
     ]

@@ -1,4 +1,5 @@
-"""`tpu-migrate rules` and `tpu-migrate explain`: the catalog, and one rule with its example.
+"""`tpu-migrate rules` and `tpu-migrate explain`: the catalog, and one rule with its example (or
+one kind of `diagnose` finding).
 
 The example is the rule's own test fixture, so the documentation cannot drift from what the
 tool does: the before/after shown is what the test suite checks byte for byte.
@@ -14,6 +15,7 @@ from rich.markdown import Markdown
 from rich.syntax import Syntax
 from rich.table import Table
 
+from tpu_migrate.diagnose.kinds import FindingKind
 from tpu_migrate.rules import TARGETS, Catalog, Rule, rule_examples
 
 
@@ -73,3 +75,19 @@ def print_explanation(rule: Rule, console: Console) -> None:
             console.print(Syntax(diff, "diff", theme="ansi_dark"))
         else:
             console.print(diff.rstrip("\n"), markup=False, highlight=False)
+
+
+def print_kind_explanation(kind: FindingKind, console: Console) -> None:
+    console.print(f"{kind.name} (diagnose finding, {kind.severity})", style="bold", markup=False)
+    console.print(kind.summary, markup=False)
+    console.print()
+    if console.is_terminal:
+        console.print(Markdown(kind.explanation))
+    else:
+        console.print(kind.explanation, markup=False)
+    console.print()
+    backends = " and ".join(kind.backends)
+    counted = (f"`--fail-on {kind.name}` (and `any`) exits 1 when it is found" if kind.fails
+               else "information: `--fail-on` never counts it")
+    console.print(f"Reported by the {backends} backend{'s' if len(kind.backends) > 1 else ''}; {counted}.",
+                  markup=False)

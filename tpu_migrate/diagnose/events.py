@@ -1,0 +1,184 @@
+"""The events file: what a traced process records, and how the parent reads it back.
+
+Each traced process appends JSON lines to $TPU_MIGRATE_DIAGNOSE/events.<pid>.jsonl, one event a
+line, each an object whose first key is `kind` (the recorder's counting mode relies on that), then
+`op`, `file`, `line` (the user's line, or null), the fields of its kind, and last `step` and
+`ostep` (the XLA step and optimizer step it happened in). The event kinds:
+
+- `step`: a step boundary (torch_xla.sync / xm.mark_step, each MpDeviceLoader batch, the end of
+  `with torch_xla.step()`), with the size of torch_xla's PT_XLA_DEBUG_FILE at that moment so the
+  parent can place each compilation in its step;
+- `opt_step`: an optimizer step (the step count when the program has no XLA step marker);
+- `sync`: a host read of a device tensor (`.item()`, `.tolist()`, `.cpu()`, `.numpy()`, `bool()`,
+  `int()`, `float()`, `print`/format);
+- `dynamic`: an op with a data-dependent output shape (`nonzero`, `masked_select`, `unique`,
+  boolean-mask indexing);
+- `fallback`: `aten::*` counters (ops torch_xla ran on the CPU) that moved during a step;
+- `accumulator`, `opt_state`: what changes the next step's graph once (causes.py);
+- `backend`, `rank`, `end`: which backend traced the process, its rank, its end;
+- native backend only: `compile`, `compile_time`, `recompile`, `graph_break`, `recompile_limit`,
+  `unsupported`, `incompatible` (native.py).
+
+Past its event limit a process counts events in tally.<pid>.json instead (recording.Recorder);
+read_events turns the tally back into events: a `counted` event, and each tally entry as one
+event with its count multiplied and the number of steps it was seen in (`in_steps`).
+
+The types below are TypedDicts, not classes: the recorder builds these dicts on every host read
+of the traced program, where an object per event would cost time, and the parent reads the same
+dicts back. A type checker holds writers and readers to one schema.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import NotRequired, TypedDict
+
+
+class Kind:
+    """The event kinds (each event's `kind`)."""
+
+    STEP = "step"
+    OPT_STEP = "opt_step"
+    OPT_STATE = "opt_state"
+    SYNC = "sync"
+    DYNAMIC = "dynamic"
+    FALLBACK = "fallback"
+    ACCUMULATOR = "accumulator"
+    BACKEND = "backend"
+    RANK = "rank"
+    END = "end"
+    COMPILE = "compile"
+    COMPILE_TIME = "compile_time"
+    RECOMPILE = "recompile"
+    GRAPH_BREAK = "graph_break"
+    RECOMPILE_LIMIT = "recompile_limit"
+    UNSUPPORTED = "unsupported"
+    INCOMPATIBLE = "incompatible"
+    COUNTED = "counted"  # made by read_events, never written
+
+
+BOUNDARY_KINDS = (Kind.STEP, Kind.OPT_STEP)
+
+
+class Event(TypedDict):
+    """What every event has. `step` and `ostep` are added by the recorder when it writes."""
+
+    kind: str
+    op: str | None
+    file: str | None
+    line: int | None
+    via: NotRequired[list[str]]  # the library call the user's line made ("path:line in function")
+    step: NotRequired[int]
+    ostep: NotRequired[int]
+    # A tally entry (read_events): the steps and optimizer steps it was seen in.
+    count: NotRequired[int]
+    in_steps: NotRequired[int]
+    in_osteps: NotRequired[int]
+
+
+class StepEvent(Event):
+    """`step` (op: the marker) and `opt_step` (the xla backend adds the log offsets)."""
+
+    time: float
+    debug_offset: NotRequired[int]
+    fallback_offset: NotRequired[int]
+    compiles: NotRequired[int]  # torch_xla's UncachedCompile counter (`step` only)
+    compile_time: NotRequired[float]  # torch_xla's CompileTime so far, in seconds
+
+
+class ReadEvent(Event):
+    """`sync`, `dynamic` (op: the method or function) and `accumulator`."""
+
+    wait: NotRequired[float]  # seconds the host waited for the value or the shape
+    closure: NotRequired[str]  # "sync" / "async": read in an xm.add_step_closure callback
+    placement: NotRequired[str]  # native, the CPU standing in: placement.UNKNOWN
+    static: NotRequired[bool]  # found in the source, no rank
+    traced: NotRequired[bool]  # found where the code is traced, recurs with every call
+
+
+class FallbackEvent(Event):
+    """`fallback` (op: the aten counter) and `opt_state` (op: the optimizer's class)."""
+
+    count: int
+    exact: NotRequired[bool]  # at the line that called the op, not at its step's end
+
+
+class BackendEvent(Event):
+    """`backend` (op: "xla" or "native")."""
+
+    started: float  # perf_counter when recording started
+    device: NotRequired[str]  # native: the device type, "cpu" when the CPU stands in
+
+
+class RankEvent(Event):
+    """`rank` (torch.multiprocessing.spawn's index) and `end` (with its time)."""
+
+    rank: int | None
+    time: NotRequired[float]
+
+
+class DynamoEvent(Event):
+    """Native: `recompile` (op: the function), `recompile_limit` (op: `limit=N`), `graph_break`
+    (op: Dynamo's reason), `unsupported` (op: the aten op), `compile` (op: Dynamo's compile id),
+    `compile_time`, `incompatible` (op: the call)."""
+
+    reason: NotRequired[str]  # a guard's failure; "compiled" for an op seen in a captured graph
+    gb: NotRequired[str | None]  # the graph break's id (GB0001)
+    hint: NotRequired[str | None]
+    seconds: NotRequired[float]  # compile_time
+
+
+class CountedEvent(Event):
+    """`counted`: the process went past its event limit at `step`; it ran `steps` in all."""
+
+    steps: int
+    osteps: int
+
+
+encode = json.dumps  # one event as its line (without the newline)
+
+
+def events_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"events.{pid}.jsonl")
+
+
+def tally_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"tally.{pid}.json")
+
+
+def read_events(directory: str) -> dict[int, list[Event]]:
+    """The events every traced process wrote, by process id, in order; then, for a process that
+    went on counting (recording.Recorder), a `counted` event and one event per tally entry."""
+    events = {}
+    for path in sorted(glob.glob(os.path.join(directory, "events.*.jsonl"))):
+        pid = int(path.rsplit(".", 2)[1])
+        events[pid] = []
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    events[pid].append(json.loads(line))
+                except ValueError:  # a line cut short by SIGKILL
+                    continue
+        events[pid].extend(_tally_events(tally_path(directory, pid)))
+    return events
+
+
+def _tally_events(path: str) -> list[Event]:
+    """A tally entry as one event at its first step, its count multiplied, and the number of
+    steps it was seen in (`in_steps`, `in_osteps`)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tally = json.load(handle)
+    except (OSError, ValueError):
+        return []
+    events: list[Event] = [CountedEvent(kind=Kind.COUNTED, op=None, file=None, line=None,
+                                        step=tally["from_step"], ostep=tally["from_ostep"],
+                                        steps=tally["steps"], osteps=tally["osteps"])]
+    for key, count, first_step, first_ostep, _, _, in_steps, in_osteps in tally["events"]:
+        event = json.loads(key)
+        event.update(step=first_step, ostep=first_ostep, count=event.get("count", 1) * count,
+                     in_steps=in_steps, in_osteps=in_osteps)
+        events.append(event)
+    return events
