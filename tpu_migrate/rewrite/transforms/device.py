@@ -491,7 +491,19 @@ def _device_type_compare(cmp: cst.Comparison, sc: StatementContext):
 
 
 def _is_type_attr(node) -> bool:
-    return isinstance(node, cst.Attribute) and node.attr.value == "type"
+    """`X.type` where X is clearly a device: `t.device`, a name that says device (`device`,
+    `self._device`, `DEVICE`, `devices[0]`), `torch.device(...)`, `xm.xla_device()`. Any other
+    `.type` (`config.type`, `job.type`) is compared with "xla" for its own reasons: marked."""
+    if not (isinstance(node, cst.Attribute) and node.attr.value == "type"):
+        return False
+    owner = node.value
+    if isinstance(owner, cst.Subscript):
+        owner = owner.value
+    if isinstance(owner, cst.Call):
+        owner = owner.func
+    if isinstance(owner, cst.Attribute):
+        owner = owner.attr
+    return isinstance(owner, cst.Name) and "device" in owner.value.lower()
 
 
 def _is_plain_xla(node) -> bool:
