@@ -118,13 +118,18 @@ class Scope:
                 continue
             if name in scope.global_names:
                 return scope.module().resolution(name, None)
-            if name in scope.bindings:
+            if name in scope.imports:
                 values = state(scope.bindings[name], at)
                 if values:
                     return scope._resolution(values)
                 # A class body's name not bound yet is looked up in the enclosing scopes.
                 if scope.kind != "class":
                     return scope._early(name)
+            elif name in scope.assigned:
+                # No import here (a fallback comes with one): not an import, except in a class
+                # body before its own binding, where the enclosing scopes' name is meant.
+                if scope.kind != "class" or state(scope.bindings[name], at):
+                    return None
             if scope.kind in DEFERRED:
                 at = None  # runs after its enclosing scope's statements: sees their last bindings
             scope = scope.parent
@@ -337,6 +342,8 @@ class _Walker:
         if scope is not self.frame_scope or node is None:
             # A parameter or a comprehension's variable: bound before its scope's code runs.
             binding = Binding(name, (0, 0), qualname)
+        elif not self.frames:
+            binding = Binding(name, at or (node.end_lineno, node.end_col_offset), qualname)
         else:
             conditional = [span for owner, f, span in self.frames if _may_not_run(owner, f)]
             loops = [_span([owner]) for owner, f, _ in self.frames if isinstance(owner, _LOOPS)]
