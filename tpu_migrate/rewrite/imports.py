@@ -73,10 +73,12 @@ def add_needed(
     standard-library imports, `import torch` & co. with its torch imports, else where the
     torch_xla import they replace was (`hint`); else after the leading import block. Then the
     helper functions (`helpers`: their code), after the imports."""
-    if helpers:
-        module = _add_helpers(module, list(helpers))
-    if not lines:
-        return module
+    module = _add_imports(module, lines, hint) if lines else module
+    # After the imports: `hint` indexes the body as it was before anything was inserted.
+    return _add_helpers(module, list(helpers)) if helpers else module
+
+
+def _add_imports(module: cst.Module, lines: list[str], hint: RemovedImports | None) -> cst.Module:
     body = list(module.body)
     start, end = _leading_imports_start(body), _leading_imports_end(body)
     hint_index = hint.index if hint is not None and start <= hint.index <= end else None
