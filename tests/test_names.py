@@ -86,3 +86,47 @@ def test_unrelated_aliases_are_not_torch_xla():
     xs.append(3)
     """
     assert refs(source) == []
+
+
+def resolved(source: str) -> tuple[list[int], list[int]]:
+    """Lines of the torch_xla references that resolve, and of those left ambiguous."""
+    analysis = analyze(ast.parse(textwrap.dedent(source)), load_catalog().canonical)
+    infos = analysis.infos.values()
+    found = sorted(r.line for info in infos for r in info.refs if r.qualname.startswith("torch_xla"))
+    return found, sorted(ref.line for info in infos for ref, _ in info.ambiguous)
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # Module level runs in order: the rebinding hides the import from there on.
+        ("import torch_xla.core.xla_model as xm\nxm.mark_step()\nxm = object()\nxm.mark_step()", ([2], [])),
+        ("from torch_xla.core.xla_model import mark_step\nmark_step()\ndef mark_step(): pass\nmark_step()",
+         ([2], [])),
+        ("import torch_xla.core.xla_model as xm\nclass xm: pass\nxm.mark_step()", ([], [])),
+        ("import torch_xla.core.xla_model as xm\nfor xm in []: pass\nxm.mark_step()", ([], [3])),
+        ("import torch_xla.core.xla_model as xm\nwith open('f') as xm: xm.mark_step()", ([], [])),
+        ("import torch_xla.core.xla_model as xm\nimport os as xm\nxm.mark_step()", ([], [])),
+        # A function runs later: the last module-level binding wins.
+        ("import torch_xla.core.xla_model as xm\ndef f():\n    xm.mark_step()\nxm = object()", ([], [])),
+        ("xm = object()\ndef f():\n    xm.mark_step()\nimport torch_xla.core.xla_model as xm", ([3], [])),
+        # The optional-import fallbacks do not hide the import.
+        ("try:\n    import torch_xla.core.xla_model as xm\nexcept ImportError:\n    xm = None\n"
+         "def f():\n    xm.mark_step()", ([6], [])),
+        ("if A:\n    import torch_xla.core.xla_model as xm\nelse:\n    xm = None\nxm.mark_step()", ([5], [])),
+        ("if not A:\n    xm = None\nelse:\n    import torch_xla.core.xla_model as xm\nxm.mark_step()", ([5], [])),
+        ("try:\n    from torch_xla.core.xla_model import mark_step\nexcept ImportError:\n"
+         "    def mark_step(): pass\nmark_step()", ([5], [])),
+        # A rebinding that may have run: left for a human, in order and in functions.
+        ("import torch_xla.core.xla_model as xm\nif A:\n    xm = object()\nxm.mark_step()", ([], [4])),
+        ("import torch_xla.core.xla_model as xm\nif A:\n    xm = object()\n    xm.mark_step()", ([], [])),
+        ("import torch_xla.core.xla_model as xm\nif A:\n    xm = object()\ndef f():\n    xm.mark_step()",
+         ([], [5])),
+        ("import torch_xla.core.xla_model as xm\nwhile A:\n    xm.mark_step()\n    xm = object()", ([], [3])),
+        ("xm.mark_step()\nimport torch_xla.core.xla_model as xm", ([], [1])),
+        # A class body sees the module's name until it binds its own.
+        ("import torch_xla.core.xla_model as xm\nclass C:\n    d = xm.xla_device()\n    xm = 1", ([3], [])),
+    ],
+)
+def test_bindings_are_seen_in_order(source, expected):
+    assert resolved(source) == expected

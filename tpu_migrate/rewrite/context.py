@@ -220,7 +220,7 @@ class StatementContext:
         dotted = cst_dotted(node)
         if dotted is None:
             return None
-        qualname = self.scope.resolve(dotted)
+        qualname = self.scope.resolve(dotted, self.info.position)
         return self.file.catalog.canonical(qualname) if qualname else None
 
     def consume(self, qualname: str | None) -> tuple[int, int]:
@@ -258,7 +258,8 @@ class StatementContext:
 
     def removed(self, dotted: str) -> None:
         """A reference through an import (`xm.REDUCE_SUM`) is gone from the code."""
-        self.file.removed_roots[self.scope.import_key(dotted)] += 1
+        for key in self.scope.import_keys(dotted, self.info.position):
+            self.file.removed_roots[key] += 1
 
     def needs_manual(
         self, code: str, message: str, qualname: str | None = None,

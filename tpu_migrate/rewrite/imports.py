@@ -35,9 +35,10 @@ def removable(qualname: str, file: FileContext) -> bool:
     return rule is not None and rule.transform == "availability_guard"
 
 
-def unused_xla_names(file: FileContext) -> set[tuple[tuple[str, ...], str]]:
-    """Import bindings (path of the scope, name) of torch_xla / optimum.tpu that no code uses
-    any more: a function's own import goes when that function's uses do.
+def unused_xla_names(file: FileContext) -> set[tuple[tuple[str, ...], str, str]]:
+    """Import bindings (ImportBinding.key: path of the scope, name, target) of torch_xla /
+    optimum.tpu that no code uses any more: a function's own import goes when that function's
+    uses do, and an import whose name the program rebinds before every use goes too.
 
     Uses = the references the analysis resolved through each name, minus those fixes removed. Rules never add torch_xla names, and code they keep (arguments, manual TODOs)
     keeps its references, so this is exact except that it errs towards keeping an import.
@@ -72,10 +73,12 @@ def add_needed(
     standard-library imports, `import torch` & co. with its torch imports, else where the
     torch_xla import they replace was (`hint`); else after the leading import block. Then the
     helper functions (`helpers`: their code), after the imports."""
-    if helpers:
-        module = _add_helpers(module, list(helpers))
-    if not lines:
-        return module
+    module = _add_imports(module, lines, hint) if lines else module
+    # After the imports: `hint` indexes the body as it was before anything was inserted.
+    return _add_helpers(module, list(helpers)) if helpers else module
+
+
+def _add_imports(module: cst.Module, lines: list[str], hint: RemovedImports | None) -> cst.Module:
     body = list(module.body)
     start, end = _leading_imports_start(body), _leading_imports_end(body)
     hint_index = hint.index if hint is not None and start <= hint.index <= end else None
@@ -294,7 +297,7 @@ def _catches_import_error(stmt) -> bool:
 class _ImportRemover:
     """Drops the import aliases bound to unused names, at every depth."""
 
-    def __init__(self, unused: set[tuple[tuple[str, ...], str]], availability_check, removable):
+    def __init__(self, unused: set[tuple[tuple[str, ...], str, str]], availability_check, removable):
         self.unused = unused
         self.path: tuple[str, ...] = ()  # the enclosing classes and functions (Scope.path)
         self.removable = removable
@@ -396,7 +399,8 @@ class _ImportRemover:
             for alias in small.names:
                 dotted = cst.helpers.get_full_name_for_node(alias.name) or ""
                 bound = alias.asname.name.value if alias.asname else dotted.partition(".")[0]
-                if self.removable(dotted) and (self.path, bound) in self.unused:
+                target = dotted if alias.asname else bound
+                if self.removable(dotted) and (self.path, bound, target) in self.unused:
                     if dotted == SIDE_EFFECT_BACKEND:
                         self.backend_removed += 1
                     self.removed_any = True
@@ -411,7 +415,8 @@ class _ImportRemover:
             for alias in small.names:
                 name = cst.helpers.get_full_name_for_node(alias.name) or ""
                 bound = alias.asname.name.value if alias.asname else name
-                if self.removable(f"{module}.{name}") and (self.path, bound) in self.unused:
+                target = f"{module}.{name}"
+                if self.removable(target) and (self.path, bound, target) in self.unused:
                     self.removed_any = True
                     continue
                 keep.append(alias)

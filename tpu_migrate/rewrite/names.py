@@ -5,14 +5,21 @@ costs as much as the parse itself. Python's `ast` parser and a single walk over 
 several times cheaper, so the analysis runs on `ast`, and libcst is only visited where this
 analysis found something to rewrite (see transformer.py).
 
-The analysis is flow-insensitive within a scope, which is what real code needs:
+Within a scope, a use sees the bindings made before it (Python runs a scope's statements in
+order), and a use inside a function or lambda sees the scope's last bindings (it runs later). An
+import wins over the bindings that only stand in for it, which is what real code needs:
 
     try:
         import torch_xla.core.xla_model as xm
     except ImportError:
         xm = None          # the optional-import fallback does not hide the import
 
-but a function that binds `xm` itself (parameter, assignment, loop variable, ...) and does not
+(a binding in an `except` handler of a `try` whose body imports the name, or in the other branch
+of an `if` that imports it). Any other binding replaces the import from where it runs on: after
+`xm = Shim()` or `def mark_step(): ...`, `xm.mark_step()` / `mark_step()` are the program's own. A
+rebinding that may or may not have run (inside an `if`, a loop, an `except`) leaves the use
+ambiguous: it is not converted, and the rewrite marks it for a human (Resolution.ambiguous).
+A function that binds `xm` itself (parameter, assignment, loop variable, ...) and does not
 import it shadows the module's alias, and its `xm.mark_step()` is not touched.
 """
 
@@ -22,6 +29,7 @@ import ast
 from collections import Counter
 from dataclasses import dataclass, field
 
+from tpu_migrate.rewrite.bindings import Binding, Position, Span, state
 from tpu_migrate.rewrite.dependencies import DISTRIBUTION, REQUIREMENT, REQUIREMENT_KEYWORDS
 
 XLA_ROOTS = ("torch_xla", "torch_xla_py", "optimum.tpu")
@@ -38,20 +46,54 @@ def is_xla_name(qualname: str) -> bool:
     return any(qualname == root or qualname.startswith(root + ".") for root in XLA_ROOTS)
 
 
-class Scope:
-    """One Python scope: module, class, function, lambda or comprehension."""
+@dataclass(frozen=True)
+class Resolution:
+    """A name that refers to an import at some point: the import, and the program's own
+    binding that may hide it there (`ambiguous`: the use is left for a human)."""
 
-    __slots__ = ("kind", "parent", "imports", "assigned", "global_names", "path")
+    scope: Scope
+    binding: Binding
+    rebound: Binding | None = None
+    early: bool = False  # the use runs before the name is bound at all (NameError, or a name
+    # that `exec` or `globals()` put there): the import it meets later is a guess
+
+    @property
+    def ambiguous(self) -> bool:
+        return self.rebound is not None or self.early
+
+    def doubt(self) -> str:
+        """Why the use may not be the import's, for its TODO."""
+        # No line numbers: the TODO stays the same when lines above it move (a second run).
+        name = self.binding.name
+        if self.early:
+            return f"it runs before `{name}` is imported"
+        return f"this file binds `{name}` again in code that may run before it"
+
+    @property
+    def keys(self) -> list[tuple[tuple[str, ...], str, str]]:
+        """The import bindings a use keeps alive (ImportBinding.key): the import, and the
+        imports that stand in for it (`except ImportError: import torch_xla_py... as xm`)."""
+        name = self.binding.name
+        found = {self.binding.qualname}
+        found.update(b.qualname for b in self.scope.bindings[name] if b.fallback and b.is_import)
+        return [(self.scope.path, name, q) for q in sorted(found)]
+
+
+class Scope:
+    """One Python scope: module, class, function, lambda, comprehension or generator."""
+
+    __slots__ = ("kind", "parent", "imports", "assigned", "global_names", "path", "bindings")
 
     def __init__(self, kind: str, parent: Scope | None, name: str = ""):
         self.kind = kind
         self.parent = parent
         # The names of the enclosing classes and functions: ("Trainer", "fit"). Import removal
-        # counts uses per (path, name), so a function's own import goes when its uses do.
+        # counts uses per (path, name, import), so a function's own import goes when its uses do.
         self.path: tuple[str, ...] = (*parent.path, name) if parent is not None else ()
-        self.imports: dict[str, str] = {}  # bound name -> imported qualified name
+        self.imports: dict[str, str] = {}  # name bound by an import -> the last import's target
         self.assigned: set[str] = set()  # names bound here by anything but an import
         self.global_names: set[str] = set()
+        self.bindings: dict[str, list[Binding]] = {}  # every binding of each name, in order
 
     def module(self) -> Scope:
         scope = self
@@ -59,13 +101,14 @@ class Scope:
             scope = scope.parent
         return scope
 
-    def lookup(self, name: str) -> str | None:
-        """The qualified name `name` refers to here, or None when it is not an import."""
-        scope = self.binding(name)
-        return scope.imports[name] if scope is not None else None
+    def lookup(self, name: str, at: Position | None = None) -> str | None:
+        """The qualified name `name` refers to here (in the statement starting at `at`; None:
+        at the end of its scope), or None when it is not an import or may not be one."""
+        found = self.binding(name, at)
+        return found.binding.qualname if found is not None and not found.ambiguous else None
 
-    def binding(self, name: str) -> Scope | None:
-        """The scope whose import `name` refers to here, or None when it is not an import."""
+    def binding(self, name: str, at: Position | None = None) -> Resolution | None:
+        """The import `name` refers to here, or None when it is not an import."""
         scope: Scope | None = self
         innermost = True
         while scope is not None:
@@ -74,28 +117,56 @@ class Scope:
                 scope = scope.parent
                 continue
             if name in scope.global_names:
-                scope = scope.module()
-                return scope if name in scope.imports else None
+                return scope.module().resolution(name, None)
             if name in scope.imports:
-                return scope
-            if name in scope.assigned:
-                return None
+                values = state(scope.bindings[name], at)
+                if values:
+                    return scope._resolution(values)
+                # A class body's name not bound yet is looked up in the enclosing scopes.
+                if scope.kind != "class":
+                    return scope._early(name)
+            elif name in scope.assigned:
+                # No import here (a fallback comes with one): not an import, except in a class
+                # body before its own binding, where the enclosing scopes' name is meant.
+                if scope.kind != "class" or state(scope.bindings[name], at):
+                    return None
+            if scope.kind in DEFERRED:
+                at = None  # runs after its enclosing scope's statements: sees their last bindings
             scope = scope.parent
             innermost = False
         return None
 
-    def import_key(self, dotted: str) -> tuple[tuple[str, ...], str]:
-        """(path of the binding scope, root name): what import removal counts uses by."""
-        root = dotted.partition(".")[0]
-        scope = self.binding(root)
-        return (scope.path if scope is not None else ()), root
+    def resolution(self, name: str, at: Position | None) -> Resolution | None:
+        return self._resolution(state(self.bindings.get(name, []), at))
 
-    def resolve(self, dotted: str) -> str | None:
+    def _resolution(self, values: list[Binding]) -> Resolution | None:
+        imported = [b for b in values if b.is_import]
+        if not imported:
+            return None
+        own = [b for b in values if not b.is_import]
+        return Resolution(self, imported[-1], own[-1] if own else None)
+
+    def _early(self, name: str) -> Resolution | None:
+        imported = [b for b in self.bindings[name] if b.is_import and not b.fallback]
+        return Resolution(self, imported[0], early=True) if imported else None
+
+    def import_keys(self, dotted: str, at: Position | None = None) -> list[tuple[tuple[str, ...], str, str]]:
+        """The import bindings (ImportBinding.key) a reference keeps alive: what import
+        removal counts uses by."""
+        found = self.binding(dotted.partition(".")[0], at)
+        return found.keys if found is not None else []
+
+    def resolve(self, dotted: str, at: Position | None = None) -> str | None:
         root, _, rest = dotted.partition(".")
-        target = self.lookup(root)
+        target = self.lookup(root, at)
         if target is None:
             return None
         return f"{target}.{rest}" if rest else target
+
+
+# Scopes whose code runs after the statements around them (a generator expression: when
+# consumed), so a name there sees the enclosing scope's last bindings.
+DEFERRED = frozenset({"function", "lambda", "generator"})
 
 
 @dataclass
@@ -118,8 +189,8 @@ class ImportBinding:
     path: tuple[str, ...] = ()  # the binding scope's path (Scope.path)
 
     @property
-    def key(self) -> tuple[tuple[str, ...], str]:
-        return self.path, self.name
+    def key(self) -> tuple[tuple[str, ...], str, str]:
+        return self.path, self.name, self.qualname
 
 
 @dataclass
@@ -144,6 +215,14 @@ class StmtInfo:
     dynamic_imports: list[tuple[int, int, str]] = field(default_factory=list)
     # Requirement strings naming torch_xla / optimum-tpu (`"torch_xla[tpu]~=2.5"`): (line, col, text)
     requirements: list[tuple[int, int, str]] = field(default_factory=list)
+    # References that may go to torch_xla or to the program's own binding of their name (a
+    # rebinding that may have run, a use before the import): (reference, why). Left for a human.
+    ambiguous: list[tuple[Ref, str]] = field(default_factory=list)
+
+    @property
+    def position(self) -> Position:
+        """Where the statement starts: its uses see the bindings made before (Scope.lookup)."""
+        return self.node.lineno, self.node.col_offset
 
     @property
     def interesting(self) -> bool:
@@ -160,7 +239,7 @@ class Analysis:
     qualnames: set[str]  # every resolved qualified name referenced
     functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]  # module-level defs
     # How many references go through each import binding (`xm` in `xm.mark_step`), by
-    # (path of the binding scope, name): see Scope.import_key.
+    # ImportBinding.key: see Scope.import_keys.
     import_uses: Counter
     # Every dotted load: (scope, dotted name, statement, line, col), resolved or not.
     loads: list[tuple[Scope, str, StmtInfo, int, int]]
@@ -171,8 +250,11 @@ class Analysis:
 
     def module_alias(self, qualname: str) -> str | None:
         """The module-level name bound to exactly `qualname` (`import torch as th` -> th)."""
-        for name, target in self.module_scope.imports.items():
-            if target == qualname and name not in self.module_scope.assigned:
+        scope = self.module_scope
+        for name, target in scope.imports.items():
+            if target == qualname and name not in scope.assigned and all(
+                b.qualname == qualname for b in scope.bindings[name]
+            ):
                 return name
         return None
 
@@ -195,6 +277,20 @@ def dotted_name(node: ast.expr) -> str | None:
 
 _COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_TRIES = (ast.Try, getattr(ast, "TryStar", ast.Try))
+
+
+def _span(stmts: list[ast.AST]) -> Span:
+    return (stmts[0].lineno, stmts[0].col_offset), (stmts[-1].end_lineno, stmts[-1].end_col_offset)
+
+
+def _may_not_run(owner: ast.AST, field_name: str) -> bool:
+    """Whether the `field_name` block of `owner` may not run where its statement does: the
+    branches of an `if` or `match`, a loop's body and `else`, a `try`'s handlers and `else`."""
+    if isinstance(owner, _TRIES):
+        return field_name in ("handler", "orelse")
+    return isinstance(owner, (ast.If, ast.Match, *_LOOPS))
 
 
 class _Walker:
@@ -207,6 +303,11 @@ class _Walker:
         self.pending: list[tuple[Scope, str, StmtInfo, int, int]] = []
         self.functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
         self.all_scopes: list[Scope] = []
+        # The blocks around the statement being walked, in the scope whose body is walked:
+        # (statement, field, span of the block); see `bind`.
+        self.frames: list[tuple[ast.AST, str, Span]] = []
+        self.frame_scope: Scope | None = None
+        self._imported_names: dict[int, set[str]] = {}
 
     def new_scope(self, kind: str, parent: Scope | None, name: str = "") -> Scope:
         scope = Scope(kind, parent, name)
@@ -215,9 +316,79 @@ class _Walker:
 
     # -- statements -------------------------------------------------------------------------
 
-    def block(self, stmts: list[ast.stmt], scope: Scope) -> None:
+    def block(self, stmts: list[ast.stmt], scope: Scope, owner: ast.AST | None = None, field_name: str = "") -> None:
+        """Walk `stmts`, the `field_name` block of the statement `owner` (None: a scope's body)."""
+        if owner is not None:
+            self.frames.append((owner, field_name, _span(stmts)))
         for stmt in stmts:
             self.stmt(stmt, scope)
+        if owner is not None:
+            self.frames.pop()
+
+    def scope_body(self, stmts: list[ast.stmt], scope: Scope) -> None:
+        """A function's or class's body: its blocks are its own."""
+        outer = self.frames, self.frame_scope
+        self.frames, self.frame_scope = [], scope
+        self.block(stmts, scope)
+        self.frames, self.frame_scope = outer
+
+    # -- bindings ---------------------------------------------------------------------------
+
+    def bind(self, scope: Scope, name: str, node: ast.AST | None, qualname: str | None = None,
+             at: Position | None = None) -> None:
+        """Record a binding of `name` in `scope` by `node`, effective after `node` (or `at`)."""
+        if qualname is None:
+            scope.assigned.add(name)
+        if scope is not self.frame_scope or node is None:
+            # A parameter or a comprehension's variable: bound before its scope's code runs.
+            binding = Binding(name, (0, 0), qualname)
+        elif not self.frames:
+            binding = Binding(name, at or (node.end_lineno, node.end_col_offset), qualname)
+        else:
+            conditional = [span for owner, f, span in self.frames if _may_not_run(owner, f)]
+            loops = [_span([owner]) for owner, f, _ in self.frames if isinstance(owner, _LOOPS)]
+            binding = Binding(
+                name, at or (node.end_lineno, node.end_col_offset), qualname,
+                block=conditional[-1] if conditional else None, loop=loops[0] if loops else None,
+                fallback=any(self._stands_in(owner, f, name, qualname) for owner, f, _ in self.frames),
+            )
+        if qualname is not None and not binding.fallback:
+            scope.imports[name] = qualname
+        scope.bindings.setdefault(name, []).append(binding)
+
+    def _stands_in(self, owner: ast.AST, field_name: str, name: str, qualname: str | None) -> bool:
+        """Whether a binding of `name` in the `field_name` block of `owner` is the fallback of
+        an import of `name` there: in an `except` handler of a `try` whose body imports it, in
+        the `else` of an `if` whose body imports it, or (not itself an import) in the body of an
+        `if` whose `else` imports it."""
+        if field_name == "handler" and isinstance(owner, _TRIES):
+            return name in self._imported(owner.body)
+        if isinstance(owner, ast.If) and field_name == "orelse":
+            return name in self._imported(owner.body)
+        if isinstance(owner, ast.If) and field_name == "body" and qualname is None:
+            return name in self._imported(owner.orelse)
+        return False
+
+    def _imported(self, stmts: list[ast.stmt]) -> set[str]:
+        """The names the imports of `stmts` bind, at any depth of the same scope."""
+        found = self._imported_names.get(id(stmts))
+        if found is None:
+            found = set()
+            todo = list(stmts)
+            while todo:
+                stmt = todo.pop()
+                if isinstance(stmt, ast.Import):
+                    found.update(a.asname or a.name.partition(".")[0] for a in stmt.names)
+                elif isinstance(stmt, ast.ImportFrom):
+                    found.update(a.asname or a.name for a in stmt.names)
+                elif not isinstance(stmt, (*_FUNCTIONS, ast.ClassDef)):
+                    for child in ast.iter_child_nodes(stmt):
+                        if isinstance(child, ast.stmt):
+                            todo.append(child)
+                        elif isinstance(child, (ast.ExceptHandler, ast.match_case)):
+                            todo.extend(child.body)
+            self._imported_names[id(stmts)] = found
+        return found
 
     def stmt(self, node: ast.stmt, scope: Scope) -> None:
         first = node.lineno
@@ -233,7 +404,7 @@ class _Walker:
         self.infos[id(node)] = info
 
         if isinstance(node, _FUNCTIONS):
-            scope.assigned.add(node.name)
+            self.bind(scope, node.name, node)
             if scope.kind == "module":
                 self.functions[node.name] = node
             for d in node.decorator_list:
@@ -242,12 +413,12 @@ class _Walker:
             self.arguments(node.args, scope, inner, info)
             if node.returns is not None:
                 self.expr(node.returns, scope, info)
-            self.block(node.body, inner)
+            self.scope_body(node.body, inner)
         elif isinstance(node, ast.ClassDef):
-            scope.assigned.add(node.name)
+            self.bind(scope, node.name, node)
             for e in (*node.decorator_list, *node.bases, *(k.value for k in node.keywords)):
                 self.expr(e, scope, info)
-            self.block(node.body, self.new_scope("class", scope, node.name))
+            self.scope_body(node.body, self.new_scope("class", scope, node.name))
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.asname:
@@ -259,18 +430,27 @@ class _Walker:
             for alias in node.names:
                 if node.level or alias.name == "*" or not node.module:
                     if alias.name != "*":
-                        scope.assigned.add(alias.asname or alias.name)
+                        self.bind(scope, alias.asname or alias.name, node)
                     continue
                 name = alias.asname or alias.name
                 self.bind_import(scope, name, f"{node.module}.{alias.name}", node)
         elif isinstance(node, (ast.Global, ast.Nonlocal)):
             if isinstance(node, ast.Global):
                 scope.global_names.update(node.names)
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            self.expr(node.iter, scope, info)
+            # The loop variable is bound only if the loop runs: it is part of the body.
+            self.frames.append((node, "body", _span(node.body)))
+            self.expr(node.target, scope, info)
+            self.block(node.body, scope)
+            self.frames.pop()
+            if node.orelse:
+                self.block(node.orelse, scope, node, "orelse")
         else:
             for child_field, value in ast.iter_fields(node):
                 if isinstance(value, list):
                     if value and isinstance(value[0], ast.stmt):
-                        self.block(value, scope)
+                        self.block(value, scope, node, child_field)
                         continue
                     for item in value:
                         self.child(item, scope, info)
@@ -283,14 +463,18 @@ class _Walker:
         elif isinstance(node, ast.ExceptHandler):
             if node.type is not None:
                 self.expr(node.type, scope, info)
+            self.frames.append((info.node, "handler", _span(node.body)))
             if node.name:
-                scope.assigned.add(node.name)
+                self.bind(scope, node.name, node, at=(node.lineno, node.col_offset + 1))
             self.block(node.body, scope)
+            self.frames.pop()
         elif isinstance(node, ast.match_case):
+            self.frames.append((info.node, "case", _span(node.body)))
             self.pattern(node.pattern, scope, info)
             if node.guard is not None:
                 self.expr(node.guard, scope, info)
             self.block(node.body, scope)
+            self.frames.pop()
         elif isinstance(node, ast.withitem):
             self.expr(node.context_expr, scope, info)
             if node.optional_vars is not None:
@@ -303,9 +487,9 @@ class _Walker:
         for sub in ast.walk(node):
             name = getattr(sub, "name", None)
             if isinstance(sub, (ast.MatchAs, ast.MatchStar)) and name:
-                scope.assigned.add(name)
+                self.bind(scope, name, sub)
             elif isinstance(sub, ast.MatchMapping) and sub.rest:
-                scope.assigned.add(sub.rest)
+                self.bind(scope, sub.rest, sub)
             elif isinstance(sub, ast.expr) and not isinstance(sub, ast.Name):
                 if isinstance(sub, (ast.Attribute, ast.Constant)):
                     self.expr(sub, scope, info)
@@ -317,12 +501,12 @@ class _Walker:
         for arg in (*every, args.vararg, args.kwarg):
             if arg is None:
                 continue
-            inner.assigned.add(arg.arg)
+            self.bind(inner, arg.arg, arg)
             if arg.annotation is not None:
                 self.expr(arg.annotation, outer, info)
 
     def bind_import(self, scope: Scope, name: str, qualname: str, stmt: ast.stmt) -> None:
-        scope.imports[name] = qualname
+        self.bind(scope, name, stmt, qualname)
         self.imports.append(ImportBinding(name, qualname, stmt, scope.path))
 
     # -- expressions ------------------------------------------------------------------------
@@ -332,7 +516,7 @@ class _Walker:
             if isinstance(node.ctx, ast.Load):
                 self.pending.append((scope, node.id, info, node.lineno, node.col_offset))
             else:
-                scope.assigned.add(node.id)
+                self.bind(scope, node.id, node)
             return
         if isinstance(node, ast.Attribute):
             dotted = dotted_name(node)
@@ -364,7 +548,8 @@ class _Walker:
             self.expr(node.body, inner, info)
             return
         if isinstance(node, _COMPREHENSIONS):
-            inner = self.new_scope("comprehension", scope)
+            kind = "generator" if isinstance(node, ast.GeneratorExp) else "comprehension"
+            inner = self.new_scope(kind, scope)
             for i, gen in enumerate(node.generators):
                 self.expr(gen.iter, scope if i == 0 else inner, info)
                 self.expr(gen.target, inner, info)
@@ -378,9 +563,9 @@ class _Walker:
             return
         if isinstance(node, ast.NamedExpr):
             target_scope = scope
-            while target_scope.kind == "comprehension" and target_scope.parent is not None:
+            while target_scope.kind in ("comprehension", "generator") and target_scope.parent is not None:
                 target_scope = target_scope.parent
-            target_scope.assigned.add(node.target.id)
+            self.bind(target_scope, node.target.id, node.target)
             self.expr(node.value, scope, info)
             return
         if isinstance(node, ast.Call):
@@ -430,20 +615,27 @@ def analyze(
     (registry.trigger_strings), is flagged for rewriting."""
     walker = _Walker(strings)
     module = walker.new_scope("module", None)
-    walker.block(tree.body, module)
+    walker.scope_body(tree.body, module)
     qualnames: set[str] = set()
     import_uses: Counter = Counter()
     for scope, dotted, info, line, col in walker.pending:
-        qualname = scope.resolve(dotted)
-        if qualname is None:
+        root, _, rest = dotted.partition(".")
+        found = scope.binding(root, info.position)
+        if found is None:
             continue
-        import_uses[scope.import_key(dotted)] += 1
-        qualname = canonical(qualname)
+        for key in found.keys:
+            import_uses[key] += 1  # an ambiguous use keeps its import too
+        target = found.binding.qualname
+        qualname = canonical(f"{target}.{rest}" if rest else target)
+        wanted = is_xla_name(qualname) or qualname in rule_names
+        if found.ambiguous:
+            if wanted:
+                info.ambiguous.append((Ref(qualname, dotted, line, col + 1), found.doubt()))
+                info.flagged = True
+            continue
         qualnames.add(qualname)
         info.refs.append(Ref(qualname, dotted, line, col + 1))
-        if not info.flagged and (
-            is_xla_name(qualname) or qualname in rule_names
-        ):
+        if wanted:
             info.flagged = True
     for info in walker.infos.values():
         if len(info.refs) > 1:

@@ -64,14 +64,14 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
         if not info.refs:
             continue
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
-            worker = _spawn_worker(node.value, node, info.scope, analysis, canonical)
+            worker = _spawn_worker(node.value, info, analysis, canonical)
             if worker is not None and worker.refusal is not None:
                 plans.spawn_refusals[id(node)] = worker.refusal
             elif worker is not None and enabled("TPU060", info):
                 plans.spawn_workers[id(node)] = worker.name
         elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                qualname = _call_qualname(node.value, info.scope, canonical)
+                qualname = _call_qualname(node.value, info, canonical)
                 if qualname == MP_DEVICE_LOADER and enabled("TPU040", info):
                     name = node.targets[0].id
                     loops = _loops_over(analysis, info.scope, name)
@@ -232,20 +232,21 @@ def _is_main_test(test: ast.expr) -> bool:
     )
 
 
-def _call_qualname(call: ast.Call, scope: Scope, canonical) -> str | None:
+def _call_qualname(call: ast.Call, info: StmtInfo, canonical) -> str | None:
     from tpu_migrate.rewrite.names import dotted_name
 
     dotted = dotted_name(call.func)
     if dotted is None:
         return None
-    qualname = scope.resolve(dotted)
+    qualname = info.scope.resolve(dotted, info.position)
     return canonical(qualname) if qualname else None
 
 
-def _spawn_worker(call: ast.Call, statement: ast.stmt, scope: Scope, analysis: Analysis, canonical) -> Worker | None:
+def _spawn_worker(call: ast.Call, info: StmtInfo, analysis: Analysis, canonical) -> Worker | None:
     """The worker function an `xmp.spawn` / `torch_xla.launch` call starts, or why it cannot
     be converted; None for another call."""
-    if _call_qualname(call, scope, canonical) not in SPAWN_NAMES:
+    statement = info.node
+    if _call_qualname(call, info, canonical) not in SPAWN_NAMES:
         return None
     if any(isinstance(a, ast.Starred) for a in call.args) or any(
         k.arg is None for k in call.keywords
@@ -257,7 +258,7 @@ def _spawn_worker(call: ast.Call, statement: ast.stmt, scope: Scope, analysis: A
     if not isinstance(fn, ast.Name):
         return Worker(refusal=f"the worker `{ast.unparse(fn)}` is not a plain name of this file (an "
                       "attribute of another module, a lambda, a call ...)")
-    if scope.lookup(fn.id) is not None:
+    if info.scope.lookup(fn.id, info.position) is not None:
         return Worker(refusal=f"the worker `{fn.id}` is imported from another module")
     name = fn.id if fn.id in analysis.functions else _aliased_function(fn, statement, analysis)
     if name is None:

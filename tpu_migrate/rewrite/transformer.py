@@ -269,6 +269,14 @@ class ModuleRewriter:
         for line, col, requirement in sc.info.requirements:
             if sc.enabled(dependencies.CODE):
                 sc.needs_manual(dependencies.CODE, dependencies.message(requirement), where=(line, col))
+        for ref, doubt in sc.info.ambiguous:
+            if sc.enabled("TPU099"):
+                sc.needs_manual(
+                    "TPU099",
+                    f"`{ref.dotted}` ({ref.qualname}) may not be torch_xla's: {doubt}; not converted, "
+                    "port it by hand if it is torch_xla's",
+                    where=(ref.line, ref.col), anchor=ref.dotted,
+                )
         for ref in sc.leftover_refs():
             if sc.enabled("TPU099"):
                 sc.needs_manual(

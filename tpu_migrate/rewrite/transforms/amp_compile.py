@@ -61,32 +61,45 @@ def manual_seed(call, qualname, sc: StatementContext, rule):
     return parse_expr(sc.file.plan.fill(SEED_DEVICE[sc.file.target], seed=code(bound["seed"].value)))
 
 
+# The backends whose compiles run on TorchTPU's "tpu" backend once converted (None: no backend
+# given, which TorchTPU's torch.compile turns into "tpu" for TPU inputs).
+_TPU_BACKENDS = frozenset({None, "tpu", "openxla", "openxla_eval"})
+_UNKNOWN = object()  # a backend chosen at run time (`backend=args.backend`)
+
+
 @transform("torch_compile", calls=("torch.compile",))
 def torch_compile(call: cst.Call, sc: StatementContext):
-    """torch.compile in a torch_xla file: the backend, and what TorchTPU rejects."""
+    """torch.compile in a torch_xla file: the backend, and what TorchTPU's "tpu" backend rejects
+    (`mode=`, `dynamic=True`). Another backend (`"cudagraphs"`, `"eager"`) receives `mode=` as
+    before: such a compile is the program's own choice and stays as it is."""
     if not any(is_xla(b.qualname) for b in sc.file.analysis.imports):
         return call
     if not sc.enabled("TPU130"):
         return call
     tpu = sc.file.target == "tpu"
+    backend = _backend_of(call)
+    rejected = {id(a) for a in call.args if _rejected_by_tpu(a)}
+    if backend is _UNKNOWN or backend == "inductor":
+        if tpu and backend == "inductor":
+            sc.needs_manual("TPU130", 'TorchTPU rejects backend="inductor" for TPU tensors: use backend="tpu"'
+                            + (" without mode= and dynamic=True" if rejected else ""),
+                            where=sc.consume("torch.compile"))
+        elif tpu and rejected:
+            sc.needs_manual("TPU130", "the backend is chosen at run time: where it is TorchTPU's \"tpu\" "
+                            "(or was \"openxla\"), drop mode= and dynamic=True, which it rejects",
+                            where=sc.consume("torch.compile"))
+        return call
+    if backend not in _TPU_BACKENDS:
+        return call
     args, changed = [], False
     for arg in call.args:
         name = arg.keyword.value if arg.keyword is not None else None
-        value = arg.value
-        if name == "backend" and isinstance(value, cst.SimpleString):
-            backend = value.evaluated_value
-            if backend in ("openxla", "openxla_eval"):
-                changed = True
-                if not tpu:
-                    continue
-                arg = arg.with_changes(value=cst.SimpleString(f'{quote_of(value)}tpu{quote_of(value)}'))
-            elif backend == "inductor" and tpu:
-                sc.needs_manual("TPU130", 'TorchTPU rejects backend="inductor" for TPU tensors: use backend="tpu"',
-                                where=sc.consume("torch.compile"))
-        elif tpu and name == "mode":
+        if name == "backend" and backend in ("openxla", "openxla_eval"):
             changed = True
-            continue
-        elif tpu and name == "dynamic" and isinstance(value, cst.Name) and value.value == "True":
+            if not tpu:
+                continue
+            arg = arg.with_changes(value=cst.SimpleString(f'{quote_of(arg.value)}tpu{quote_of(arg.value)}'))
+        elif tpu and id(arg) in rejected:
             changed = True
             continue
         args.append(arg)
@@ -94,6 +107,26 @@ def torch_compile(call: cst.Call, sc: StatementContext):
         return call
     sc.fixed("TPU130", "torch.compile")
     return call.with_changes(args=clean_args(args))
+
+
+def _backend_of(call: cst.Call):
+    """The `backend=` string of a torch.compile call; None without one; _UNKNOWN otherwise."""
+    for arg in call.args:
+        if arg.keyword is not None and arg.keyword.value == "backend":
+            value = arg.value
+            if isinstance(value, cst.SimpleString):
+                return value.evaluated_value
+            return _UNKNOWN
+        if arg.star == "**":
+            return _UNKNOWN
+    return None
+
+
+def _rejected_by_tpu(arg: cst.Arg) -> bool:
+    """`mode=...` and `dynamic=True`: TorchTPU's "tpu" backend raises on them."""
+    name = arg.keyword.value if arg.keyword is not None else None
+    value = arg.value
+    return name == "mode" or (name == "dynamic" and isinstance(value, cst.Name) and value.value == "True")
 
 
 @transform("xla_compile", form=CALL)

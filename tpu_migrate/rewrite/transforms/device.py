@@ -146,15 +146,42 @@ def torch_device_ctor(call: cst.Call, sc: StatementContext):
 # -- names that say what a value is --------------------------------------------------------
 
 
-def hint_of(name: str | None) -> str | None:
-    """"device" or "backend" when a name (variable, attribute, key, keyword, option) says so."""
+def hint_of(name: str | None, sc: StatementContext) -> str | None:
+    """"device" or "backend" (a process group's) when a name (variable, attribute, key,
+    keyword, option) says so. A backend name says process group with a word for it
+    (`dist_backend`, `ddp_backend`, `--dist-backend`), or plainly (`backend`) in a file that
+    starts process groups; `plot_backend` and `attention_backend` say something else."""
     if not name:
         return None
     lower = name.lower()
     device, backend = "device" in lower, "backend" in lower
     if device == backend:
         return None
-    return "device" if device else "backend"
+    if device:
+        return "device"
+    words = {w.lower() for w in _WORDS.findall(name)}
+    if words & _PROCESS_GROUP_WORDS or {"process", "group"} <= words:
+        return "backend"
+    if words == {"backend"} and starts_process_groups(sc):
+        return "backend"
+    return None
+
+
+# The words of a name: `dist_backend`, `--dist-backend`, `distBackend`, `DDP_BACKEND`.
+_WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+_PROCESS_GROUP_WORDS = frozenset({
+    "dist", "distributed", "ddp", "fsdp", "pg", "comm", "comms", "communication", "collective",
+    "collectives", "ccl",
+})
+_GROUP_STARTS = frozenset({"torch.distributed.init_process_group", "torch.distributed.new_group"})
+
+
+def starts_process_groups(sc: StatementContext) -> bool:
+    """Whether the file starts a process group (or registers torch_xla's backend for one)."""
+    analysis = sc.file.analysis
+    return bool(analysis.qualnames & _GROUP_STARTS) or any(
+        b.qualname == "torch_xla.distributed.xla_backend" for b in analysis.imports
+    )
 
 
 def _target_name(target: cst.BaseExpression) -> str | None:
@@ -170,8 +197,8 @@ def _target_name(target: cst.BaseExpression) -> str | None:
     return None
 
 
-def _string_hint(node: cst.BaseExpression) -> str | None:
-    return hint_of(_string_value(node)) if isinstance(node, cst.SimpleString) else None
+def _string_hint(node: cst.BaseExpression, sc: StatementContext) -> str | None:
+    return hint_of(_string_value(node), sc) if isinstance(node, cst.SimpleString) else None
 
 
 # The operands a value may come from: `a if c else b`, `a or b`.
@@ -285,7 +312,7 @@ def device_string_args(call: cst.Call, sc: StatementContext):
     callee = _callee(call)
     qualname = sc.resolve(call.func)
     data_call = callee in _DATA_CALLS
-    option_hint = _argparse_hint(call) if callee == "add_argument" else None
+    option_hint = _argparse_hint(call, sc) if callee == "add_argument" else None
     lookup_key = _lookup_key_index(call, callee, qualname)
     positional = _POSITIONAL_DEVICE.get(qualname or "")
     new_args = list(call.args)
@@ -302,7 +329,7 @@ def device_string_args(call: cst.Call, sc: StatementContext):
             new = _convert(value, option_hint, sc)
         elif keyword is not None:
             # `pin_memory_device=`, `device_type=`, `dist_backend=`: a str keeps its type.
-            hint = hint_of(keyword)
+            hint = hint_of(keyword, sc)
             if hint is not None:
                 new = _convert(value, hint, sc)
         elif arg.star:
@@ -312,7 +339,7 @@ def device_string_args(call: cst.Call, sc: StatementContext):
         elif positional_index == 0 and positional is not None:
             new = _convert(value, "device", sc, string=positional)
         elif lookup_key is not None and positional_index == lookup_key + 1:
-            hint = _string_hint(call.args[lookup_key].value)
+            hint = _string_hint(call.args[lookup_key].value, sc)
             if hint is not None and _convertible(value, hint):
                 new = _convert(value, hint, sc)
             elif hint is None:
@@ -326,13 +353,13 @@ def device_string_args(call: cst.Call, sc: StatementContext):
     return call.with_changes(args=new_args)
 
 
-def _argparse_hint(call: cst.Call) -> str | None:
+def _argparse_hint(call: cst.Call, sc: StatementContext) -> str | None:
     """What `parser.add_argument("--device", ...)` / `dest="backend"` holds."""
     names = [
         a.value for a in call.args
         if (a.keyword is None or a.keyword.value == "dest") and isinstance(a.value, cst.SimpleString)
     ]
-    hints = {hint_of((_string_value(n) or "").lstrip("-")) for n in names} - {None}
+    hints = {hint_of((_string_value(n) or "").lstrip("-"), sc) for n in names} - {None}
     return hints.pop() if len(hints) == 1 else None
 
 
@@ -355,7 +382,7 @@ def device_param_default(param: cst.Param, sc: StatementContext) -> cst.Param:
     if param.default is None or not sc.info.xla_strings:
         return param
     name = param.name.value
-    hint = hint_of(name)
+    hint = hint_of(name, sc)
     if hint is None:
         return param
     string = hint == "device" and "type" in name.lower()
@@ -369,7 +396,7 @@ def data_assignment(node, sc: StatementContext):
     if node.value is None or not sc.info.xla_strings:
         return node
     targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-    hints = {hint_of(_target_name(t)) for t in targets}
+    hints = {hint_of(_target_name(t), sc) for t in targets}
     if len(hints) != 1:
         return node
     hint = hints.pop()
@@ -401,7 +428,7 @@ def data_dict_element(node: cst.DictElement, sc: StatementContext) -> cst.DictEl
     (`rng_states = {"xla": ...}`) are names, not devices: left alone."""
     if not sc.info.xla_strings:
         return node
-    hint = _string_hint(node.key)
+    hint = _string_hint(node.key, sc)
     if hint is None:
         mark(node.value, sc)
         return node
@@ -464,7 +491,19 @@ def _device_type_compare(cmp: cst.Comparison, sc: StatementContext):
 
 
 def _is_type_attr(node) -> bool:
-    return isinstance(node, cst.Attribute) and node.attr.value == "type"
+    """`X.type` where X is clearly a device: `t.device`, a name that says device (`device`,
+    `self._device`, `DEVICE`, `devices[0]`), `torch.device(...)`, `xm.xla_device()`. Any other
+    `.type` (`config.type`, `job.type`) is compared with "xla" for its own reasons: marked."""
+    if not (isinstance(node, cst.Attribute) and node.attr.value == "type"):
+        return False
+    owner = node.value
+    if isinstance(owner, cst.Subscript):
+        owner = owner.value
+    if isinstance(owner, cst.Call):
+        owner = owner.func
+    if isinstance(owner, cst.Attribute):
+        owner = owner.attr
+    return isinstance(owner, cst.Name) and "device" in owner.value.lower()
 
 
 def _is_plain_xla(node) -> bool:
