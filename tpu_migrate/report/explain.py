@@ -60,14 +60,19 @@ def example_diffs(rule: Rule) -> list[tuple[str, str]]:
     return out
 
 
-def print_explanation(rule: Rule, console: Console) -> None:
-    console.print(f"{rule.code} {rule.name} ({rule.safety})", style="bold", markup=False)
-    console.print(rule.summary, markup=False)
+def _print_heading_and_text(console: Console, heading: str, summary: str, explanation: str) -> None:
+    """The explanation of a rule or a finding kind: Markdown on a terminal, plain text otherwise."""
+    console.print(heading, style="bold", markup=False)
+    console.print(summary, markup=False)
     console.print()
     if console.is_terminal:
-        console.print(Markdown(rule.explanation))
+        console.print(Markdown(explanation))
     else:
-        console.print(rule.explanation, markup=False)
+        console.print(explanation, markup=False)
+
+
+def print_explanation(rule: Rule, console: Console) -> None:
+    _print_heading_and_text(console, f"{rule.code} {rule.name} ({rule.safety})", rule.summary, rule.explanation)
     for title, diff in example_diffs(rule):
         console.print()
         console.print(f"Example, {title}:", style="bold", markup=False)
@@ -78,13 +83,8 @@ def print_explanation(rule: Rule, console: Console) -> None:
 
 
 def print_kind_explanation(kind: FindingKind, console: Console) -> None:
-    console.print(f"{kind.name} (diagnose finding, {kind.severity})", style="bold", markup=False)
-    console.print(kind.summary, markup=False)
-    console.print()
-    if console.is_terminal:
-        console.print(Markdown(kind.explanation))
-    else:
-        console.print(kind.explanation, markup=False)
+    _print_heading_and_text(console, f"{kind.name} (diagnose finding, {kind.severity})", kind.summary,
+                            kind.explanation)
     console.print()
     backends = " and ".join(kind.backends)
     counted = (f"`--fail-on {kind.name}` (and `any`) exits 1 when it is found" if kind.fails
