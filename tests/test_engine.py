@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
+
 import pytest
 
-from tpu_migrate.rewrite import transforms
+from tpu_migrate.rewrite import engine, transforms
 from tpu_migrate.rewrite.context import Options
 from tpu_migrate.rewrite.engine import rewrite_bytes
 
@@ -295,3 +297,49 @@ def test_a_form_feed_on_its_own_line_is_fine():
     source = "import torch_xla.core.xla_model as xm\n\x0c\ndef f():\n    return xm.xla_device()\n"
     result = run(source.encode())
     assert result.output == b'import torch\n\x0c\ndef f():\n    return torch.device("tpu")\n'
+
+
+def _full_walk_too_deep(tree) -> bool:
+    """The nesting count without the short-text shortcut (engine._check_nesting)."""
+    stack = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        depth += len(node.values) - 1 if isinstance(node, ast.BoolOp) else 1
+        if depth > engine.MAX_NESTING:
+            return True
+        stack.extend((child, depth) for child in ast.iter_child_nodes(node))
+    return False
+
+
+NESTING_SHAPES = {
+    "unary": lambda n: "x = " + "-" * n + "y\n",  # one character per level: the tightest
+    "not": lambda n: "x = " + "not " * n + "y\n",
+    "or": lambda n: "x = " + " or ".join(["a"] * n) + "\n",
+    "plus": lambda n: "x = " + "+".join(["a"] * n) + "\n",
+    "subscript": lambda n: "x = a" + "[0]" * n + "\n",
+    "call": lambda n: "x = f" + "()" * n + "\n",
+    "attribute": lambda n: "x = a" + ".b" * n + "\n",
+    "elif": lambda n: "if a:\n    pass\n" + "elif a:\n    pass\n" * n,
+    "lambda": lambda n: "x = " + "lambda: " * n + "1\n",
+    "decorator": lambda n: "@d(" + "-" * n + "a)\ndef f(): pass\n",  # above the def's own line
+    "f-string": lambda n: "x = f'{" + "-" * n + "a}'\n",
+    "indented": lambda n: "".join("    " * i + "if a:\n" for i in range(90)) + "    " * 90 + "x = " + "-" * n + "y\n",
+    "non-ascii prefix": lambda n: "s = 'éééééé'; x = " + "-" * n + "y\n",
+}
+
+
+@pytest.mark.parametrize("shape", NESTING_SHAPES)
+def test_the_nesting_check_skips_short_text_and_still_counts_like_the_full_walk(shape):
+    for depth in (300, 900, 990, 998, 1000, 1002, 1500, 3000):
+        text = NESTING_SHAPES[shape](depth)
+        try:
+            tree = ast.parse(text)
+            expected = _full_walk_too_deep(tree)
+        except (SyntaxError, RecursionError, MemoryError):
+            continue  # Python itself refuses it
+        try:
+            engine._check_nesting(tree, text)
+            refused = False
+        except engine.TooDeep:
+            refused = True
+        assert refused == expected, (shape, depth)

@@ -122,7 +122,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
     result.imports_xla = has_xla_imports or bool(dynamic_imports)
     if not has_xla_imports and not any(i.interesting for i in analysis.infos.values()):
         return None
-    _check_nesting(tree)
+    _check_nesting(tree, text)
     module = cst.parse_module(text)
     if "\x0c" in module.default_indent:
         module = _without_form_feed_indent(module)
@@ -204,6 +204,8 @@ def _true_footer(text: str, tree: ast.Module, module: cst.Module) -> str | None:
     """
     if not tree.body or not module.body:
         return None
+    if _plain_tail(text, tree.body[-1].end_lineno):
+        return None
     last = module.body[-1]  # `a; b` is one libcst statement, two ast ones
     node = tree.body[-len(last.body) if isinstance(last, cst.SimpleStatementLine) else -1]
     first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
@@ -222,6 +224,16 @@ def _true_footer(text: str, tree: ast.Module, module: cst.Module) -> str | None:
     return None if footer == _footer_code(module) else footer
 
 
+def _plain_tail(text: str, last_line: int | None) -> bool:
+    """True when every line after the last statement's is empty or a comment in column 0:
+    libcst prints such an end back exactly (it loses only indented or whitespace-only lines), so
+    the last statement need not be printed to compare (it can be most of the file)."""
+    if last_line is None or ("\r" in text and text.count("\r") != text.count("\r\n")):
+        return False  # lone CRs: ast's line numbers are not the \n-separated ones
+    tail = text.split("\n", last_line)[-1] if text.count("\n") >= last_line else ""
+    return all(not line or line == "\r" or line.startswith("#") for line in tail.split("\n"))
+
+
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 MAX_NESTING = 1000
 
@@ -230,7 +242,7 @@ class TooDeep(Exception):
     pass
 
 
-def _check_nesting(tree: ast.AST) -> None:
+def _check_nesting(tree: ast.AST, text: str) -> None:
     """Refuse what libcst cannot take before its native parser sees it.
 
     `a and b and ...` is one flat node in `ast` but a chain of nested nodes in libcst, whose
@@ -238,7 +250,13 @@ def _check_nesting(tree: ast.AST) -> None:
     operands. So count nesting the way libcst will: a BoolOp adds one level per operand. Any
     file deeper than MAX_NESTING would fail later anyway (Python's recursion limit, ~500 levels
     in libcst's printer).
+
+    Nesting needs source: each level under a node is at least a character shorter every
+    DEPTH_PER_CHAR levels (a BoolOp's extra level, an operand and " or "). So a node whose
+    text is short cannot hide the limit under it, and the walk skips it: it visits only the
+    outer statements of a file, and counts the same.
     """
+    line_starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
     stack = [(tree, 0)]
     children, bool_op = ast.iter_child_nodes, ast.BoolOp
     while stack:
@@ -246,7 +264,23 @@ def _check_nesting(tree: ast.AST) -> None:
         depth += len(node.values) - 1 if isinstance(node, bool_op) else 1
         if depth > MAX_NESTING:
             raise TooDeep(f"over {MAX_NESTING} levels of nested expressions at line {getattr(node, 'lineno', '?')}")
+        if depth + DEPTH_PER_CHAR * (_span_at_most(node, line_starts) + 1) <= MAX_NESTING:
+            continue
         stack.extend((child, depth) for child in children(node))
+
+
+DEPTH_PER_CHAR = 3
+_UNPLACED = 1 << 30  # no position (the module, ctx, operators) or unreliable ones: walk it
+
+
+def _span_at_most(node: ast.AST, line_starts: list[int]) -> int:
+    """An upper bound on the characters of `node`'s source, decorators included: from the
+    start of its first line (columns are UTF-8 bytes, never fewer than characters)."""
+    end_line = getattr(node, "end_lineno", None)
+    if end_line is None or isinstance(node, ast.JoinedStr):  # f-string parts: odd positions before 3.12
+        return _UNPLACED
+    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
+    return line_starts[end_line - 1] - line_starts[first - 1] + node.end_col_offset
 
 
 def _rewrite_module(module, tree, text, options, catalog, result, convert_guards, analysis):
