@@ -227,9 +227,14 @@ def backend(evidence: Evidence) -> tuple[str, str | None]:
     return chosen
 
 
+def busiest_process(events_by_process: dict[int, list[dict]]) -> list[dict]:
+    """The events of the process that ran the most steps: the one the timelines and costs read."""
+    return max(events_by_process.values(), key=lambda e: len(step_boundaries(e)), default=[])
+
+
 def step_records(evidence: Evidence) -> list[StepRecord]:
     """The steps recorded one by one (up to the event limit) of the process that ran the most."""
-    events = max(evidence.events.values(), key=lambda e: len(step_boundaries(e)), default=[])
+    events = busiest_process(evidence.events)
     boundaries = step_boundaries(events)
     by_optimizer = bool(boundaries) and boundaries[0]["kind"] == Kind.OPT_STEP
     counted = _counted(events)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from tpu_migrate.diagnose.analysis import Finding, StepRecord, Summary, step_boundaries
+from tpu_migrate.diagnose.analysis import Finding, StepRecord, Summary, busiest_process
 from tpu_migrate.diagnose.events import Event, Kind
 from tpu_migrate.diagnose.locations import relative
 
@@ -156,7 +156,7 @@ def measure(summary: Summary, records: list[StepRecord], events_by_process: dict
                      "torch_xla CompileTime" if backend == "xla" else "Dynamo compile time",
                      median, _percentile(steady, 0.1) if median else None,
                      _percentile(steady, 0.9) if median else None, slow)
-    lost = _lost_together(summary.findings, records, median, _busiest(events_by_process))
+    lost = _lost_together(summary.findings, records, median, busiest_process(events_by_process))
     costs.headline = _headline(summary.findings, lost, run_seconds)
     return costs
 
@@ -211,11 +211,6 @@ def _lost_together(findings: list[Finding], records: list[StepRecord], median: f
     unplaced = sum(f.cost.seconds for f in findings if f.kind in WAIT_KINDS and f.cost.seconds) - sum(waited.values())
     return (sum(max(compiled.get(step, 0.0), waited.get(step, 0.0)) for step in compiled.keys() | waited.keys())
             + max(unplaced, 0.0))
-
-
-def _busiest(events_by_process: dict[int, list[dict]]) -> list[dict]:
-    """The events of the process whose steps the records are (analysis.step_records)."""
-    return max(events_by_process.values(), default=[], key=lambda events: len(step_boundaries(events)))
 
 
 def _headline(findings: list[Finding], lost: float, run_seconds: float | None) -> str:

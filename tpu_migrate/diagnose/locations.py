@@ -19,13 +19,14 @@ def source_line(path: str, line: int) -> str:
     return linecache.getline(path, line).strip()
 
 
-_PACKAGE_ROOTS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+# Where installed packages live: a path under one is shown from the package on.
+PACKAGE_ROOTS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
 def library_location(filename: str, line: int, function: str) -> str:
     """`torch/nn/utils/clip_grad.py:52 in clip_grad_norm_`: an installed package's file from
     the package on, any other relative to the working directory when under it."""
-    for root in _PACKAGE_ROOTS:
+    for root in PACKAGE_ROOTS:
         if root in filename:
             return f"{filename.rsplit(root, 1)[1]}:{line} in {function}"
     return f"{relative(filename)}:{line} in {function}"

@@ -23,7 +23,7 @@ import time
 
 from tpu_migrate.diagnose import events
 from tpu_migrate.diagnose.events import BOUNDARY_KINDS, Kind
-from tpu_migrate.diagnose.locations import library_location
+from tpu_migrate.diagnose.locations import PACKAGE_ROOTS, library_location
 from tpu_migrate.diagnose.modes import leave_dispatch_mode
 
 ENV_DIR = "TPU_MIGRATE_DIAGNOSE"
@@ -35,8 +35,7 @@ DEFAULT_EVENT_LIMIT = 200_000
 
 # Frames in these paths are never "the user's line".
 _LIBRARY_MARKERS = (
-    os.sep + "site-packages" + os.sep,
-    os.sep + "dist-packages" + os.sep,
+    *PACKAGE_ROOTS,
     os.sep + "torch" + os.sep,
     os.sep + "torch_xla" + os.sep,
     os.sep + "tpu_migrate" + os.sep,
@@ -66,13 +65,8 @@ def is_library(filename: str) -> bool:
 
 def user_frame(start_depth: int = 2):
     """(file, line) of the first frame outside torch, torch_xla, site-packages and the tool."""
-    frame = sys._getframe(start_depth)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not is_library(filename):
-            return os.path.abspath(filename), frame.f_lineno
-        frame = frame.f_back
-    return None, None
+    filename, line, _ = call_site(start_depth + 1)
+    return filename, line
 
 
 def call_site(start_depth: int = 2):
@@ -102,7 +96,7 @@ def is_shown_library(filename: str) -> bool:
     if not is_library(filename) or _TOOL in filename or filename.startswith("<"):
         return False
     # A venv's platstdlib is a prefix of its site-packages.
-    return not filename.startswith(_STDLIB) or any(root in filename for root in _LIBRARY_MARKERS[:2])
+    return not filename.startswith(_STDLIB) or any(root in filename for root in PACKAGE_ROOTS)
 
 
 _TOOL = os.sep + "tpu_migrate" + os.sep
