@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, Phase, assume, event, example, given, settin
 from hypothesis import strategies as st
 
 from conftest import rewrite_cases
-from tpu_migrate.rewrite import engine, names
+from tpu_migrate.rewrite import engine, names, skeleton
 from tpu_migrate.rewrite.context import Options
 from tpu_migrate.rewrite.engine import rewrite_bytes
 from tpu_migrate.rules import load_catalog
@@ -322,7 +322,12 @@ def test_the_locality_check_accepts_every_fixture():
                  "def sync(buffers):\n    xm.collective_broadcast(buffers, root_ordinal=1)\n", target="tpu")
 @example(program="import torch_xla.core.xla_model as xm\nd = xm.xla_device()\npass\n#\\\r\n", target="portable")
 def test_spliced_torch_xla_idioms_change_only_what_is_reported(program, target):
-    result = check_rewrite(program.encode("utf-8"), target)
+    with mock.patch.object(skeleton, "MIN_CHARS", 0):  # every definition it can leave out
+        result = check_rewrite(program.encode("utf-8"), target)
+    with mock.patch.object(skeleton, "build", lambda *args, **kwargs: None):
+        whole = rewrite(program.encode("utf-8"), target)
+    assert (result.output, result.fixes, result.manual, result.error) == (
+        whole.output, whole.fixes, whole.manual, whole.error), "the skeleton parse differs from the whole one"
     # The one refusal allowed: what libcst cannot print back exactly (form feeds, see test_engine).
     assert result.error is None or result.error.startswith("cannot rewrite: libcst"), result.error
     event("changed" if result.changed else "unchanged")

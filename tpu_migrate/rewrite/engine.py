@@ -1,9 +1,10 @@
 """Rewrite one Python file's bytes (files by path, notebooks included: paths.py).
 
 Per file: pre-filter the bytes; decode as Python does; parse with `ast` (fast, and the error
-message users know); analyse names; stop here when nothing refers to torch_xla; parse with libcst;
-rewrite the flagged statements; manage imports; print; re-parse the output. A file whose output
-does not parse is kept byte-for-byte and reported as an error.
+message users know); analyse names; stop here when nothing refers to torch_xla; parse with libcst,
+leaving out the definitions no rule can change (skeleton.py); rewrite the flagged statements;
+manage imports; print; check that the print parses; put the left-out definitions back. A file
+whose output does not parse is kept byte-for-byte and reported as an error.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import libcst as cst
 
 from tpu_migrate.findings import FileResult, KeptImport, Note
 from tpu_migrate.rewrite import imports, registry, todos
+from tpu_migrate.rewrite import skeleton as skeletons
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
 from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter
 from tpu_migrate.rewrite.names import analyze, is_xla_name
@@ -62,14 +64,11 @@ def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | N
         return _failed(result, f"cannot rewrite: {exc}; left unchanged")
     except WalkError as exc:
         return _failed(result, f"internal error: {exc}")
+    except BrokenOutput as exc:
+        return _failed(result, f"internal error: the rewritten file does not parse ({exc}); left unchanged")
     _report_open_work(text, result, catalog or load_catalog())
     if new_text is None or new_text == source.text:
         return result
-    try:
-        ast.parse(new_text)
-    except SyntaxError as exc:
-        return _failed(result, f"internal error: the rewritten file does not parse (line {exc.lineno}: "
-                               f"{exc.msg}); left unchanged")
     result.changed = True
     result.original = data
     result.output = encode(new_text, source.encoding)
@@ -114,7 +113,10 @@ def flagged_names(catalog: Catalog) -> frozenset[str]:
     return catalog.rule_names | registry.trigger_names()
 
 
-def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult) -> str | None:
+def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult,
+                 whole: bool = False) -> str | None:
+    """The rewritten text, or None when nothing in it concerns torch_xla. libcst parses the
+    definitions the rules cannot change only when `whole` (skeleton.py)."""
     tree = ast.parse(text, filename=path)
     analysis = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
     has_xla_imports = any(is_xla_name(b.qualname) for b in analysis.imports)
@@ -123,10 +125,14 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
     if not has_xla_imports and not any(i.interesting for i in analysis.infos.values()):
         return None
     _check_nesting(tree, text)
-    module = cst.parse_module(text)
+    file = _file_context(text, options, catalog, result, True, analysis)
+    plain_end = bool(tree.body) and _plain_tail(text, tree.body[-1].end_lineno)
+    skeleton = None if whole else skeletons.build(text, tree, analysis, file.plans.workers, keep_last=not plain_end)
+    parsed = text if skeleton is None else skeleton.text
+    module = cst.parse_module(parsed)
     if "\x0c" in module.default_indent:
         module = _without_form_feed_indent(module)
-    footer = _true_footer(text, tree, module)
+    footer = None if plain_end else _true_footer(text, parsed, tree, module)
     if "\x0c" in text or ("\r" in text and text.count("\r\n") != text.count("\n")):
         # libcst 1.9 drops a form feed that starts a statement's line (which can move the
         # statement out of its block: `    \x0cy = 2` prints as `y = 2`) and some line ends of
@@ -135,7 +141,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         if _with_footer(module.code, module, footer) != text:
             raise Unreproducible("libcst does not print this file back exactly (a form feed before a "
                                  "statement, or mixed line endings)")
-    new_module, file = _rewrite_module(module, tree, text, options, catalog, result, True, analysis)
+    new_module = _rewrite_module(module, tree, file)
     if file.guards_converted and file.kept_xla_imports:
         # Availability guards mean "a TPU is here" only once nothing in the file needs torch_xla
         # any more; while some use remains (a manual TODO), they keep testing for torch_xla.
@@ -143,7 +149,8 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         result.manual.clear()
         # Anew: plans marked the first analysis.
         fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
-        new_module, file = _rewrite_module(module, tree, text, options, catalog, result, False, fresh)
+        file = _file_context(text, options, catalog, result, False, fresh)
+        new_module = _rewrite_module(module, tree, file)
     result.fixes.sort(key=lambda f: (f.line, f.col, f.code))
     result.manual.sort(key=lambda m: (m.line, m.col, m.code))
     # Here, in the worker, so that the cache holds it (the migration report's blocked files).
@@ -152,7 +159,37 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
                                  key=lambda k: (k.line, k.module))
     if footer is not None and _footer_code(new_module) != _footer_code(module):
         raise Unreproducible("libcst does not print the end of this file back exactly")
-    return _with_footer(new_module.code, module, footer)
+    code = _with_footer(new_module.code, module, footer)
+    if code == parsed:
+        return text
+    output = code if skeleton is None else skeleton.restore(code)
+    if output is None:  # a rule moved a left-out definition (re-indented its block): anew, whole
+        result.fixes.clear()
+        result.manual.clear()
+        return rewrite_text(text, path, options, catalog, result, whole=True)
+    _check_parses(code, output)
+    return output
+
+
+class BrokenOutput(Exception):
+    """The rewritten file does not parse (a bug in a rule): nothing is written."""
+
+    def __init__(self, error: SyntaxError):
+        super().__init__(f"line {error.lineno}: {error.msg}")
+
+
+def _check_parses(printed: str, output: str) -> None:
+    """The output parses. `printed` is what libcst printed: the output itself, or its skeleton,
+    which parses exactly when the output does: the left-out definitions came back verbatim,
+    whole lines at their own indentation, and they parsed there in the input (skeleton.py)."""
+    try:
+        ast.parse(printed)
+    except SyntaxError as printed_error:
+        try:
+            ast.parse(output)  # the output's own line number
+        except SyntaxError as exc:
+            raise BrokenOutput(exc) from None
+        raise BrokenOutput(printed_error) from None
 
 
 class Unreproducible(Exception):
@@ -195,16 +232,15 @@ def _footer_code(module: cst.Module) -> str:
     return code
 
 
-def _true_footer(text: str, tree: ast.Module, module: cst.Module) -> str | None:
+def _true_footer(text: str, parsed: str, tree: ast.Module, module: cst.Module) -> str | None:
     r"""The lines after the last statement as they are in `text`, when libcst lost some of them.
 
     libcst 1.9 drops lines from the end of a file whose last lines are indented comments or
     whitespace-only lines after a blank line: `x = 1\n\n  # a\n\n  # b\n` prints as
     `x = 1\n  # b\n` (found by tests/test_properties.py). None when its footer is right.
+    `parsed`: the text libcst parsed (a skeleton keeps the last statement and what follows).
     """
     if not tree.body or not module.body:
-        return None
-    if _plain_tail(text, tree.body[-1].end_lineno):
         return None
     last = module.body[-1]  # `a; b` is one libcst statement, two ast ones
     node = tree.body[-len(last.body) if isinstance(last, cst.SimpleStatementLine) else -1]
@@ -217,7 +253,7 @@ def _true_footer(text: str, tree: ast.Module, module: cst.Module) -> str | None:
     tail = text[start:]  # from the last statement's first line (no leading comments) on
     last = module.code_for_node(last.with_changes(leading_lines=()))
     if not tail.startswith(last):  # unforeseen: check the whole file, refuse it if it is lossy
-        if module.code == text:
+        if module.code == parsed:
             return None
         raise Unreproducible("libcst does not print the end of this file back exactly")
     footer = tail[len(last):]
@@ -283,12 +319,13 @@ def _span_at_most(node: ast.AST, line_starts: list[int]) -> int:
     return line_starts[end_line - 1] - line_starts[first - 1] + node.end_col_offset
 
 
-def _rewrite_module(module, tree, text, options, catalog, result, convert_guards, analysis):
+def _file_context(text, options, catalog, result, convert_guards, analysis) -> FileContext:
+    """What the walk knows about the file, the cross-statement plans included."""
     file = FileContext(
         catalog=catalog,
         options=options,
-        analysis=None,
-        plan=None,
+        analysis=analysis,
+        plan=ImportPlan(analysis),
         suppressions=parse_suppressions(text),
         # Python's lines, as ast numbers them: str.splitlines() also breaks at \f, \v, \x1c-\x1e,
         # \x85, \u2028 and \u2029, which may sit in comments and strings (a ^L page break), and
@@ -298,16 +335,18 @@ def _rewrite_module(module, tree, text, options, catalog, result, convert_guards
         manual=result.manual,
         convert_guards=convert_guards,
     )
-    file.analysis = analysis
-    file.plan = ImportPlan(analysis)
     file.plans = make_plans(
         analysis, catalog.canonical, lambda code, info: StatementContext(file, info).fix_allowed(code)
     )
+    return file
+
+
+def _rewrite_module(module: cst.Module, tree: ast.Module, file: FileContext) -> cst.Module:
     new_module = ModuleRewriter(file, file.plans).rewrite_module(module, tree)
     unused = imports.unused_xla_names(file)
     new_module = imports.remove_unused(new_module, file, unused)
     new_module = imports.add_needed(
         new_module, file.plan.imports_to_add(), file.removed_imports, file.helper_code.values()
     )
-    file.kept_xla_imports = [b for b in analysis.imports if is_xla_name(b.qualname) and b.key not in unused]
-    return new_module, file
+    file.kept_xla_imports = [b for b in file.analysis.imports if is_xla_name(b.qualname) and b.key not in unused]
+    return new_module
