@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from tpu_migrate.rewrite.bindings import Binding, Position, Span, state
 from tpu_migrate.rewrite.dependencies import DISTRIBUTION, REQUIREMENT, REQUIREMENT_KEYWORDS
@@ -244,6 +245,11 @@ class Analysis:
     # Every dotted load: (scope, dotted name, statement, line, col), resolved or not.
     loads: list[tuple[Scope, str, StmtInfo, int, int]]
     tree: ast.Module
+
+    @cached_property
+    def nodes(self) -> list[ast.AST]:
+        """Every node of the tree (ast.walk), walked once for the rules that look file-wide."""
+        return list(ast.walk(self.tree))
 
     def info(self, node: ast.stmt) -> StmtInfo:
         return self.infos[id(node)]

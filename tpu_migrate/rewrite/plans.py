@@ -86,7 +86,7 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
         mark_subtrees(analysis.tree.body, analysis.infos)
     if plans.spawn_workers:
         plans.other_inits = any(
-            not is_xla_backend_init(call) for call in init_process_group_calls(analysis.tree)
+            not is_xla_backend_init(call) for call in init_process_group_calls(analysis.nodes)
         )
         plans.main_guarded = _main_guarded(analysis.tree)
         for name in plans.workers:
@@ -106,17 +106,17 @@ def _inline_loader(analysis: Analysis, assign: ast.Assign, loops: list[ast.stmt]
     if not isinstance(loader, ast.Name) or loader.id == alias or scope.kind not in ("function", "module"):
         return None
     tree = analysis.tree
-    for node in ast.walk(tree):
+    for node in analysis.nodes:
         if isinstance(node, (ast.Global, ast.Nonlocal)) and {loader.id, alias} & set(node.names):
             return None
-    owner = _enclosing_body(tree, assign)
+    owner = _enclosing_body(analysis.nodes, assign)
     if owner is None:
         return None
     block, index = owner
     later = block[index + 1 :]
     if not all(any(loop is n for stmt in later for n in ast.walk(stmt)) for loop in loops):
         return None
-    function = _enclosing_function(tree, assign)
+    function = _enclosing_function(analysis.nodes, assign)
     stores = _stores(function.body if function is not None else tree.body)
     if any(name == loader.id and line >= assign.lineno for name, line in stores):
         return None
@@ -125,8 +125,8 @@ def _inline_loader(analysis: Analysis, assign: ast.Assign, loops: list[ast.stmt]
     return loader.id
 
 
-def _enclosing_body(tree: ast.Module, target: ast.stmt) -> tuple[list[ast.stmt], int] | None:
-    for node in ast.walk(tree):
+def _enclosing_body(nodes: list[ast.AST], target: ast.stmt) -> tuple[list[ast.stmt], int] | None:
+    for node in nodes:
         for name in ("body", "orelse", "finalbody"):
             block = getattr(node, name, None)
             if isinstance(block, list):
@@ -140,9 +140,9 @@ def _enclosing_body(tree: ast.Module, target: ast.stmt) -> tuple[list[ast.stmt],
     return None
 
 
-def _enclosing_function(tree: ast.Module, target: ast.stmt):
+def _enclosing_function(nodes: list[ast.AST], target: ast.stmt):
     best = None
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(n is target for n in ast.walk(node)):
             if best is None or node.lineno > best.lineno:
                 best = node
@@ -188,10 +188,11 @@ def _own_nodes(body: list[ast.stmt]):
             stack.extend(ast.iter_child_nodes(node))
 
 
-def init_process_group_calls(tree: ast.AST) -> list[ast.Call]:
-    """Every call of something named `init_process_group`, however it was imported."""
+def init_process_group_calls(nodes) -> list[ast.Call]:
+    """Every call of something named `init_process_group` among `nodes` (an ast.walk), however
+    it was imported."""
     calls = []
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
@@ -203,7 +204,7 @@ def init_process_group_calls(tree: ast.AST) -> list[ast.Call]:
 def _starts_xla_group(stmt: ast.stmt) -> bool:
     """`dist.init_process_group("xla", ...)` as a statement of its own."""
     return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-            and init_process_group_calls(stmt) == [stmt.value] and is_xla_backend_init(stmt.value))
+            and init_process_group_calls(ast.walk(stmt)) == [stmt.value] and is_xla_backend_init(stmt.value))
 
 
 def is_xla_backend_init(call: ast.Call) -> bool:
@@ -280,9 +281,9 @@ def _aliased_function(fn: ast.Name, statement: ast.stmt, analysis: Analysis) -> 
     launch (`fn = _mp_fn`), in the launch's own function or else at module level; None when
     `fn` is bound any other way (a parameter, twice, `global`, a loop target ...)."""
     tree = analysis.tree
-    if any(isinstance(n, (ast.Global, ast.Nonlocal)) and fn.id in n.names for n in ast.walk(tree)):
+    if any(isinstance(n, (ast.Global, ast.Nonlocal)) and fn.id in n.names for n in analysis.nodes):
         return None
-    function = _enclosing_function(tree, statement)
+    function = _enclosing_function(analysis.nodes, statement)
     bodies = [tree.body]
     if function is not None:
         params = function.args

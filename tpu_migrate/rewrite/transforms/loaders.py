@@ -233,7 +233,7 @@ def _wrapped_loader(call, qualname, sc: StatementContext, rule):
 
 def _reads_loader_internals(sc: StatementContext) -> bool:
     return any(isinstance(node, ast.Attribute) and node.attr in _LOADER_INTERNALS
-               for node in ast.walk(sc.file.analysis.tree))
+               for node in sc.file.analysis.nodes)
 
 
 @transform("device_loader", on="rewritten")

@@ -211,7 +211,7 @@ def _ddp_on_every_path(sc: StatementContext) -> bool:
     """A DistributedDataParallel call in the step's own function (or module), in its top-level
     body rather than in a branch: every path to the step wrapped the model."""
     analysis = sc.file.analysis
-    bodies = [analysis.tree.body] + [node.body for node in ast.walk(analysis.tree)
+    bodies = [analysis.tree.body] + [node.body for node in analysis.nodes
                                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for info in analysis.infos.values():
         if info.scope is sc.info.scope and any(ref.qualname in DDP_NAMES for ref in info.refs):
