@@ -14,8 +14,13 @@ ratio of two numbers measured side by side is what means something. Two ratios a
   of those same files: the engine's own overhead.
 
 With --cli, a third: `tpu-migrate rewrite --check --jobs 1 --no-cache DIR` as a fresh process
-(start-up, discovery and the report included), against libcst's parse+print of every file,
-the two alternating. A dense corpus of real torch_xla code: benchmarks/dense_corpus.py.
+(start-up, discovery and the report included), against libcst's parse+print of every file.
+A dense corpus of real torch_xla code: benchmarks/dense_corpus.py.
+
+The tool runs with the garbage collector mostly idle (paths.fewer_collections), which a bare
+parse+print does not do; so the floor is measured both ways, and both ratios printed: against
+parse+print as it comes, and against parse+print with the same collector settings. The runs
+alternate (tool, floor, floor with those settings) and the best of each is kept.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tpu_migrate.rewrite.context import Options  # noqa: E402
-from tpu_migrate.rewrite.paths import rewrite_path  # noqa: E402
+from tpu_migrate.rewrite.paths import fewer_collections, rewrite_paths  # noqa: E402
 from tpu_migrate.rewrite.files import discover  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -41,11 +46,9 @@ from corpus import build_corpus  # noqa: E402
 
 
 def time_tool(paths: list[str]) -> float:
-    options = Options()
     start = time.perf_counter()
-    for path in paths:
-        result = rewrite_path(path, options)
-        assert result.error is None, (path, result.error)
+    for result in rewrite_paths(paths, Options(), jobs=1):
+        assert result.error is None, (result.path, result.error)
     return time.perf_counter() - start
 
 
@@ -58,8 +61,18 @@ def time_parse_print(paths: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def best(fn, paths: list[str], repeat: int) -> float:
-    return min(fn(paths) for _ in range(repeat))
+def time_parse_print_same_gc(paths: list[str]) -> float:
+    with fewer_collections():
+        return time_parse_print(paths)
+
+
+def alternating(runs, repeat: int) -> list[float]:
+    """The best time of each of `runs` (callables), run in turn `repeat` times."""
+    times = [[] for _ in runs]
+    for _ in range(repeat):
+        for spent, run in zip(times, runs):
+            spent.append(run())
+    return [min(spent) for spent in times]
 
 
 def time_cli(root: Path) -> float:
@@ -69,15 +82,6 @@ def time_cli(root: Path) -> float:
     if run.returncode not in (0, 1):  # 1: files would change
         raise SystemExit(f"tpu-migrate failed ({run.returncode}): {run.stderr.decode()[-2000:]}")
     return time.perf_counter() - start
-
-
-def cli_against_floor(root: Path, paths: list[str], repeat: int) -> tuple[float, float]:
-    """Best of `repeat` alternating runs of each: the cold CLI, and parse+print in this process."""
-    cli, floor = [], []
-    for _ in range(repeat):
-        cli.append(time_cli(root))
-        floor.append(time_parse_print(paths))
-    return min(cli), min(floor)
 
 
 def main() -> None:
@@ -99,19 +103,19 @@ def main() -> None:
         time_tool(paths[:5])  # warm imports and caches on both sides
         time_parse_print(paths[:5])
 
-        tool_all = best(time_tool, paths, args.repeat)
-        base_all = best(time_parse_print, paths, args.repeat)
-        tool_xla = best(time_tool, xla_paths, args.repeat)
-        base_xla = best(time_parse_print, xla_paths, args.repeat)
+        floors = (time_parse_print, time_parse_print_same_gc)
+        rows = {}
+        for label, subset in (("all files", paths), ("torch_xla files only", xla_paths)):
+            rows[label] = alternating([lambda: time_tool(subset), *(lambda f=f: f(subset) for f in floors)],
+                                      args.repeat)
         if args.cli:
-            cli, floor = cli_against_floor(root, paths, args.repeat)
+            rows["cold CLI, --jobs 1"] = alternating(
+                [lambda: time_cli(root), *(lambda f=f: f(paths) for f in floors)], args.repeat)
 
     print(f"corpus: {len(paths)} files, {lines} lines, {len(xla_paths)} mention torch_xla")
-    print(f"{'':28}{'tpu-migrate':>14}{'parse+print':>14}{'ratio':>8}")
-    print(f"{'all files':28}{tool_all:>13.3f}s{base_all:>13.3f}s{tool_all / base_all:>8.2f}")
-    print(f"{'torch_xla files only':28}{tool_xla:>13.3f}s{base_xla:>13.3f}s{tool_xla / base_xla:>8.2f}")
-    if args.cli:
-        print(f"{'cold CLI, --jobs 1':28}{cli:>13.3f}s{floor:>13.3f}s{cli / floor:>8.2f}")
+    print(f"{'':24}{'tpu-migrate':>12}{'parse+print':>13}{'ratio':>7}{'same GC':>10}{'ratio':>7}")
+    for label, (tool, floor, floor_gc) in rows.items():
+        print(f"{label:24}{tool:>11.3f}s{floor:>12.3f}s{tool / floor:>7.2f}{floor_gc:>9.3f}s{tool / floor_gc:>7.2f}")
 
 
 if __name__ == "__main__":

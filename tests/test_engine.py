@@ -343,3 +343,27 @@ def test_the_nesting_check_skips_short_text_and_still_counts_like_the_full_walk(
         except engine.TooDeep:
             refused = True
         assert refused == expected, (shape, depth)
+
+
+def test_the_collector_is_mostly_idle_during_a_run_and_as_before_after(tmp_path):
+    """paths.fewer_collections: raised young-generation threshold and frozen start-up objects
+    while files are rewritten; the caller's settings back afterwards, even when it stops early."""
+    import gc
+
+    from tpu_migrate.rewrite.paths import YOUNG_COLLECTION_THRESHOLD, rewrite_paths
+
+    files = []
+    for n in range(2):
+        files.append(str(tmp_path / f"f{n}.py"))
+        (tmp_path / f"f{n}.py").write_text(SOURCE)
+    before = gc.get_threshold()
+    during = []
+    for result in rewrite_paths(files, Options(), jobs=1):
+        assert result.changed
+        during.append((gc.get_threshold()[0], gc.get_freeze_count() > 0))
+    assert during == [(YOUNG_COLLECTION_THRESHOLD, True)] * 2
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    run = rewrite_paths(files, Options(), jobs=1)
+    next(run)
+    run.close()  # a caller that stops after the first file
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

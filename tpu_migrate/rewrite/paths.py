@@ -7,8 +7,10 @@ notebook through engine.py), so neither of them needs the other's caller.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 
 from tpu_migrate.findings import FileResult
 from tpu_migrate.rewrite.context import Options
@@ -69,8 +71,32 @@ def rewrite_paths(
     paths = list(paths)
     sources = sources or {}
     jobs = jobs or os.cpu_count() or 1
-    if jobs == 1 or len(paths) < 2:
-        for path in paths:
-            yield rewrite_path(path, options, sources.get(path))
-        return
-    yield from run_tasks(_worker, [(p, options, sources.get(p)) for p in paths], jobs)
+    with fewer_collections():  # forked workers inherit it
+        if jobs == 1 or len(paths) < 2:
+            for path in paths:
+                yield rewrite_path(path, options, sources.get(path))
+            return
+        yield from run_tasks(_worker, [(p, options, sources.get(p)) for p in paths], jobs)
+
+
+# Allocations between two young-generation collections (Python's default: 700).
+YOUNG_COLLECTION_THRESHOLD = 50_000
+
+
+@contextmanager
+def fewer_collections():
+    """Run with the cyclic garbage collector mostly idle, as mypy does.
+
+    A rewrite allocates millions of short-lived objects (ast and libcst nodes) that reference
+    counting frees: they form no cycles, yet every 700 allocations the collector scans the
+    young ones and, more rarely, everything alive. Measured on 386 dense torch_xla files: 11%
+    of a cold single-process run in collections, 1% with this (benchmarks/bench_rewrite.py).
+    The objects made before the run (modules, the catalog) are frozen out of every scan."""
+    before = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
