@@ -22,7 +22,6 @@ Usage: python tests/differential.py [PROGRAM ...]   (prints a table; exit 1 on a
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -35,6 +34,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import shared_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "fixtures" / "programs"
@@ -89,14 +90,11 @@ def run_program(path: Path, env: dict[str, str], args: list[str] = (), launcher:
 
 
 def run_original(path: Path, args: list[str] = ()) -> Run:
-    return _original_run(path, tuple(args))
-
-
-@functools.lru_cache(maxsize=None)
-def _original_run(path: Path, args: tuple[str, ...]) -> Run:
-    """Once per program and arguments in a session: the originals never change, and the harness
-    checks (a broken rule is caught) compare against the same original as the differential test."""
-    return run_program(path, _env({"PJRT_DEVICE": "CPU"}), list(args))
+    """Once per program and arguments in a test session, whichever xdist worker asks first: the
+    originals never change, and the harness checks (a broken rule is caught) compare against the
+    same original as the differential test."""
+    return shared_runs.once(f"original {shared_runs.file_key(path)} {json.dumps(list(args))}",
+                            lambda: run_program(path, _env({"PJRT_DEVICE": "CPU"}), list(args)))
 
 
 def free_port() -> int:
@@ -189,7 +187,7 @@ def differential(program: Path, args: list[str] = ()) -> Comparison:
 # prints a second copy, a rank that believes it is alone computes different numbers.
 
 MP_PROGRAMS = PROGRAMS / "multiprocess"
-MP_TIMEOUT = 150  # seconds per run; a hung rendezvous fails the run instead of the whole suite
+MP_TIMEOUT = 300  # seconds per run: a hung rendezvous fails the run instead of the whole suite
 PROC = re.compile(r"@proc (\{[^{}]*\})")
 _LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
                        "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "CPU_NUM_DEVICES")
@@ -267,8 +265,9 @@ def kill_running_runs() -> None:
 
 
 def run_original_mp(path: Path, args: list[str] = ()) -> Run:
-    """The torch_xla program on XLA:CPU: one process (world size 1)."""
-    return run_bounded(path, _mp_env({"PJRT_DEVICE": "CPU"}), args)
+    """The torch_xla program on XLA:CPU: one process (world size 1), once per test session."""
+    return shared_runs.once(f"original-mp {shared_runs.file_key(path)} {json.dumps(list(args))}",
+                            lambda: run_bounded(path, _mp_env({"PJRT_DEVICE": "CPU"}), args))
 
 
 def migrate_many(paths: list[Path], workdir: Path, target: str = "portable",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import shared_runs
 from conftest import ROOT, default_sigint
 from differential import free_port
 
@@ -25,9 +25,15 @@ def diagnose(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess
                           capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
 
 
-@functools.lru_cache(maxsize=None)  # one run per program and options: two tests read host_sync_item's
+def diagnosed(program: Path, *options: str) -> subprocess.CompletedProcess:
+    """`diagnose --format json OPTIONS program`, run once per test session for all the modules
+    that read it (this one, test_diagnose_native, test_diagnose_event_limit's full runs)."""
+    key = f"diagnose {shared_runs.file_key(program)} {json.dumps(options)}"
+    return shared_runs.once(key, lambda: diagnose("--format", "json", *options, str(program)))
+
+
 def findings_of(program: str, *options: str):
-    result = diagnose("--format", "json", *options, str(PROGRAMS / program))
+    result = diagnosed(PROGRAMS / program, *options)
     document = json.loads(result.stdout)
     return result, document, [
         (f["kind"], Path(f["file"]).name, f["line"], f["count"], f["first_step"], f["op"])

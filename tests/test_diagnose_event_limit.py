@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import ROOT
+from test_diagnose import diagnosed
 
 pytestmark = pytest.mark.slow  # long runs under diagnose
 
@@ -48,7 +49,7 @@ def test_counting_past_the_limit_finds_exactly_the_same(program, options):
     """A limit of 8 events starts counting in the first steps, before every compile and most
     findings of these programs."""
     with ThreadPoolExecutor(1) as pool:  # two independent runs: side by side on two cores
-        full = pool.submit(diagnose, *options, str(PROGRAMS / program))
+        full = pool.submit(diagnosed, PROGRAMS / program, *options)  # the other modules' run
         counted = diagnose(*options, str(PROGRAMS / program), limit=8)
         full = full.result()
     assert full.returncode == counted.returncode, counted.stderr[-3000:]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from test_diagnose import diagnose
+from test_diagnose import diagnose, diagnosed
 
 from tpu_migrate.diagnose import incompatible, native
 
@@ -31,7 +31,7 @@ def line_of(program: str, marker: str) -> int:
 
 
 def run(program: str, *options: str):
-    result = diagnose("--format", "json", *options, str(PROGRAMS / program))
+    result = diagnosed(PROGRAMS / program, *options)
     assert result.stdout, result.stderr[-3000:]
     return result, json.loads(result.stdout)
 
