@@ -46,7 +46,7 @@ import differential as harness  # noqa: E402
 from fidelity import MIGRATED, bound_name, rewrite_text  # noqa: E402
 
 REAL = harness.PROGRAMS / "real"
-RUN_TIMEOUT = 120  # seconds per run; every script takes well under 30 s on XLA:CPU
+RUN_TIMEOUT = 300  # seconds per run, a hang guard: every script takes well under 30 s on idle XLA:CPU, 2-4x that beside the other worker
 FLOAT32 = 1e-4
 VALUE = re.compile(
     r"\b(loss|accuracy)\b\s*[=:]\s*(?:tensor\()?\s*(-?\d+(?:\.\d+)?(?:e[-+]?\d+)?)", re.IGNORECASE

@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from tpu_migrate.rewrite.context import Options
 from tpu_migrate.rewrite.engine import rewrite_bytes
@@ -31,12 +30,25 @@ def make_fake_data(data, count):
 '''
 
 Pair = collections.namedtuple("Pair", "x y")
-BATCHES = [
-    (torch.ones(2), torch.zeros(2)),
-    [torch.ones(3), 7],
-    {"input": torch.ones(1), "nested": {"mask": torch.zeros(1)}, "name": "b3"},
-    Pair(torch.ones(1), torch.ones(1)),
-]
+
+
+@pytest.fixture
+def torch():
+    """torch, imported by the tests that use it: collecting the suite (every xdist worker does)
+    should not pay for importing it."""
+    import torch
+
+    return torch
+
+
+@pytest.fixture
+def batches(torch):
+    return [
+        (torch.ones(2), torch.zeros(2)),
+        [torch.ones(3), 7],
+        {"input": torch.ones(1), "nested": {"mask": torch.zeros(1)}, "name": "b3"},
+        Pair(torch.ones(1), torch.ones(1)),
+    ]
 
 
 def migrated(target: str) -> dict:
@@ -50,6 +62,8 @@ def migrated(target: str) -> dict:
 
 def on_meta(value) -> bool:
     """Every tensor in `value` (however nested) is on the meta device."""
+    import torch
+
     if isinstance(value, torch.Tensor):
         return value.device.type == "meta"
     if isinstance(value, dict):
@@ -60,23 +74,23 @@ def on_meta(value) -> bool:
 
 
 @pytest.mark.parametrize("target", ["tpu", "portable"])
-def test_the_held_loader_moves_every_batch_on_every_pass(target):
-    loader = migrated(target)["make_loader"](BATCHES, torch.device("meta"))
-    assert len(loader) == len(BATCHES)
+def test_the_held_loader_moves_every_batch_on_every_pass(target, torch, batches):
+    loader = migrated(target)["make_loader"](batches, torch.device("meta"))
+    assert len(loader) == len(batches)
     for _ in range(2):  # a second epoch sees every batch again
         seen = list(loader)
-        assert len(seen) == len(BATCHES)
+        assert len(seen) == len(batches)
         assert all(on_meta(batch) for batch in seen)
     first, second, third, fourth = seen
     assert isinstance(first, tuple) and isinstance(second, list) and second[1] == 7
     assert set(third) == {"input", "nested", "name"} and third["name"] == "b3"
     assert isinstance(fourth, Pair)
-    assert loader._loader is BATCHES  # read by code around MpDeviceLoader (Lightning)
-    assert all(t.device.type == "cpu" for t in BATCHES[0])  # the CPU batches are not changed
+    assert loader._loader is batches  # read by code around MpDeviceLoader (Lightning)
+    assert all(t.device.type == "cpu" for t in batches[0])  # the CPU batches are not changed
 
 
 @pytest.mark.parametrize("target", ["tpu", "portable"])
-def test_fake_data_is_the_same_object_count_times_on_every_pass(target):
+def test_fake_data_is_the_same_object_count_times_on_every_pass(target, torch):
     data = (torch.zeros(2), torch.ones(2))
     fake = migrated(target)["make_fake_data"](data, 3)
     assert len(fake) == 3

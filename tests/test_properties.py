@@ -24,7 +24,6 @@ from contextlib import contextmanager
 from functools import lru_cache
 from unittest import mock
 
-import hypothesmith
 import libcst
 import pytest
 from hypothesis import HealthCheck, Phase, assume, event, example, given, settings
@@ -60,7 +59,17 @@ TARGETS = st.sampled_from(["tpu", "portable"])
 # One to three generated modules one after the other: more statements, and more places to splice.
 # (auto_target=False: hypothesmith's targeting calls hypothesis.target() with fixed labels, which
 # may be called only once per test case.)
-_MODULES = st.one_of(hypothesmith.from_grammar(auto_target=False), hypothesmith.from_node(auto_target=False))
+# Deferred: importing hypothesmith builds its grammar (seconds), which collecting the suite (every
+# xdist worker does) should not pay for; the tests that draw programs import it.
+_MODULES = st.deferred(lambda: _hypothesmith_modules())
+
+
+def _hypothesmith_modules():
+    import hypothesmith
+
+    return st.one_of(hypothesmith.from_grammar(auto_target=False), hypothesmith.from_node(auto_target=False))
+
+
 PROGRAMS = st.lists(_MODULES, min_size=1, max_size=3).map(
     lambda parts: "".join(p if p.endswith(("\n", "\r")) else p + "\n" for p in parts))
 

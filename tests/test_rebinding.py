@@ -11,6 +11,8 @@ import pytest
 import differential as harness
 from fixture_spec import FIXTURES, expected_path
 
+pytestmark = pytest.mark.slow  # real torch_xla programs and their migrations
+
 CASES = [FIXTURES / "TPU010-step-marker" / f"{name}.in.py" for name in ("leave_alone_rebound", "rebound")]
 
 
