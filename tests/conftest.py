@@ -12,8 +12,29 @@ from pathlib import Path
 import pytest
 
 import fixture_spec
+import shared_runs
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# torch.compile's inductor on the CPU (the migrated compiled programs, native diagnose runs):
+# compile each program's kernels in its own process instead of starting a pool of compile
+# workers for it, and take the compiler's word for the CPU's vector instructions instead of
+# building and loading a probe per instruction set in fresh Python processes (both only speed:
+# the same kernels run). Set here, so every program the suite starts inherits them.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+
+# Modules whose tests share one module-scoped run, and the run: under pytest-xdist
+# (`--dist loadgroup`, pyproject.toml) all their tests go to one worker, so it is made once.
+# Runs shared across modules go through tests/shared_runs.py instead.
+ONE_WORKER_MODULES = {
+    "test_multiprocess_differential": "one pool of every selected original and torchrun world",
+    "test_pod": "one pool of the emulated pod's hosts and torchrun nodes",
+    "test_crash_safety": "the 520-file tree and its rewritten copy",
+    "test_pre_commit": "pre-commit's hook environments",
+    "test_html_report": "one diagnose --html run",
+    "test_migration_report": "one rewrite --check --html run",
+}
 # The rewrite fixture corpus (defined in fixture_spec, which regenerate.py shares).
 FIXTURES = fixture_spec.FIXTURES
 rewrite_cases = fixture_spec.rewrite_cases
@@ -41,6 +62,13 @@ def _result_cache_dir(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TPU_MIGRATE_CACHE_DIR", str(tmp_path_factory.mktemp("tpu-migrate-cache")))
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_runs(tmp_path_factory):
+    """Expensive runs (torch_xla originals, torchrun worlds, diagnose runs) are made once per
+    test session and shared by the xdist workers: see tests/shared_runs.py."""
+    shared_runs.configure(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture
@@ -86,3 +114,15 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = (f"call took {report.duration:.1f} s, over TPU_MIGRATE_FAST_LIMIT={limit}: "
                            "make it faster or mark it @pytest.mark.slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Schedule for two workers: the modules of ONE_WORKER_MODULES as one unit each, and the
+    slow tests before the fast ones, so that the long runs start at once on both workers and
+    the many short tests fill the end (pyproject.toml turns xdist's own reordering off)."""
+    for item in items:
+        name = item.module.__name__ if item.module else ""
+        if name in ONE_WORKER_MODULES:
+            item.add_marker(pytest.mark.xdist_group(name))
+    items.sort(key=lambda item: (item.module.__name__ not in ONE_WORKER_MODULES,
+                                 item.get_closest_marker("slow") is None))
