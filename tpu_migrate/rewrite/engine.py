@@ -127,7 +127,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
     _check_nesting(tree, text)
     file = _file_context(text, options, catalog, result, True, analysis)
     plain_end = bool(tree.body) and _plain_tail(text, tree.body[-1].end_lineno)
-    skeleton = None if whole else skeletons.build(text, tree, analysis, file.plans.workers, keep_last=not plain_end)
+    skeleton = None if whole else skeletons.build(text, tree, analysis, keep_last=not plain_end)
     parsed = text if skeleton is None else skeleton.text
     module = cst.parse_module(parsed)
     if "\x0c" in module.default_indent:

@@ -149,9 +149,7 @@ class ModuleRewriter:
 
     def untouched(self, stmt: cst.BaseCompoundStatement, node: ast.stmt) -> bool:
         """Nothing in this compound statement, header or body, can change."""
-        if self.analysis.info(node).subtree_interesting:
-            return False
-        return not (isinstance(stmt, cst.FunctionDef) and stmt.name.value in self.plans.workers)
+        return not self.analysis.info(node).subtree_interesting
 
     def body_block(self, body: cst.BaseSuite, ast_body: list[ast.stmt]) -> cst.BaseSuite:
         original = body
@@ -314,13 +312,6 @@ class ModuleRewriter:
                 after, self.after = self.after, outer_after
         if prefix:
             stmt = insert_at_body_start(stmt, prefix)
-        if (
-            isinstance(stmt, cst.FunctionDef)
-            and stmt.name.value in self.plans.workers
-            and info.scope.kind == "module"
-        ):
-            for hook in HOOKS["worker"]:
-                stmt = hook(stmt, node, self.file)
 
         if sc is not None:
             self.report_leftovers(sc)
