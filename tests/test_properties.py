@@ -248,24 +248,7 @@ def reported_spans(text: str, result) -> list[tuple[int, int]]:
     for line in {f.line for f in result.fixes} | {m.line for m in result.manual}:
         around = [(end - start, start, end) for start, end in spans if start <= line <= end]
         out.append(min(around)[1:] if around else (line, line))
-    return out + worker_headers(text, result)
-
-
-def worker_headers(text: str, result) -> list[tuple[int, int]]:
-    """A TPU060 spawn fix also starts its worker (rank and process group): lines added at the top
-    of the worker's body are explained by it. The worker is the function the spawn call names,
-    directly or through a variable assigned that function (`fn = main`)."""
-    if not any(f.code == "TPU060" for f in result.fixes):
-        return []
-    tree = ast.parse(text)
-    named = {node.args[0].id for node in ast.walk(tree)
-             if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name)
-             and isinstance(node.func, ast.Attribute) and node.func.attr in ("spawn", "launch")}
-    named |= {node.value.id for node in ast.walk(tree)
-              if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)
-              and any(isinstance(t, ast.Name) and t.id in named for t in node.targets)}
-    return [(node.lineno, node.lineno) for node in tree.body
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in named]
+    return out
 
 
 def unexplained_changes(old: str, new: str, result) -> list[tuple[list[str], list[str]]]:
