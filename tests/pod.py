@@ -116,13 +116,6 @@ torch.distributed.init_process_group = init_process_group
 '''
 
 
-def shim_dir(workdir: Path) -> Path:
-    shim = workdir / "pod-shim"
-    shim.mkdir(parents=True, exist_ok=True)
-    (shim / "sitecustomize.py").write_text(SHIM)
-    return shim
-
-
 @dataclass
 class Pod:
     """The runs of every host of one emulated pod (host k's at index k) and its master port."""
