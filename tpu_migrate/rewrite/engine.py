@@ -174,8 +174,8 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
 class BrokenOutput(Exception):
     """The rewritten file does not parse (a bug in a rule): nothing is written."""
 
-    def __init__(self, error: SyntaxError):
-        super().__init__(f"line {error.lineno}: {error.msg}")
+    def __init__(self, error: SyntaxError | str):
+        super().__init__(error if isinstance(error, str) else f"line {error.lineno}: {error.msg}")
 
 
 def _check_parses(printed: str, output: str) -> None:
@@ -342,7 +342,11 @@ def _file_context(text, options, catalog, result, convert_guards, analysis) -> F
 
 
 def _rewrite_module(module: cst.Module, tree: ast.Module, file: FileContext) -> cst.Module:
-    new_module = ModuleRewriter(file, file.plans).rewrite_module(module, tree)
+    try:
+        new_module = ModuleRewriter(file, file.plans).rewrite_module(module, tree)
+    except cst.ParserSyntaxError as exc:
+        # The input parsed: what does not is code a rule generated. Not the user's syntax error.
+        raise BrokenOutput(f"a rule generated code that does not parse: {exc.message}") from exc
     unused = imports.unused_xla_names(file)
     new_module = imports.remove_unused(new_module, file, unused)
     new_module = imports.add_needed(
