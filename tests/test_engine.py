@@ -85,6 +85,22 @@ def test_output_that_does_not_parse_keeps_the_original(monkeypatch):
     assert result.fixes == [] and result.manual == []
 
 
+def test_generated_code_that_does_not_parse_is_an_internal_error(monkeypatch):
+    """Fault injection: a rule that parses text it built wrong. The input parsed, so this is not
+    the user's syntax error: it is reported as the tool's, and the file is kept."""
+    from tpu_migrate.rewrite.context import parse_expr
+
+    def broken(call, qualname, sc, rule):
+        sc.fixed(rule.code, qualname)
+        return parse_expr("torch.device(")
+
+    monkeypatch.setitem(transforms.CALL, "device_call", broken)
+    result = run(SOURCE.encode())
+    assert not result.changed and result.output is None
+    assert result.error.startswith("internal error: the rewritten file does not parse (a rule generated code")
+    assert result.error_line is None and result.fixes == [] and result.manual == []
+
+
 def test_second_run_changes_nothing():
     first = run(SOURCE.encode())
     assert run(first.output).changed is False

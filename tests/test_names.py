@@ -124,6 +124,17 @@ def resolved(source: str) -> tuple[list[int], list[int]]:
          ([], [5])),
         ("import torch_xla.core.xla_model as xm\nwhile A:\n    xm.mark_step()\n    xm = object()", ([], [3])),
         ("xm.mark_step()\nimport torch_xla.core.xla_model as xm", ([], [1])),
+        # Several imports bind the name and the use resolves to another one: a torch_xla import
+        # that may have run instead leaves it for a human (it is neither converted nor lost).
+        ("if A:\n    from torch.optim import AdamW\nelse:\n    from torch_xla.amp.syncfree import AdamW\n"
+         "AdamW()", ([], [5])),
+        ("try:\n    import my_xm as xm\nexcept ImportError:\n    import torch_xla.core.xla_model as xm\n"
+         "xm.mark_step()", ([], [5])),
+        ("import torch_xla.core.xla_model as xm\nif A:\n    import my_xm as xm\nxm.mark_step()", ([], [4])),
+        ("def f():\n    if A:\n        from torch_xla.amp.syncfree import Adam\n    if B:\n"
+         "        from torch.optim import Adam\n    return Adam()", ([], [6])),
+        # ... but not once an import that always runs replaced it.
+        ("from torch_xla.amp.syncfree import SGD\nSGD()\nfrom torch.optim import SGD\nSGD()", ([2], [])),
         # A class body sees the module's name until it binds its own.
         ("import torch_xla.core.xla_model as xm\nclass C:\n    d = xm.xla_device()\n    xm = 1", ([3], [])),
     ],

@@ -257,24 +257,7 @@ def reported_spans(text: str, result) -> list[tuple[int, int]]:
     for line in {f.line for f in result.fixes} | {m.line for m in result.manual}:
         around = [(end - start, start, end) for start, end in spans if start <= line <= end]
         out.append(min(around)[1:] if around else (line, line))
-    return out + worker_headers(text, result)
-
-
-def worker_headers(text: str, result) -> list[tuple[int, int]]:
-    """A TPU060 spawn fix also starts its worker (rank and process group): lines added at the top
-    of the worker's body are explained by it. The worker is the function the spawn call names,
-    directly or through a variable assigned that function (`fn = main`)."""
-    if not any(f.code == "TPU060" for f in result.fixes):
-        return []
-    tree = ast.parse(text)
-    named = {node.args[0].id for node in ast.walk(tree)
-             if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Name)
-             and isinstance(node.func, ast.Attribute) and node.func.attr in ("spawn", "launch")}
-    named |= {node.value.id for node in ast.walk(tree)
-              if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name)
-              and any(isinstance(t, ast.Name) and t.id in named for t in node.targets)}
-    return [(node.lineno, node.lineno) for node in tree.body
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in named]
+    return out
 
 
 def unexplained_changes(old: str, new: str, result) -> list[tuple[list[str], list[str]]]:
@@ -352,3 +335,131 @@ def test_spliced_torch_xla_idioms_change_only_what_is_reported(program, target):
     event("changed" if result.changed else "unchanged")
     if result.changed:
         assert unexplained_changes(program, result.output.decode("utf-8"), result) == []
+
+
+# (c) The arguments of every statement-form rule ------------------------------------------------
+#
+# A statement rule builds new statements from its call's arguments: their text leaves the
+# call's parentheses (an assignment, a `for` header, `torch.save(...)` under a guard). Arguments
+# whose text is valid only inside those parentheses (implicit string concatenation across lines,
+# a line broken after an operator, a generator expression that is the sole argument) made the
+# output unparsable, and the engine then left the whole file unconverted. Every such argument
+# must convert: the output parses, is a fixed point, and the rule's finding is a fix.
+
+_NAMES = st.sampled_from(["a", "b", "losses", "cfg.path", "d['k']", "items[0]", "opt", "model"])
+_STRINGS = st.sampled_from([
+    '"plain"', "'single'", 'f"step {a}: "', "f'{d[\"k\"]}'", 'f"{d[\'k\']!r:>{w}}"',
+    'f"{{literal}} {a:.3f}"', 'f"mean {sum(v for v in losses) / len(losses):.3f}"',
+    'f"{fmt(v for v in losses)}"', "rb'\\x00'", '"""two\nlines"""', "'tab\\t'",
+])
+_BREAKS = st.sampled_from([" ", "\n", "\n        ", "  # a comment\n    ", " \\\n  "])
+
+
+def _joined(parts: list[str], breaks: list[str]) -> str:
+    return "".join(p + (b if i < len(breaks) else "") for i, (p, b) in enumerate(zip(parts, breaks + [""])))
+
+
+@st.composite
+def _concatenated(draw):
+    """Implicit concatenation of string literals, on one line or several."""
+    parts = draw(st.lists(_STRINGS, min_size=2, max_size=3))
+    parts = [p for p in parts if not p.startswith("rb")] if any(not p.startswith("rb") for p in parts) else parts[:1]
+    breaks = draw(st.lists(_BREAKS, min_size=len(parts) - 1, max_size=len(parts) - 1))
+    return _joined(parts, breaks)
+
+
+def _extend(inner):
+    """Expressions built on `inner`, which may break lines wherever the brackets they sit in allow."""
+    br = _BREAKS
+    return st.one_of(
+        st.tuples(inner, st.sampled_from(["+", "*", "%", "and", "if a else"]), br, inner).map(
+            lambda t: f"{t[0]} {t[1]}{t[2]}{t[3]}"),
+        st.tuples(inner, br).map(lambda t: f"fmt({t[0]}{t[1]})"),
+        st.tuples(inner, br).map(lambda t: f"len({t[0]}{t[1]})"),
+        st.tuples(inner, br, inner).map(lambda t: f"fmt(v{t[1]}for v in {t[0]})"),
+        st.tuples(inner, br, inner).map(lambda t: f"sum(v{t[1]}for v in {t[0]})"),
+        st.tuples(inner, br).map(lambda t: f"[v for v in {t[0]}{t[1]}if v]"),
+        st.tuples(inner, br).map(lambda t: f"{{k: v for k, v in {t[0]}.items(){t[1]}}}"),
+        st.tuples(inner, br).map(lambda t: f"({t[1]}{t[0]}{t[1]})"),
+        st.tuples(inner, br).map(lambda t: f"(n := {t[0]}{t[1]})"),
+        st.tuples(inner, br).map(lambda t: f"lambda v: {t[0]}"),
+        st.tuples(inner, br).map(lambda t: f"{t[0]}{t[1]}.attr"),
+        st.tuples(inner, br).map(lambda t: f"{t[0]}[{t[1]}0]"),
+    )
+
+
+ARGUMENTS = st.recursive(st.one_of(_NAMES, _STRINGS, _concatenated(), st.sampled_from(["1", "2.5", "None"])),
+                         _extend, max_leaves=4)
+_LINE_BREAKS = st.sampled_from(["\n", "\n        ", "  # a comment\n    "])
+# Half the arguments break a line outside any bracket of their own (valid only inside the call's
+# parentheses), and call a function (so that xm.master_print computes them before its guard).
+ARGUMENTS = st.one_of(
+    ARGUMENTS,
+    st.tuples(ARGUMENTS, st.sampled_from(["+", "%", "or", "if a else"]), _LINE_BREAKS, ARGUMENTS).map(
+        lambda t: f"fmt({t[0]}) {t[1]}{t[2]}{t[3]}"),
+    st.tuples(_STRINGS, _LINE_BREAKS, _STRINGS).map(lambda t: f'f"{{fmt(a)}}"{t[1]}{t[0]}{t[1]}{t[2]}'),
+)
+# An argument that is a call's only one may also be a bare generator expression, or `x := y`.
+SOLE_ARGUMENTS = st.one_of(
+    ARGUMENTS,
+    st.tuples(ARGUMENTS, _BREAKS).map(lambda t: f"fmt(v){t[1]}for v in {t[0]}"),
+    ARGUMENTS.map(lambda a: f"n := {a}"),
+)
+
+# Rule code -> calls with slots: {A} any argument, {S} a call's only argument.
+STATEMENT_RULE_CALLS = {
+    "TPU010": ["xm.mark_step(wait={A})"],
+    "TPU024": ["xm.master_print({S})", "xm.master_print({A}, {A})", "xm.master_print({A}, fd={A})"],
+    "TPU030": ["xm.optimizer_step({S})", "xm.optimizer_step(opt, optimizer_args={A})",
+               "result = xm.optimizer_step({A}, barrier=True)"],
+    "TPU050": ["xm.save({A}, {A})", "xm.save({A}, {A}, master_only=False)",
+               "xm.save({A}, {A}, global_master=True)"],
+    "TPU100": ["xm.all_reduce(xm.REDUCE_SUM, {A})", "xm.all_reduce('sum', [{A}, {A}], scale={A})",
+               "total = xm.all_reduce(xm.REDUCE_MAX, {A}, scale={A})"],
+    "TPU101": ["gathered = xm.all_gather({A}, dim={A})", "xm.all_gather({S})"],
+    "TPU104": ["xm.collective_broadcast({A}, root_ordinal={A})", "xm.collective_broadcast([{A}, {A}])"],
+    "TPU105": ["xm.broadcast_master_param({S})"],
+    "TPU106": ["xm.rendezvous({S})"],
+    "TPU107": ["reduced = xm.mesh_reduce({A}, {A}, {A})"],
+    "TPU108": ["xm.reduce_gradients({S})"],
+    "TPU127": ["xr.initialize_cache({S})", "xr.initialize_cache({A}, readonly=False)"],
+    "TPU132": ["torch_xla.experimental.eager_mode(\n    True  # {A}\n)"],
+    "TPU158": ["xla_logger.info({S})", "xla_logger.warning(\n    {S}\n)"],
+}
+_HEADER = ("import torch_xla\nimport torch_xla.core.xla_model as xm\nimport torch_xla.runtime as xr\n"
+           "from optimum.tpu import xla_logger\n\n\n")
+
+
+@st.composite
+def statement_rule_programs(draw):
+    code = draw(st.sampled_from(sorted(STATEMENT_RULE_CALLS)))
+    call = draw(st.sampled_from(STATEMENT_RULE_CALLS[code]))
+    parts = re.split(r"(\{[AS]\})", call)
+    call = "".join(draw(SOLE_ARGUMENTS if part == "{S}" else ARGUMENTS) if part in ("{A}", "{S}") else part
+                   for part in parts)
+    where = draw(st.sampled_from(["function", "loop", "module"]))
+    if where == "module":
+        body = call + "\n"
+    else:
+        lines = call.split("\n")
+        indent = "    " if where == "function" else "        "
+        body = "def step(a, b, d, w, losses, items, opt, model, cfg):\n"
+        if where == "loop":
+            body += "    for _ in range(2):\n"
+        body += indent + lines[0] + "\n" + "".join(line + "\n" for line in lines[1:])
+    program = _HEADER + body
+    assume(parses(program))
+    return code, program
+
+
+@profile(60)
+@given(case=statement_rule_programs(), target=TARGETS)
+@example(case=("TPU024", _HEADER + 'def report(losses, step):\n    xm.master_print(f"step {step}: "\n'
+               '                    f"mean {mean_of(l for l in losses):.3f}")\n'), target="tpu")
+def test_every_statement_rule_converts_any_argument_text(case, target):
+    code, program = case
+    result = check_rewrite(program.encode("utf-8"), target)
+    assert result.error is None, result.error
+    assert result.changed, program
+    assert [f.code for f in result.fixes].count(code) == 1, (program, result.fixes, result.manual)
+    assert [m for m in result.manual if m.code == code] == [], (program, result.manual)

@@ -115,14 +115,14 @@ def test_what_keeps_its_own_text(built):
         f"def first():\n{body}\n"  # holds the file's first indented line: libcst's indent unit
         f"def uses_xla():\n    device = xm.xla_device()\n{body}\n"  # a rule changes it
         f"def imports_xla():\n    import torch_xla.debug.metrics as met\n{body}\n"  # import removal looks in
-        f"def _mp_fn(index):\n{body}\n"  # the spawned worker: the launch rewrite adds to its body
+        f"def _mp_fn(index):\n{body}\n"  # the spawned worker: the launch rewrite leaves it alone
         "def short():\n    return 1\n\n"  # not worth a placeholder
         f"def left_out():\n{body}\n"
         "if __name__ == '__main__':\n    xmp.spawn(_mp_fn, args=())\n"
     )
     output, findings = rewrite(source)
     assert (output, findings) == rewrite(source, whole=True)
-    assert [text.split("(")[0] for text in kept_texts(built)] == ["def left_out"]
+    assert [text.split("(")[0] for text in kept_texts(built)] == ["def _mp_fn", "def left_out"]
 
 
 def test_an_unusual_end_of_file_keeps_the_last_statement(built):

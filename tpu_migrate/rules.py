@@ -38,6 +38,9 @@ class Rule:
     rename: dict[str, str] = field(default_factory=dict)
     params: tuple[str, ...] = ()
     transform: str | None = None
+    # The converted value is a plain number or bool with torch_xla's meaning (a rank, a count):
+    # a name bound to it may go to calls left to torch_xla (rewrite/flows.py).
+    plain_value: bool = False
     source: str = ""
 
 
@@ -154,6 +157,8 @@ def _rule_from_table(table: dict, path: Path) -> Rule:
             raise RuleError(f"{where}: unknown target(s) {sorted(unknown_targets)}")
         if templates and set(templates) != set(TARGETS):
             raise RuleError(f"{where}: templates must cover every target ({', '.join(TARGETS)})")
+    if not isinstance(table.get("plain_value", False), bool):
+        raise RuleError(f"{where}: plain_value must be true or false")
     if sum(bool(x) for x in (replace, rename, table.get("transform"))) > 1:
         raise RuleError(f"{where}: give one of 'replace', 'rename' or 'transform'")
     return Rule(
@@ -168,5 +173,6 @@ def _rule_from_table(table: dict, path: Path) -> Rule:
         rename=dict(rename),
         params=tuple(table.get("params", ())),
         transform=table.get("transform"),
+        plain_value=table.get("plain_value", False),
         source=path.name,
     )

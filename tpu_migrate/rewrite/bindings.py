@@ -52,3 +52,22 @@ def state(bindings: list[Binding], at: Position | None) -> list[Binding]:
         else:
             values.append(binding)
     return values
+
+
+def reaching(bindings: list[Binding], at: Position | None) -> list[Binding]:
+    """Every binding of the name whose value a use at `at` may see, imports and fallbacks alike:
+    unlike `state`, an import that may not run, or that another import stands in for, replaces
+    nothing. (`if fast: from torch.optim import AdamW` / `else: from torch_xla.amp.syncfree
+    import AdamW`: a use after them may be either.)"""
+    values: list[Binding] = []
+    for binding in bindings:
+        if at is not None and not (binding.at < at or (binding.loop and _inside(at, binding.loop))):
+            continue
+        certain = binding.block is None or (
+            at is not None and binding.at < at and _inside(at, binding.block)
+        )
+        if certain and not binding.fallback:
+            values = [binding]
+        else:
+            values.append(binding)
+    return values

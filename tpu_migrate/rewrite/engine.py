@@ -16,9 +16,10 @@ from functools import lru_cache
 import libcst as cst
 
 from tpu_migrate.findings import FileResult, KeptImport, Note
-from tpu_migrate.rewrite import imports, registry, todos
+from tpu_migrate.rewrite import imports, registry, todos, transforms
 from tpu_migrate.rewrite import skeleton as skeletons
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
+from tpu_migrate.rewrite.flows import held_assignments
 from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter
 from tpu_migrate.rewrite.names import analyze, is_xla_name
 from tpu_migrate.rewrite.plans import make_plans
@@ -127,7 +128,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
     _check_nesting(tree, text)
     file = _file_context(text, options, catalog, result, True, analysis)
     plain_end = bool(tree.body) and _plain_tail(text, tree.body[-1].end_lineno)
-    skeleton = None if whole else skeletons.build(text, tree, analysis, file.plans.workers, keep_last=not plain_end)
+    skeleton = None if whole else skeletons.build(text, tree, analysis, keep_last=not plain_end)
     parsed = text if skeleton is None else skeleton.text
     module = cst.parse_module(parsed)
     if "\x0c" in module.default_indent:
@@ -150,6 +151,18 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         # Anew: plans marked the first analysis.
         fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
         file = _file_context(text, options, catalog, result, False, fresh)
+        new_module = _rewrite_module(module, tree, file)
+    for _ in range(3):
+        # Assignments whose converted value would go to a call left to torch_xla: kept (flows.py).
+        held = held_assignments(file.analysis, result.fixes, result.manual, _holds(catalog))
+        if held.keys() <= file.held.keys():
+            break
+        result.fixes.clear()
+        result.manual.clear()
+        fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
+        again = _file_context(text, options, catalog, result, file.convert_guards, fresh)
+        again.held = {**file.held, **held}  # keyed by the statements of `tree`, which both walk
+        file = again
         new_module = _rewrite_module(module, tree, file)
     result.fixes.sort(key=lambda f: (f.line, f.col, f.code))
     result.manual.sort(key=lambda m: (m.line, m.col, m.code))
@@ -174,8 +187,8 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
 class BrokenOutput(Exception):
     """The rewritten file does not parse (a bug in a rule): nothing is written."""
 
-    def __init__(self, error: SyntaxError):
-        super().__init__(f"line {error.lineno}: {error.msg}")
+    def __init__(self, error: SyntaxError | str):
+        super().__init__(error if isinstance(error, str) else f"line {error.lineno}: {error.msg}")
 
 
 def _check_parses(printed: str, output: str) -> None:
@@ -341,8 +354,23 @@ def _file_context(text, options, catalog, result, convert_guards, analysis) -> F
     return file
 
 
+def _holds(catalog: Catalog):
+    """flows.held_assignments' `holds`: a value torch_xla's calls cannot take, unless the rule
+    says it is plain, or a statement rule converted the call (the collectives: a tensor)."""
+    def holds(qualname: str, called: bool) -> bool:
+        rule = catalog.lookup(qualname)
+        if rule is None or rule.plain_value:
+            return False
+        return not (called and rule.transform in transforms.STATEMENT)
+    return holds
+
+
 def _rewrite_module(module: cst.Module, tree: ast.Module, file: FileContext) -> cst.Module:
-    new_module = ModuleRewriter(file, file.plans).rewrite_module(module, tree)
+    try:
+        new_module = ModuleRewriter(file, file.plans).rewrite_module(module, tree)
+    except cst.ParserSyntaxError as exc:
+        # The input parsed: what does not is code a rule generated. Not the user's syntax error.
+        raise BrokenOutput(f"a rule generated code that does not parse: {exc.message}") from exc
     unused = imports.unused_xla_names(file)
     new_module = imports.remove_unused(new_module, file, unused)
     new_module = imports.add_needed(

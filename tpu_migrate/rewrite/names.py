@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from tpu_migrate.rewrite.bindings import Binding, Position, Span, state
+from tpu_migrate.rewrite.bindings import Binding, Position, Span, reaching, state
 from tpu_migrate.rewrite.dependencies import DISTRIBUTION, REQUIREMENT, REQUIREMENT_KEYWORDS
 
 XLA_ROOTS = ("torch_xla", "torch_xla_py", "optimum.tpu")
@@ -146,6 +146,19 @@ class Scope:
             return None
         own = [b for b in values if not b.is_import]
         return Resolution(self, imported[-1], own[-1] if own else None)
+
+    def other_xla_imports(self, found: Resolution, at: Position | None) -> list[Binding]:
+        """The torch_xla / optimum.tpu imports of `found`'s name that a use resolved to another
+        import (`found`) may see all the same: one in the other branch of an `if`, in an `except`
+        handler, in a loop. Such a use may run torch_xla's code: it is not converted, and the
+        torch_xla binding is marked (every torch_xla binding is converted or marked)."""
+        if is_xla_name(found.binding.qualname):
+            return []
+        scope = found.scope
+        if scope is not self and scope.kind != "class":
+            at = None  # a use in a nested function sees the scope's last bindings
+        return [b for b in reaching(scope.bindings.get(found.binding.name, []), at)
+                if b.is_import and is_xla_name(b.qualname)]
 
     def _early(self, name: str) -> Resolution | None:
         imported = [b for b in self.bindings[name] if b.is_import and not b.fallback]
@@ -634,6 +647,16 @@ def analyze(
         target = found.binding.qualname
         qualname = canonical(f"{target}.{rest}" if rest else target)
         wanted = is_xla_name(qualname) or qualname in rule_names
+        others = [] if found.ambiguous else scope.other_xla_imports(found, info.position)
+        if others:
+            other = others[-1]
+            for binding in others:
+                import_uses[(found.scope.path, root, binding.qualname)] += 1  # kept: its TODO needs it
+            info.ambiguous.append((
+                Ref(canonical(f"{other.qualname}.{rest}" if rest else other.qualname), dotted, line, col + 1),
+                f"another import binds `{root}` to {target} in code that may run instead"))
+            info.flagged = True
+            continue
         if found.ambiguous:
             if wanted:
                 info.ambiguous.append((Ref(qualname, dotted, line, col + 1), found.doubt()))

@@ -66,8 +66,6 @@ KINDS = {
     "with": "a with statement",
     # `(for, sc, plans, expr_rewriter)` -> (for, statements to put first in its body).
     "loop": "a for loop",
-    # `(funcdef, ast_node, file)` -> funcdef: a module-level function the launch plans name.
-    "worker": "a worker function started by the launcher",
 }
 
 

@@ -85,16 +85,14 @@ class Skeleton:
 _PLACEHOLDER = re.compile(rf"^(?P<indent>[ \t]*){PREFIX}(?P<number>\d+)__(?P<end>\r?\n)", re.MULTILINE)
 
 
-def build(text: str, tree: ast.Module, analysis: Analysis, workers: set[str],
-          keep_last: bool) -> Skeleton | None:
+def build(text: str, tree: ast.Module, analysis: Analysis, keep_last: bool) -> Skeleton | None:
     """The skeleton of `text`, or None when no definition can be left out (or the file is one
-    of the kinds parsed whole). `workers`: functions a launch rewrite changes (plans.workers);
-    `keep_last`: the last top-level statement must keep its text (an unusual end of file)."""
+    of the kinds parsed whole). `keep_last`: the last top-level statement must keep its text (an unusual end of file)."""
     if "\r" in text and not text.count("\r") == text.count("\r\n") == text.count("\n"):
         return None  # lone CRs (ast and libcst count lines differently) or mixed line ends
     if "\x0c" in text or PREFIX in text or not tree.body:
         return None
-    chooser = _Chooser(text, analysis, workers)
+    chooser = _Chooser(text, analysis)
     body = tree.body[:-1] if keep_last else tree.body
     first_indented = next((s for s in body if chooser.has_indented_block(s)), None)
     for stmt in body:
@@ -121,10 +119,9 @@ def _line_break_at(text: str, end: int) -> str:
 class _Chooser:
     """Picks the definitions to leave out: (start offset, end offset, indentation)."""
 
-    def __init__(self, text: str, analysis: Analysis, workers: set[str]):
+    def __init__(self, text: str, analysis: Analysis):
         self.text = text
         self.analysis = analysis
-        self.workers = workers
         self.line_starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
         self.import_lines = sorted({b.stmt.lineno for b in analysis.imports if is_xla_name(b.qualname)})
         self.spans: list[tuple[int, int, str]] = []
@@ -153,8 +150,6 @@ class _Chooser:
                 self.statement(child)
 
     def leave_out(self, node: ast.stmt) -> None:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in self.workers:
-            return
         first = self.analysis.info(node).first_line
         last = node.end_lineno
         if not self.starts_line(node) or self._imports_xla(first, last):

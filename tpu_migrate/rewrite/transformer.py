@@ -19,6 +19,7 @@ import libcst as cst
 from tpu_migrate.rewrite import dependencies, transforms
 from tpu_migrate.rewrite.context import FileContext, StatementContext
 from tpu_migrate.rewrite.expressions import ExprRewriter
+from tpu_migrate.rewrite.names import is_xla_name
 from tpu_migrate.rewrite.layout import (
     add_todos,
     comments_of_removed_if,
@@ -149,9 +150,7 @@ class ModuleRewriter:
 
     def untouched(self, stmt: cst.BaseCompoundStatement, node: ast.stmt) -> bool:
         """Nothing in this compound statement, header or body, can change."""
-        if self.analysis.info(node).subtree_interesting:
-            return False
-        return not (isinstance(stmt, cst.FunctionDef) and stmt.name.value in self.plans.workers)
+        return not self.analysis.info(node).subtree_interesting
 
     def body_block(self, body: cst.BaseSuite, ast_body: list[ast.stmt]) -> cst.BaseSuite:
         original = body
@@ -203,6 +202,9 @@ class ModuleRewriter:
         return rebuild_line(line, pieces, todos, present)
 
     def small_statement(self, small: cst.BaseSmallStatement, sc: StatementContext):
+        held = self.file.held.get(id(sc.info.node))
+        if held is not None:
+            return self.held(small, sc, held)
         for hook in HOOKS["statement"]:
             replaced = hook(small, sc)
             if replaced is not None:
@@ -241,6 +243,20 @@ class ModuleRewriter:
                 orelse = cst.Else(body=_block_of(value.orelse))
             return [cst.If(test=value.test.with_changes(lpar=[], rpar=[]), body=_block_of(value.body), orelse=orelse)]
         return result
+
+    @emits("TPU099")  # a held reference no rule matches (and every rule's code it matches)
+    def held(self, small: cst.BaseSmallStatement, sc: StatementContext, message: str):
+        """An assignment whose torch_xla value goes to a call left to torch_xla (flows.py): left
+        byte for byte, its torch_xla references marked with the reason."""
+        for ref in [r for r in sc.info.refs if is_xla_name(r.qualname)]:
+            rule = self.file.catalog.lookup(ref.qualname)
+            code = rule.code if rule is not None else "TPU099"
+            if sc.enabled(code):
+                sc.needs_manual(code, message, ref.qualname)
+            else:
+                sc.consume(ref.qualname)
+        self.report_leftovers(sc)
+        return small
 
     def comments_above(self, info) -> frozenset[str]:
         """The comment lines directly above a statement in the input."""
@@ -314,13 +330,6 @@ class ModuleRewriter:
                 after, self.after = self.after, outer_after
         if prefix:
             stmt = insert_at_body_start(stmt, prefix)
-        if (
-            isinstance(stmt, cst.FunctionDef)
-            and stmt.name.value in self.plans.workers
-            and info.scope.kind == "module"
-        ):
-            for hook in HOOKS["worker"]:
-                stmt = hook(stmt, node, self.file)
 
         if sc is not None:
             self.report_leftovers(sc)

@@ -75,7 +75,7 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
             for element in elements:
                 lines.append(f"    {dist}.all_reduce({code(element.value)}, op={op})")
                 if scale:
-                    lines.append(f"    {code(element.value)}.mul_({scale})")
+                    lines.append(f"    {atom(element.value)}.mul_({scale})")
         else:
             var = fresh_name(sc, "tensor")
             lines += [f"    for {var} in {code(inputs)}:", f"        {dist}.all_reduce({var}, op={op})"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import re
+import warnings
 
 import libcst as cst
 
@@ -60,7 +62,38 @@ _CODEGEN = cst.Module(body=[])
 
 
 def code(node: cst.CSTNode) -> str:
+    """The source text of `node`; for an expression, text that is valid wherever an expression
+    may stand (see `standalone`), so that generated code may put it anywhere."""
+    if isinstance(node, cst.BaseExpression):
+        node = standalone(node)
     return _CODEGEN.code_for_node(node)
+
+
+# Expressions valid only directly inside the parentheses of a call (`f(x for x in y)`) or only
+# inside some bracket (`f(y := 1)`), whatever their text.
+_BRACKETED_ONLY = (cst.GeneratorExp, cst.NamedExpr, cst.Yield)
+
+
+def standalone(node: cst.BaseExpression) -> cst.BaseExpression:
+    """`node`, parenthesised if its text is valid only inside the brackets it came from: a
+    generator expression that is a call's sole argument, `x := 1`, or an expression whose text
+    breaks a line outside any bracket of its own (`f"a "` newline `f"b"`, `a +` newline `b`, in
+    a call's parentheses). Taken out of those brackets (assigned to a name, put in a `for`
+    header or a new statement) its text would not parse; parenthesised it means the same."""
+    if node.lpar:
+        return node
+    if not isinstance(node, _BRACKETED_ONLY):
+        text = _CODEGEN.code_for_node(node)
+        if "\n" not in text and "\r" not in text:
+            return node
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # invalid escape sequences, say
+                ast.parse(text, mode="eval")
+            return node
+        except SyntaxError:
+            pass
+    return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
 
 # -- argument helpers -------------------------------------------------------------------------
@@ -96,6 +129,7 @@ def clean_args(args: list[cst.Arg]) -> list[cst.Arg]:
 
 
 def atom(node: cst.BaseExpression) -> str:
+    node = standalone(node)
     text = code(node)
     if isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) or node.lpar:
         return text
@@ -141,7 +175,7 @@ def is_xla(qualname: str) -> bool:
     return is_xla_name(qualname)
 
 def quote_of(node: cst.BaseExpression) -> str:
-    text = code(node)
+    text = _CODEGEN.code_for_node(node)
     return "'" if text.rstrip()[-1:] == "'" else '"'
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
@@ -15,6 +13,7 @@ from tpu_migrate.rewrite.transforms.common import (
     code,
     bind,
     fresh_name,
+    helper,
     literal_bool,
     clean_args,
     quote_of,
@@ -125,20 +124,16 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
     os_name = plan.use("os")
     dist = plan.use("dist")
     call_args = _spread(args)
-    # torchrun started this process as one of the workers: torch_xla.launch called fn itself.
-    # The group the worker joined goes before the interpreter exits: a gloo group left to the
-    # exit can abort the process ("terminate called without an active exception", seen under
-    # torchrun), and torchrun then fails the job.
+    wrapper = _wrapper(sc, plans.spawn_workers[id(sc.info.node)])
+    # torchrun started this process as one of the workers (on one host or several): RANK,
+    # WORLD_SIZE and LOCAL_RANK are its; torch_xla.launch called fn itself.
     lines = [f"if {dist}.is_torchelastic_launched():",
-             f'    {fn}(int({os_name}.environ["LOCAL_RANK"]){call_args})',
-             f"    if {dist}.is_initialized():",
-             f"        {dist}.destroy_process_group()"]
-    rendezvous = _rendezvous_defaults(os_name)
+             f'    {wrapper}(int({os_name}.environ["LOCAL_RANK"]), {fn}, None{call_args})']
     single = _single_process(bound, launch)
     if single is not None:
-        # torch_xla ran fn(0, *args) in this process (nprocs=1, debug_single_process=True).
-        in_process = [*rendezvous, f'{os_name}.environ["WORLD_SIZE"] = "1"',
-                      *_launch_env("1", sc), f"{fn}(0{call_args})"]
+        # torch_xla ran fn(ordinal, *args) in this process (nprocs=1, debug_single_process=True):
+        # one process per host.
+        in_process = [*_world("1", sc), f"{wrapper}(0, {fn}, 1{call_args})"]
         if single == "always":
             return [parse_stmt("\n".join(lines + ["else:"] + _indent(in_process)) + "\n")]
         lines += [f"elif {single}:", *_indent(in_process)]
@@ -148,11 +143,57 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
         name = fresh_name(sc, "nprocs")
         spawned.append(f"{name} = {count}")
         count = name
-    spawned += [*rendezvous, f'{os_name}.environ["WORLD_SIZE"] = str({count})', *_launch_env(count, sc),
-               plan.fill("{torch}.multiprocessing.spawn")
-               + f"({fn}{', args=' + code(args) if args is not None else ''}, nprocs={count})"]
+    spawned += [*_world(count, sc),
+                plan.fill("{torch}.multiprocessing.spawn") + f"({wrapper}, args=({fn}, {count}{call_args}), "
+                f"nprocs={count})"]
     lines += ["else:", *_indent(spawned)]
     return [parse_stmt("\n".join(lines) + "\n")]
+
+
+# What xmp.spawn / torch_xla.launch did in each process before calling fn, as a function of its
+# own: the launched function is never edited (a GPU path or a test may call it too). RANK is the
+# global rank on a pod: this host's NODE_RANK (set_tpu_launch_env sets it on a multi-host slice)
+# times the processes per host, plus the local index; fn gets it, as torch_xla gave fn the global
+# ordinal. `{setup}` selects the local accelerator (portable), `{init}` starts the group.
+WORKER = '''def {name}(local_index, fn, nprocs, *args):
+    """Prepare this process as xmp.spawn did, then call fn unchanged (added by tpu-migrate)."""
+    if not {dist}.is_torchelastic_launched():
+        {os}.environ["LOCAL_RANK"] = str(local_index)
+        {os}.environ["RANK"] = str(int({os}.environ.get("NODE_RANK", 0)) * nprocs + local_index)
+{setup}{init}    try:
+        return fn(int({os}.environ["RANK"]), *args)
+    finally:
+        if {dist}.is_initialized():
+            {dist}.destroy_process_group()
+'''
+
+
+def _wrapper(sc: StatementContext, worker: str) -> str:
+    """The name of the file's wrapper that starts `worker` (added once per file and variant)."""
+    file = sc.file
+    setup = init = ""
+    if file.target == "portable":
+        # One accelerator per process: each rank's index-less device is its own one.
+        setup = "    " + SELECT_LOCAL_DEVICE.format(torch="{torch}", local_rank="local_index").replace("\n    ", "\n        ")
+    base = "_xmp_worker"
+    if not file.plans.other_inits:
+        if worker in file.plans.self_initializing:
+            base = "_xmp_worker_own_group"  # the worker starts the group itself, on every path
+        else:
+            backend = '"tpu_dist"' if file.target == "tpu" else ""
+            init = f"    {{dist}}.init_process_group({backend})\n"
+    template = WORKER.replace("{setup}", setup).replace("{init}", init)
+    return helper(sc, base, template)
+
+
+def _world(count: str, sc: StatementContext) -> list[str]:
+    """The parent's launch environment for `count` processes on this host: TorchTPU's first
+    (on a pod it names the master, the node count and this node's rank, and never overwrites
+    a variable), then the local defaults for what it left unset, then the world of every host."""
+    os_name = sc.file.plan.use("os")
+    nodes = f'{os_name}.environ.get("NNODES", "1")'
+    size = nodes if count == "1" else f'str(int({os_name}.environ.get("NNODES", 1)) * {count})'
+    return [*_launch_env(count, sc), *_rendezvous_defaults(os_name), f'{os_name}.environ["WORLD_SIZE"] = {size}']
 
 
 def _rendezvous_defaults(os_name: str) -> list[str]:
@@ -225,29 +266,6 @@ def _forked_without_main_guard(bound: dict, sc: StatementContext) -> bool:
     if method is None or not isinstance(method.value, cst.SimpleString) or method.value.evaluated_value != "fork":
         return False
     return sc.scope.kind == "module" and not sc.file.plans.under_main_guard(sc.info.node)
-
-
-@transform("spawn", on="worker")
-def setup_worker(func: cst.FunctionDef, node: ast.FunctionDef, file) -> cst.FunctionDef:
-    """Start a spawned worker with its rank and the process group, as torch_xla's runtime
-    gave every worker its rank and world size whether or not the program made a group."""
-    params = [*func.params.posonly_params, *func.params.params]
-    # The launcher calls fn(index, *args): `def main(*args)` gets the index as args[0].
-    index = params[0].name.value if params else f"{func.params.star_arg.name.value}[0]"
-    plan = file.plan
-    os_name, dist = plan.use("os"), plan.use("dist")
-    # Under torchrun the launcher set RANK (the global rank, on several hosts) and LOCAL_RANK.
-    lines = [f"if not {dist}.is_torchelastic_launched():\n"
-             f'    {os_name}.environ["RANK"] = {os_name}.environ["LOCAL_RANK"] = str({index})']
-    if file.target == "portable":
-        # One accelerator per process: each rank's index-less device is its own one.
-        lines.append(SELECT_LOCAL_DEVICE.format(
-            torch=plan.use("torch"), local_rank=f'int({os_name}.environ["LOCAL_RANK"])'
-        ).rstrip("\n"))
-    if not file.plans.other_inits and func.name.value not in file.plans.self_initializing:
-        backend = '"tpu_dist"' if file.target == "tpu" else ""
-        lines.append(f"{dist}.init_process_group({backend})")
-    return insert_at_body_start(func, [parse_stmt(line + "\n") for line in lines])
 
 
 def insert_at_body_start(stmt, new: list[cst.BaseStatement]):

@@ -27,6 +27,7 @@ from tpu_migrate.rewrite.transforms.common import (
     is_xla,
     parse_block,
     find_all,
+    standalone,
 )
 from tpu_migrate.rewrite.transforms.collectives import average_gradients
 
@@ -104,7 +105,7 @@ def _master_print_parts(call, qualname, sc: StatementContext, rule, hoist: list 
                 return None
             value = fresh_name(sc, "message")
             hoist.append(cst.SimpleStatementLine(body=[cst.Assign(
-                targets=[cst.AssignTarget(target=cst.Name(value))], value=arg.value)]))
+                targets=[cst.AssignTarget(target=cst.Name(value))], value=standalone(arg.value))]))
             arg = arg.with_changes(value=cst.Name(value))
         args.append(arg)
     sc.fixed(rule.code, qualname)

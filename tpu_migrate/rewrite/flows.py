@@ -1,0 +1,110 @@
+"""Values that flow into calls left to torch_xla: the assignments to keep as they are.
+
+`op = xm.REDUCE_SUM` becomes `op = dist.ReduceOp.SUM` (TPU110), and `dev = xm.xla_device()`
+becomes `dev = torch.device("tpu")`; that is right where the name goes to torch code. A call
+left manual (`xm.all_reduce(op, tensors, groups=[[0, 1]])`, `xm.reduce_scatter(op, ...)`) is
+left byte for byte and still runs torch_xla, which cannot take the converted value (TypeError,
+or a device it does not know). So the conversion of such an assignment is half of a change:
+the assignment keeps torch_xla's value, with a TODO that names the call holding it back.
+
+Which calls a rule leaves is known only once the rules ran, so the engine rewrites the file,
+asks `held_assignments` which assignments feed a call that kept torch_xla, and (if any) rewrites
+it again with those assignments held (FileContext.held).
+"""
+
+from __future__ import annotations
+
+import ast
+
+from tpu_migrate.findings import Fix, Manual
+from tpu_migrate.rewrite.names import Analysis, Scope, StmtInfo, dotted_name, is_xla_name
+
+
+def held_assignments(analysis: Analysis, fixes: list[Fix], manual: list[Manual], holds) -> dict[int, str]:
+    """id(ast statement) -> the TODO message, for each `name = <torch_xla value>` that a rule
+    converted and whose name goes into the arguments of a torch_xla call no rule converted.
+    `holds(qualname, called)`: whether the conversion of that reference (called or not) gives a
+    value torch_xla's own calls cannot take (a `dist.ReduceOp`, a `tpu` device), not a plain
+    value with torch_xla's meaning (a rank, a count, the tensor a collective returns)."""
+    fixed = {(f.line, f.col) for f in fixes}
+    # `name = xm.X` / `name = xm.f(...)` whose value a rule converted, by (binding scope, name).
+    converted: dict[tuple[int, str], list[StmtInfo]] = {}
+    for info in analysis.infos.values():
+        target, value = _simple_assignment(info.node)
+        if target is None:
+            continue
+        head = value.func if isinstance(value, ast.Call) else value
+        ref = next((r for r in info.refs if (r.line, r.col) == (head.lineno, head.col_offset + 1)), None)
+        if ref is None or not is_xla_name(ref.qualname) or (ref.line, ref.col) not in fixed:
+            continue
+        if not holds(ref.qualname, isinstance(value, ast.Call)):
+            continue
+        converted.setdefault((id(info.scope), target), []).append(info)
+    if not converted:
+        return {}
+    # Calls of torch_xla names that no fix converted, by the position of their callee.
+    calls = {(node.func.lineno, node.func.col_offset + 1): node
+             for node in analysis.nodes if isinstance(node, ast.Call) and dotted_name(node.func)}
+    findings = {(m.line, m.col): m for m in manual}
+    held: dict[int, str] = {}
+    for info in analysis.infos.values():
+        for ref in info.refs:
+            where = (ref.line, ref.col)
+            call = calls.get(where)
+            if call is None or not is_xla_name(ref.qualname) or where in fixed:
+                continue
+            blocker = findings.get(where)
+            why = f" ({blocker.code})" if blocker is not None else ""
+            for name, scope in _names_passed(call, analysis, info):
+                for assignment in converted.get((id(scope), name), []):
+                    held.setdefault(id(assignment.node), (
+                        f"`{name}` is passed to `{ref.dotted}`, which stays torch_xla{why}: kept as "
+                        "torch_xla's value; convert both together"))
+    return held
+
+
+def _simple_assignment(node: ast.stmt) -> tuple[str | None, ast.expr | None]:
+    """(name, value) of `name = value` / `name: T = value` whose value is a dotted name or a
+    call of one; else (None, None)."""
+    if isinstance(node, ast.Assign) and len(node.targets) == 1:
+        target, value = node.targets[0], node.value
+    elif isinstance(node, ast.AnnAssign) and node.value is not None:
+        target, value = node.target, node.value
+    else:
+        return None, None
+    if not isinstance(target, ast.Name):
+        return None, None
+    head = value.func if isinstance(value, ast.Call) else value
+    if dotted_name(head) is None:
+        return None, None
+    return target.id, value
+
+
+def _names_passed(call: ast.Call, analysis: Analysis, info: StmtInfo):
+    """(name, the scope that binds it) for each plain name read in the call's arguments."""
+    start = (call.lineno, call.col_offset + 1)
+    end = (call.end_lineno, call.end_col_offset)
+    positions = {(n.lineno, n.col_offset + 1) for a in (*call.args, *call.keywords)
+                 for n in ast.walk(a) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    for scope, dotted, load_info, line, col in analysis.loads:
+        if load_info is not info or "." in dotted or (line, col + 1) not in positions:
+            continue
+        if not (start <= (line, col + 1) <= end):
+            continue
+        owner = _binding_scope(scope, dotted)
+        if owner is not None:
+            yield dotted, owner
+
+
+def _binding_scope(scope: Scope | None, name: str) -> Scope | None:
+    """The scope whose own binding of `name` a use in `scope` sees (Python's rules, roughly:
+    the innermost function or module scope that assigns it; class bodies are skipped from
+    nested scopes)."""
+    innermost = True
+    while scope is not None:
+        if name in scope.global_names:
+            return scope.module()
+        if name in scope.assigned and (innermost or scope.kind != "class"):
+            return scope
+        scope, innermost = scope.parent, False
+    return None
