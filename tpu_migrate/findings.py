@@ -27,6 +27,9 @@ class Manual:
     # rule rebuilt the statement around it. Not part of the finding's identity or output.
     anchor: str | None = field(default=None, compare=False, repr=False)
     cell: int | None = None  # notebooks: the code cell; `line` is then within the cell
+    # False for work deferred, not impossible (an unsafe fix at --fix-level safe): reported,
+    # with no TODO comment, which would go stale once a later run applies it.
+    todo: bool = field(default=True, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

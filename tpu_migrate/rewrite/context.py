@@ -118,9 +118,10 @@ class FileContext:
     plans: object = None  # plans.Plans
     # TPU190: convert availability guards (engine.py turns this off when torch_xla stays needed).
     convert_guards: bool = True
-    # id(ast statement) -> TODO message: assignments of a torch_xla value that goes into a call
-    # left to torch_xla, kept as they are (flows.py; the engine fills this and rewrites again).
-    held: dict[int, str] = field(default_factory=dict)
+    # id(ast statement) -> (message, whether it is a TODO): assignments of a torch_xla value that
+    # goes into a call left to torch_xla, kept as they are (flows.py; the engine fills this and
+    # rewrites again).
+    held: dict[int, tuple[str, bool]] = field(default_factory=dict)
     guards_converted: bool = False
     # The torch_xla / optimum.tpu imports the rewritten file keeps.
     kept_xla_imports: list[ImportBinding] = field(default_factory=list)
@@ -274,7 +275,7 @@ class StatementContext:
                 where, anchor = (ref.line, ref.col), ref.dotted
             else:
                 where = (self.info.node.lineno, self.info.node.col_offset + 1)
-        finding = Manual(code, *where, message, anchor=anchor)
+        finding = Manual(code, *where, message, anchor=anchor, todo=todo)
         self.file.manual.append(finding)
         if todo:
             self.todos.append(finding)

@@ -20,9 +20,14 @@ from tpu_migrate.findings import Fix, Manual
 from tpu_migrate.rewrite.names import Analysis, Scope, StmtInfo, dotted_name, is_xla_name
 
 
-def held_assignments(analysis: Analysis, fixes: list[Fix], manual: list[Manual], holds) -> dict[int, str]:
-    """id(ast statement) -> the TODO message, for each `name = <torch_xla value>` that a rule
-    converted and whose name goes into the arguments of a torch_xla call no rule converted.
+def held_assignments(analysis: Analysis, fixes: list[Fix], manual: list[Manual],
+                     holds) -> dict[int, tuple[str, bool]]:
+    """id(ast statement) -> (message, whether it is a TODO), for each `name = <torch_xla value>`
+    that a rule converted and whose name goes into the arguments of a torch_xla call no rule
+    converted. The call may be left for a human (its finding has a TODO: so has the
+    assignment) or only not converted in this run (its rule not selected, ignored here, or
+    unsafe at --fix-level safe): then both wait for the run that converts them together, and
+    the assignment's finding has no TODO comment, which would go stale.
     `holds(qualname, called)`: whether the conversion of that reference (called or not) gives a
     value torch_xla's own calls cannot take (a `dist.ReduceOp`, a `tpu` device), not a plain
     value with torch_xla's meaning (a rank, a count, the tensor a collective returns)."""
@@ -54,12 +59,17 @@ def held_assignments(analysis: Analysis, fixes: list[Fix], manual: list[Manual],
             if call is None or not is_xla_name(ref.qualname) or where in fixed:
                 continue
             blocker = findings.get(where)
-            why = f" ({blocker.code})" if blocker is not None else ""
+            left = blocker is not None and blocker.todo
+            if left:
+                message = (f"`{{name}}` is passed to `{ref.dotted}`, which stays torch_xla ({blocker.code}): "
+                           "kept as torch_xla's value; convert both together")
+            else:
+                why = f" ({blocker.code})" if blocker is not None else ""
+                message = (f"`{{name}}` is passed to `{ref.dotted}`, which this run does not convert{why}: "
+                           "kept as torch_xla's value until a run converts both")
             for name, scope in _names_passed(call, analysis, info):
                 for assignment in converted.get((id(scope), name), []):
-                    held.setdefault(id(assignment.node), (
-                        f"`{name}` is passed to `{ref.dotted}`, which stays torch_xla{why}: kept as "
-                        "torch_xla's value; convert both together"))
+                    held.setdefault(id(assignment.node), (message.format(name=name), left))
     return held
 
 

@@ -245,14 +245,16 @@ class ModuleRewriter:
         return result
 
     @emits("TPU099")  # a held reference no rule matches (and every rule's code it matches)
-    def held(self, small: cst.BaseSmallStatement, sc: StatementContext, message: str):
+    def held(self, small: cst.BaseSmallStatement, sc: StatementContext, why: tuple[str, bool]):
         """An assignment whose torch_xla value goes to a call left to torch_xla (flows.py): left
-        byte for byte, its torch_xla references marked with the reason."""
+        byte for byte, its torch_xla references marked with the reason (a TODO comment only
+        where the call itself is left for a human, not where this run only deferred it)."""
+        message, todo = why
         for ref in [r for r in sc.info.refs if is_xla_name(r.qualname)]:
             rule = self.file.catalog.lookup(ref.qualname)
             code = rule.code if rule is not None else "TPU099"
             if sc.enabled(code):
-                sc.needs_manual(code, message, ref.qualname)
+                sc.needs_manual(code, message, ref.qualname, todo=todo)
             else:
                 sc.consume(ref.qualname)
         self.report_leftovers(sc)
