@@ -24,8 +24,7 @@ from fidelity import (
     unmarked_device_strings,
     without_reviewed,
 )
-from tpu_migrate.rewrite.context import Options
-from tpu_migrate.rewrite.engine import rewrite_bytes
+import static_fidelity
 
 
 def src(text: str) -> str:
@@ -313,9 +312,7 @@ INPUTS = default_inputs()
 
 
 def rewrite(data: bytes, name: str, target: str) -> bytes:
-    result = rewrite_bytes(data, name, Options(target=target))
-    assert result.error is None, result.error
-    return result.output if result.changed else data
+    return static_fidelity.rewrite(data, name, target)[0]  # shared with test_static_fidelity
 
 
 def undefined_names(source: bytes) -> set[str]:

@@ -3,7 +3,7 @@ covers one launch or rank idiom (xmp.spawn, torch_xla.launch, a conditional proc
 xm.optimizer_step, xm.save, rank-gated logging, DistributedSampler, rendezvous / mesh_reduce,
 a `def main(*args)` worker passed through a variable with collectives inside expressions, a
 plain process that creates an xla:// group itself, SyncBatchNorm with a batch sliced by process
-index and count).
+index and count, broadcast_master_param of a BatchNorm's buffers).
 
 The original runs at world size 1 on XLA:CPU (torch_xla runs only one CPU process here); its
 records do not depend on the world size (see the programs' docstrings), so the migrated program
@@ -82,6 +82,7 @@ CASES = [
     Case("m10_varargs_worker_in_variable.py", extra_modes=(Mode("fake2", fake_accelerators=2),)),
     Case("m11_plain_process_group.py"),
     Case("m12_sync_batch_norm_process_index.py"),
+    Case("m13_broadcast_master_param_buffers.py"),
 ]
 PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
 PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]

@@ -8,6 +8,7 @@ from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_expr
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
     ALL_GATHER,
+    CPU_COPIES,
     helper,
     code,
     bind,
@@ -204,11 +205,20 @@ def broadcast_master_param_statement(call, qualname, sc: StatementContext, rule,
     dist = sc.file.plan.use("dist")
     var = fresh_name(sc, "param")
     sc.fixed(rule.code, qualname)
-    return parse_block([
-        f"if {dist}.is_initialized():",
-        f"    for {var} in {atom(bound['model'].value)}.parameters():",
+    # torch_xla broadcast the parameters and the buffers (BatchNorm's running statistics).
+    model = bound["model"].value
+    lines = [f"if {dist}.is_initialized():"]
+    if not isinstance(model, (cst.Name, cst.Attribute)):
+        # `xm.broadcast_master_param(get_model())`: the model is evaluated once, as before.
+        name = fresh_name(sc, "model")
+        lines.append(f"    {name} = {code(model)}")
+        model = cst.Name(name)
+    model = atom(model)
+    lines += [
+        f"    for {var} in [*{model}.parameters(), *{model}.buffers()]:",
         f"        {dist}.broadcast({var}.data, src=0)",
-    ])
+    ]
+    return parse_block(lines)
 
 
 @transform("rendezvous", form=STATEMENT)
@@ -256,7 +266,8 @@ def _mesh_reduce_into(target: str, bound: dict, sc: StatementContext) -> list[st
     """`target` = reduce_fn applied to `data` from every process (a world of one: `[data]`).
     The data may be any picklable object (a number, a numpy value): all_gather_object."""
     dist = sc.file.plan.use("dist")
-    data = code(bound["data"].value)
+    # torch_xla sent (and reduce_fn received) CPU copies of the data's device tensors.
+    data = f"{helper(sc, '_cpu_copies', CPU_COPIES)}({code(bound['data'].value)})"
     # `acc = xm.mesh_reduce("t", acc, fn)`: gathering into `acc` would overwrite the value sent.
     sends_target = any(name.value == target for name in find_all(bound["data"].value, cst.Name))
     gathered = fresh_name(sc, "gathered") if sends_target else target

@@ -13,6 +13,7 @@ from tpu_migrate.rewrite.transforms.common import (
     XLA_DEVICE,
     PORTABLE_DEVICE,
     bind,
+    clean_args,
     quote_of,
 )
 
@@ -510,18 +511,28 @@ def _is_plain_xla(node) -> bool:
     return isinstance(node, cst.SimpleString) and is_xla_device_string(node)
 
 
-@transform("device_strings", calls=("torch.autocast",))
+@transform("device_strings", calls=("torch.autocast", "torch.amp.autocast", "torch.amp.autocast_mode.autocast"))
 def autocast(call: cst.Call, sc: StatementContext):
-    bound = bind(call, ["device_type"])
+    """`torch.autocast("xla")`: the device type converted. Without `dtype=`, torch_xla's autocast
+    used bfloat16 (torch.get_autocast_dtype("xla")), as TorchTPU's "tpu" does; for target
+    portable the dtype is given, since CUDA's default is float16 (the CPU's is bfloat16)."""
+    bound = bind(call, ["device_type", "dtype", "enabled", "cache_enabled"])
     if bound is None or "device_type" not in bound or not sc.enabled("TPU002"):
         return call
     arg = bound["device_type"]
     if not is_xla_device_string(arg.value):
         value = _convert(arg.value, "device", sc)  # `"xla" if use_tpu else "cpu"`
-        return call if value is arg.value else call.with_changes(
-            args=[a.with_changes(value=value) if a is arg else a for a in call.args]
-        )
-    sc.fixed("TPU002", where=_where(sc, arg.value))
-    value = device_value(arg.value, sc, string=True)
+        if value is arg.value:
+            return call
+    else:
+        sc.fixed("TPU002", where=_where(sc, arg.value))
+        value = device_value(arg.value, sc, string=True)
     args = [a.with_changes(value=value) if a is arg else a for a in call.args]
+    if sc.file.target != "tpu" and "dtype" not in bound:
+        bf16 = parse_expr(sc.file.plan.fill("{torch}.bfloat16"))
+        args = [*clean_args(args)[:-1], args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                cst.Arg(keyword=cst.Name("dtype"), value=bf16,
+                        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                              whitespace_after=cst.SimpleWhitespace("")),
+                        comma=args[-1].comma)]
     return call.with_changes(args=args)

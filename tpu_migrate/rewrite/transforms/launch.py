@@ -20,7 +20,13 @@ from tpu_migrate.rewrite.transforms.common import (
 )
 
 
-SELECT_LOCAL_DEVICE = "if {torch}.accelerator.is_available():\n    {torch}.accelerator.set_device_index({local_rank})\n"
+# One accelerator per process: each rank selects its own (an index-less device is the current
+# one, 0 unless set; NCCL refuses duplicates). Not on TorchTPU: its launch environment binds
+# each process to one device, which it sees as index 0, and set_device_index(i > 0) raises.
+SELECT_LOCAL_DEVICE = (
+    "if {torch}.accelerator.is_available() and {torch}.accelerator.current_accelerator().type != \"tpu\":\n"
+    "    {torch}.accelerator.set_device_index({local_rank})\n"
+)
 
 
 @transform("init_process_group", calls=("torch.distributed.init_process_group",))
@@ -112,6 +118,8 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
             "world size now answer 0 and 1; create it on every path of the worker",
             where=where,
         )
+    if not launch:
+        _unsupported_nprocs(bound, sc, rule, where)
     if _forked_without_main_guard(bound, sc):
         sc.needs_manual(
             rule.code,
@@ -230,6 +238,34 @@ def _single_process(bound: dict, launch: bool) -> str | None:
     if nprocs is not None and isinstance(nprocs.value, cst.Integer) and nprocs.value.evaluated_value == 1:
         return "always"
     return None
+
+
+def _unsupported_nprocs(bound: dict, sc: StatementContext, rule, where) -> None:
+    """torch_xla 2.x's xmp.spawn took nprocs=1 (fn ran in this process) or None (every device)
+    and raised ValueError for any other count (`_internal/pjrt.py` spawn); the conversion starts
+    that many processes: marked, since the original program never ran so."""
+    nprocs = bound.get("nprocs")
+    if nprocs is None or (isinstance(nprocs.value, cst.Name) and nprocs.value.value == "None"):
+        return
+    if isinstance(nprocs.value, cst.Integer):
+        count = nprocs.value.evaluated_value
+        if count == 1:
+            return
+        sc.needs_manual(
+            rule.code,
+            f"torch_xla 2.x raised ValueError for nprocs={nprocs.value.value} (xmp.spawn accepted "
+            f"only 1 or None, every device); the migrated program now starts {nprocs.value.value} "
+            "processes: check that this is what you want",
+            where=where,
+        )
+        return
+    sc.needs_manual(
+        rule.code,
+        f"torch_xla 2.x raised ValueError unless nprocs ({code(nprocs.value)}) was 1 (fn ran in "
+        "this process) or None (every device); the migrated program starts that many processes "
+        "(one for 1): check the counts you pass",
+        where=where,
+    )
 
 
 def _process_count(bound: dict, sc: StatementContext) -> str:
