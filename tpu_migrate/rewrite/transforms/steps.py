@@ -200,9 +200,9 @@ def optimizer_step_statement(call, qualname, sc: StatementContext, rule, plans, 
     if parts is None:
         return None
     optimizer, step = parts
-    sc.fixed(rule.code, qualname)
+    where = sc.fixed(rule.code, qualname)
     stepped = cst.Expr(step) if assign is None else assign.with_changes(value=step)
-    lines = [] if _ddp_on_every_path(sc) else average_gradients(atom(optimizer), sc)
+    lines = [] if _ddp_on_every_path(sc) else average_gradients(atom(optimizer), sc, rule.code, where)
     return [*parse_block(lines), cst.SimpleStatementLine(body=[stepped])] if lines else [
         cst.SimpleStatementLine(body=[stepped])
     ]
