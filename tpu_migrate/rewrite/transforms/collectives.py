@@ -70,11 +70,12 @@ def _mark_group(sc: StatementContext, code_: str, where: tuple[int, int] | None)
         return
     others = sorted({b for b in plans.group_backends
                      if b is not None and b.strip("\"'") not in _TPU_BACKENDS})
-    if others:
-        sc.needs_manual(code_, f"this file makes its process group with backend {', '.join(others)}; "
-                        "torch_xla's collectives needed none, and this one runs on the default group: "
-                        "make it with \"tpu_dist\" (gloo carries only CPU tensors), or pass a group that "
-                        "can carry tpu tensors", where=where)
+    literal = [b for b in others if b[:1] in "\"'"]
+    if literal:  # (an expression is marked once, on its init_process_group line: TPU070)
+        sc.needs_manual(code_, f"this file makes its process group with backend {', '.join(literal)}, "
+                        "which cannot carry tpu tensors (gloo: CPU only); torch_xla's collectives needed "
+                        "no group, and this one runs on the default group: make it with \"tpu_dist\", or "
+                        "pass a group that can carry tpu tensors", where=where)
 
 
 def _reduce_op(node: cst.BaseExpression, sc: StatementContext) -> str | None:

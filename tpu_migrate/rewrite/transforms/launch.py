@@ -20,6 +20,10 @@ from tpu_migrate.rewrite.transforms.common import (
 )
 
 
+XLA_COLLECTIVES = frozenset(f"torch_xla.core.xla_model.{name}" for name in (
+    "all_reduce", "all_gather", "collective_broadcast", "rendezvous", "mesh_reduce", "reduce_gradients",
+    "optimizer_step", "broadcast_master_param", "save",
+))
 SELECT_LOCAL_DEVICE = "if {torch}.accelerator.is_available():\n    {torch}.accelerator.set_device_index({local_rank})\n"
 
 
@@ -30,6 +34,14 @@ def init_process_group(call: cst.Call, sc: StatementContext):
         return call
     backend = bound["backend"]
     if not (isinstance(backend.value, cst.SimpleString) and backend.value.evaluated_value == "xla"):
+        if (
+            sc.file.target == "tpu" and not isinstance(backend.value, cst.SimpleString)
+            and sc.file.analysis.qualnames & XLA_COLLECTIVES and sc.enabled("TPU070")
+        ):
+            # A literal backend other than tpu_dist is marked on each collective (TPU100...).
+            sc.needs_manual("TPU070", "the torch_xla collectives of this file, which needed no group, now "
+                            "run on the default group this call makes: make sure its backend can carry "
+                            "tpu tensors (\"tpu_dist\"; gloo carries only CPU tensors)")
         # `backend=args.backend or "xla"`: its "xla" strings, like any backend keyword's (TPU005)
         return device_string_args(call, sc)
     if not sc.enabled("TPU070"):
