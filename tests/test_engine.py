@@ -286,8 +286,9 @@ def test_a_form_feed_in_the_first_indentation_does_not_misalign_new_blocks():
     result = run(source.encode())
     assert result.error is None and result.changed
     out = result.output.decode()
-    assert out.startswith("import torch.distributed as dist\nclass A:\n\x0c pass\n")  # kept as it was
-    assert "    if dist.is_initialized():\n     for tensor in buffers:\n      dist.broadcast(tensor, src=1)\n" in out
+    assert out.startswith("import os\n\nimport torch.distributed as dist\n")
+    assert "\nclass A:\n\x0c pass\n" in out  # kept as it was
+    assert "    if _process_group():\n     for tensor in buffers:\n      dist.broadcast(tensor, src=1)\n" in out
     assert run(result.output).changed is False
 
 

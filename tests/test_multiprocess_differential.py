@@ -3,7 +3,8 @@ covers one launch or rank idiom (xmp.spawn, torch_xla.launch, a conditional proc
 xm.optimizer_step, xm.save, rank-gated logging, DistributedSampler, rendezvous / mesh_reduce,
 a `def main(*args)` worker passed through a variable with collectives inside expressions, a
 plain process that creates an xla:// group itself, SyncBatchNorm with a batch sliced by process
-index and count, broadcast_master_param of a BatchNorm's buffers).
+index and count, broadcast_master_param of a BatchNorm's buffers, a library-shaped computation
+model whose collectives relied on the runtime).
 
 The original runs at world size 1 on XLA:CPU (torch_xla runs only one CPU process here); its
 records do not depend on the world size (see the programs' docstrings), so the migrated program
@@ -83,6 +84,7 @@ CASES = [
     Case("m11_plain_process_group.py"),
     Case("m12_sync_batch_norm_process_index.py"),
     Case("m13_broadcast_master_param_buffers.py"),
+    Case("m14_library_comp_model.py"),
 ]
 PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
 PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]
@@ -264,3 +266,44 @@ def test_process_index_as_node_rank_is_caught(runs, tmp_path):
     assert broken.returncode == 0, broken.output[-3000:]
     assert not result.ok
     assert any(": samples " in p for p in result.problems), result.problems
+
+
+def test_silently_local_collectives_are_caught(runs, tmp_path):
+    """The converted collectives as they were before they made the default group themselves
+    (`if dist.is_initialized() ...`): in m13 the file makes a group on its native path only, so
+    the converted launch makes none, and under torchrun every collective of the runtime path
+    quietly answers this process's value: the processes per node disagree with the world size,
+    and rank 1 sees its own value where rank 0's was broadcast. At one process nothing changes."""
+    case = next(c for c in CASES if c.program == "m14_library_comp_model.py")
+    text = runs.copies[case.program].read_text()
+    silent = (text.replace("if not _process_group():", "if not dist.is_initialized():")
+              .replace("if _process_group():", "if dist.is_initialized() and dist.get_world_size() > 1:"))
+    assert silent != text and not re.search(r"(?<![\w.])_process_group\(\)", silent.replace("def _process_group():", ""))
+    copy = tmp_path / case.program
+    copy.write_text(silent)
+    original = runs.original(case).result()
+    single = runs.migrated(case, PYTHON, copy=copy).result()
+    assert harness.compare_exactly_once(case.program, original, single).ok  # one process: the same
+    broken = runs.migrated(case, TORCHRUN2, copy=copy).result()
+    result = harness.compare_exactly_once(case.program, original, broken)
+    assert broken.returncode == 0, broken.output[-3000:]  # it runs: only the comparison can tell
+    assert not result.ok
+    assert any('"nproc", "agree": true' in p for p in result.problems), result.problems
+    assert any(re.match(r'@final \{"what": "broadcast", "value": 7\.0\}: value 7\.0 vs 0\.0', p)
+               for p in result.problems), result.problems
+
+
+def test_a_backend_name_that_became_none_is_caught(runs, tmp_path):
+    """TPU005 writing None for "xla" on portable (what it did before): m13's model reads None as
+    "not distributed", so under torchrun every process is rank 0 of 1 and prints every record."""
+    case = next(c for c in CASES if c.program == "m14_library_comp_model.py")
+    text = runs.copies[case.program].read_text()
+    none = text.replace("DIST_BACKEND = _default_backend()", "DIST_BACKEND = None")
+    assert none != text
+    copy = tmp_path / case.program
+    copy.write_text(none)
+    broken = runs.migrated(case, TORCHRUN2, copy=copy).result()
+    result = harness.compare_exactly_once(case.program, runs.original(case).result(), broken)
+    assert broken.returncode == 0, broken.output[-3000:]
+    assert not result.ok
+    assert any(p.startswith("printed 2 times") for p in result.problems), result.problems

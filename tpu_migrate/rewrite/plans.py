@@ -46,10 +46,19 @@ class Plans:
     # (id(scope), name) of loader variables whose loops can iterate the plain loader itself
     # (a name nothing rebinds afterwards): the variable and its assignment go.
     inline_loaders: dict[tuple[int, str], str] = field(default_factory=dict)
+    # The backends (source text; None: the default) of the file's `init_process_group` calls
+    # other than "xla" ones, which TPU070 converts: the groups the program makes itself.
+    group_backends: list[str | None] = field(default_factory=list)
 
     @property
     def workers(self) -> set[str]:
         return set(self.spawn_workers.values())
+
+    @property
+    def launcher_group(self) -> bool:
+        """Every worker the file's launch starts joins the default group the converted launcher
+        makes: its collectives reach every process, as torch_xla's did."""
+        return bool(self.spawn_workers) and not self.other_inits
 
     def under_main_guard(self, node: ast.stmt) -> bool:
         return id(node) in self.main_guarded
@@ -82,6 +91,11 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
                         loader = _inline_loader(analysis, node, [loop.node for loop in loops], info.scope)
                         if loader is not None:
                             plans.inline_loaders[(id(info.scope), name)] = loader
+    plans.group_backends = [
+        None if backend is None else ast.unparse(backend)
+        for backend in map(_backend_arg, init_process_group_calls(analysis.nodes))
+        if not (isinstance(backend, ast.Constant) and backend.value == "xla")
+    ]
     if plans.loader_vars:
         mark_subtrees(analysis.tree.body, analysis.infos)
     if plans.spawn_workers:
@@ -210,10 +224,15 @@ def _starts_xla_group(stmt: ast.stmt) -> bool:
 def is_xla_backend_init(call: ast.Call) -> bool:
     """`init_process_group("xla", ...)`: TPU070 converts it (and guards it in files whose
     workers the launcher already put in a group)."""
-    backend = call.args[0] if call.args else next(
+    backend = _backend_arg(call)
+    return isinstance(backend, ast.Constant) and backend.value == "xla"
+
+
+def _backend_arg(call: ast.Call) -> ast.expr | None:
+    """The backend argument of an `init_process_group` call (None: not given)."""
+    return call.args[0] if call.args else next(
         (k.value for k in call.keywords if k.arg == "backend"), None
     )
-    return isinstance(backend, ast.Constant) and backend.value == "xla"
 
 
 def _main_guarded(tree: ast.Module) -> set[int]:

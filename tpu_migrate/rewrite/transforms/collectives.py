@@ -28,6 +28,60 @@ REDUCE_OPS = {
 }
 
 
+# torch_xla's collectives reached every process of the launch (xmp.spawn, torch_xla.launch,
+# torchrun, a pod) from its runtime, with or without a process group. Where no launcher
+# conversion of this file makes the default group, the converted collectives make it the first
+# time they run, from the launch environment; a process no launcher started (no WORLD_SIZE) is
+# a world of one, as `python train.py` was under torch_xla.
+PROCESS_GROUP = '''def {name}():
+    """Whether this process shares a process group with others (added by tpu-migrate)."""
+    # torch_xla's runtime knew without a group. If the program made none, the default group is
+    # made from the launch environment (torchrun, TorchTPU's launcher); a process no launcher
+    # started is a world of one. (Comments, not a docstring: a file's own line endings.)
+    if not {dist}.is_initialized() and int({os}.environ.get("WORLD_SIZE", 1)) > 1:
+        {dist}.init_process_group({backend})
+    return {dist}.is_initialized() and {dist}.get_world_size() > 1
+'''
+_TPU_BACKENDS = ("tpu_dist", "tpu")
+
+
+def world_guard(sc: StatementContext, code_: str, where: tuple[int, int] | None, short: bool = False) -> str:
+    """The condition (code) under which a converted collective runs across processes, and the
+    TODO on its line where the group it needs may be missing or unable to carry its tensors.
+    `short`: a collective that is harmless in a group of one (a barrier, a broadcast) may test
+    `dist.is_initialized()` alone."""
+    plans = sc.file.plans
+    dist = sc.file.plan.use("dist")
+    _mark_group(sc, code_, where)
+    if plans is not None and plans.launcher_group:
+        # The converted launch put every worker in the default group; elsewhere in this file
+        # (the parent, a helper called before the launch) torch_xla's world was one process.
+        return f"{dist}.is_initialized()" if short else f"{dist}.is_initialized() and {dist}.get_world_size() > 1"
+    backend = '"tpu_dist"' if sc.file.target == "tpu" else ""
+    return f"{helper(sc, '_process_group', PROCESS_GROUP.replace('{backend}', backend))}()"
+
+
+def _mark_group(sc: StatementContext, code_: str, where: tuple[int, int] | None) -> None:
+    plans = sc.file.plans
+    if plans is None:
+        return
+    if plans.spawn_refusals and not plans.group_backends and not plans.launcher_group:
+        sc.needs_manual(code_, "torch_xla reduced across every process without a process group; this "
+                        "file's launch is left to you and creates none: start the workers with RANK and "
+                        "WORLD_SIZE set, or call dist.init_process_group in them, or this collective reaches "
+                        "this process alone", where=where)
+    if sc.file.target != "tpu":
+        return
+    others = sorted({b for b in plans.group_backends
+                     if b is not None and b.strip("\"'") not in _TPU_BACKENDS})
+    literal = [b for b in others if b[:1] in "\"'"]
+    if literal:  # (an expression is marked once, on its init_process_group line: TPU070)
+        sc.needs_manual(code_, f"this file makes its process group with backend {', '.join(literal)}, "
+                        "which cannot carry tpu tensors (gloo: CPU only); torch_xla's collectives needed "
+                        "no group, and this one runs on the default group: make it with \"tpu_dist\", or "
+                        "pass a group that can carry tpu tensors", where=where)
+
+
 def _reduce_op(node: cst.BaseExpression, sc: StatementContext) -> str | None:
     """`dist.ReduceOp.X` for an `xm.REDUCE_*` constant or a reduce-type string."""
     key = None
@@ -66,12 +120,16 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
         sc.needs_manual(rule.code, "a list reduced in place is returned: reduce it as a statement, "
                         "then assign", qualname)
         return None
+    if target is None and assign is not None:
+        sc.needs_manual(rule.code, "assign the result to a name to convert xm.all_reduce", qualname)
+        return None
+    where = sc.fixed(rule.code, qualname)
     if target is not None:
-        lines = _reduce_into(target, atom(inputs), op, scale, sc)  # a tensor: a new one
+        lines = _reduce_into(target, atom(inputs), op, scale, sc, rule.code, where)  # a tensor: a new one
     elif assign is None:
         # A statement: only a list is meaningful (reduced in place).
         elements = inputs.elements if isinstance(inputs, (cst.List, cst.Tuple)) else None
-        lines = [f"if {dist}.is_initialized() and {dist}.get_world_size() > 1:"]
+        lines = [f"if {world_guard(sc, rule.code, where)}:"]
         if elements is not None and all(isinstance(e, cst.Element) for e in elements):
             for element in elements:
                 lines.append(f"    {dist}.all_reduce({code(element.value)}, op={op})")
@@ -82,10 +140,6 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
             lines += [f"    for {var} in {code(inputs)}:", f"        {dist}.all_reduce({var}, op={op})"]
             if scale:
                 lines.append(f"        {var}.mul_({scale})")
-    else:
-        sc.needs_manual(rule.code, "assign the result to a name to convert xm.all_reduce", qualname)
-        return None
-    sc.fixed(rule.code, qualname)
     return parse_block(lines)
 
 
@@ -110,8 +164,8 @@ def all_reduce_value(call, qualname, sc: StatementContext, rule):
         return call
     name = fresh_name(sc, "reduced")
     scale = _operand(bound["scale"].value) if "scale" in bound else None
-    sc.before.extend(parse_block(_reduce_into(name, atom(inputs.value), op, scale, sc)))
-    sc.fixed(rule.code, qualname)
+    where = sc.fixed(rule.code, qualname)
+    sc.before.extend(parse_block(_reduce_into(name, atom(inputs.value), op, scale, sc, rule.code, where)))
     return cst.Name(name)
 
 
@@ -127,11 +181,12 @@ def _operand(node: cst.BaseExpression) -> str:
     return code(node) if isinstance(node, (cst.Integer, cst.Float)) else atom(node)
 
 
-def _reduce_into(target: str, tensor: str, op: str, scale: str | None, sc: StatementContext) -> list[str]:
+def _reduce_into(target: str, tensor: str, op: str, scale: str | None, sc: StatementContext,
+                 code_: str, where: tuple[int, int]) -> list[str]:
     """`target` = the reduction of `tensor` as torch_xla returned it: a new tensor, unscaled and
     unreduced in a world of one."""
     dist = sc.file.plan.use("dist")
-    lines = [f"{target} = {tensor}.clone()", f"if {dist}.is_initialized() and {dist}.get_world_size() > 1:",
+    lines = [f"{target} = {tensor}.clone()", f"if {world_guard(sc, code_, where)}:",
              f"    {dist}.all_reduce({target}, op={op})"]
     if scale and scale not in ("1", "1.0"):
         lines.append(f"    {target} = {target} * {scale}")
@@ -173,8 +228,11 @@ def _gather_call(call, qualname, sc: StatementContext, rule) -> str | None:
                         "gather by hand (dist.all_gather into a list, then torch.cat)", qualname)
         return None
     dim = f", {code(bound['dim'].value)}" if "dim" in bound else ""
-    sc.fixed(rule.code, qualname)
-    return f"{helper(sc, '_all_gather', ALL_GATHER)}({code(bound['value'].value)}{dim})"
+    where = sc.fixed(rule.code, qualname)
+    guard = world_guard(sc, rule.code, where, short=True)
+    # Without the launcher's group: `if not _process_group(): return value.clone()`.
+    template = ALL_GATHER if "is_initialized" in guard else ALL_GATHER.replace("{dist}.is_initialized()", guard)
+    return f"{helper(sc, '_all_gather', template)}({code(bound['value'].value)}{dim})"
 
 
 @transform("collective_broadcast", form=STATEMENT)
@@ -186,13 +244,13 @@ def collective_broadcast_statement(call, qualname, sc: StatementContext, rule, p
     dist = sc.file.plan.use("dist")
     root = code(bound["root_ordinal"].value) if "root_ordinal" in bound else "0"
     tensors = bound["tensors"].value
-    lines = [f"if {dist}.is_initialized():"]
+    where = sc.fixed(rule.code, qualname)
+    lines = [f"if {world_guard(sc, rule.code, where, short=True)}:"]
     if isinstance(tensors, (cst.List, cst.Tuple)) and all(isinstance(e, cst.Element) for e in tensors.elements):
         lines += [f"    {dist}.broadcast({code(e.value)}, src={root})" for e in tensors.elements]
     else:
         var = fresh_name(sc, "tensor")
         lines += [f"    for {var} in {code(tensors)}:", f"        {dist}.broadcast({var}, src={root})"]
-    sc.fixed(rule.code, qualname)
     return parse_block(lines)
 
 
@@ -204,10 +262,10 @@ def broadcast_master_param_statement(call, qualname, sc: StatementContext, rule,
         return None
     dist = sc.file.plan.use("dist")
     var = fresh_name(sc, "param")
-    sc.fixed(rule.code, qualname)
+    where = sc.fixed(rule.code, qualname)
     # torch_xla broadcast the parameters and the buffers (BatchNorm's running statistics).
     model = bound["model"].value
-    lines = [f"if {dist}.is_initialized():"]
+    lines = [f"if {world_guard(sc, rule.code, where, short=True)}:"]
     if not isinstance(model, (cst.Name, cst.Attribute)):
         # `xm.broadcast_master_param(get_model())`: the model is evaluated once, as before.
         name = fresh_name(sc, "model")
@@ -230,8 +288,8 @@ def rendezvous_statement(call, qualname, sc: StatementContext, rule, plans):
         )
         return None
     dist = sc.file.plan.use("dist")
-    sc.fixed(rule.code, qualname)
-    return parse_block([f"if {dist}.is_initialized():", f"    {dist}.barrier()"])
+    where = sc.fixed(rule.code, qualname)
+    return parse_block([f"if {world_guard(sc, rule.code, where, short=True)}:", f"    {dist}.barrier()"])
 
 
 @transform("mesh_reduce", form=STATEMENT, assign=True)
@@ -241,8 +299,8 @@ def mesh_reduce_statement(call, qualname, sc: StatementContext, rule, plans, ass
     if target is None or bound is None or "data" not in bound or "reduce_fn" not in bound:
         sc.needs_manual(rule.code, "assign xm.mesh_reduce(...) to a name to convert it", qualname)
         return None
-    sc.fixed(rule.code, qualname)
-    return parse_block(_mesh_reduce_into(target, bound, sc))
+    where = sc.fixed(rule.code, qualname)
+    return parse_block(_mesh_reduce_into(target, bound, sc, rule.code, where))
 
 
 @transform("mesh_reduce", form=CALL)
@@ -257,12 +315,13 @@ def mesh_reduce_value(call, qualname, sc: StatementContext, rule):
         sc.needs_manual(rule.code, "cannot read the arguments of xm.mesh_reduce", qualname)
         return call
     name = fresh_name(sc, "reduced")
-    sc.before.extend(parse_block(_mesh_reduce_into(name, bound, sc)))
-    sc.fixed(rule.code, qualname)
+    where = sc.fixed(rule.code, qualname)
+    sc.before.extend(parse_block(_mesh_reduce_into(name, bound, sc, rule.code, where)))
     return cst.Name(name)
 
 
-def _mesh_reduce_into(target: str, bound: dict, sc: StatementContext) -> list[str]:
+def _mesh_reduce_into(target: str, bound: dict, sc: StatementContext, code_: str,
+                      where: tuple[int, int] | None) -> list[str]:
     """`target` = reduce_fn applied to `data` from every process (a world of one: `[data]`).
     The data may be any picklable object (a number, a numpy value): all_gather_object."""
     dist = sc.file.plan.use("dist")
@@ -272,7 +331,7 @@ def _mesh_reduce_into(target: str, bound: dict, sc: StatementContext) -> list[st
     sends_target = any(name.value == target for name in find_all(bound["data"].value, cst.Name))
     gathered = fresh_name(sc, "gathered") if sends_target else target
     return [
-        f"if {dist}.is_initialized():",
+        f"if {world_guard(sc, code_, where, short=True)}:",
         f"    {gathered} = [None] * {dist}.get_world_size()",
         f"    {dist}.all_gather_object({gathered}, {data})",
         "else:",
@@ -287,17 +346,18 @@ def reduce_gradients_statement(call, qualname, sc: StatementContext, rule, plans
     if bound is None or "optimizer" not in bound or given(bound, "groups"):
         sc.needs_manual(rule.code, "cannot convert these arguments of xm.reduce_gradients", qualname)
         return None
-    sc.fixed(rule.code, qualname)
-    return parse_block(average_gradients(atom(bound["optimizer"].value), sc))
+    where = sc.fixed(rule.code, qualname)
+    return parse_block(average_gradients(atom(bound["optimizer"].value), sc, rule.code, where))
 
 
-def average_gradients(optimizer: str, sc: StatementContext) -> list[str]:
+def average_gradients(optimizer: str, sc: StatementContext, code_: str,
+                      where: tuple[int, int] | None = None) -> list[str]:
     """What `xm.reduce_gradients(optimizer)` did: all-reduce every gradient of the optimizer's
     parameters and divide by the world size (nothing to do in one process)."""
     dist = sc.file.plan.use("dist")
     var = fresh_name(sc, "param")
     return [
-        f"if {dist}.is_initialized() and {dist}.get_world_size() > 1:",
+        f"if {world_guard(sc, code_, where)}:",
         f"    for {var} in (p for group in {optimizer}.param_groups for p in group[\"params\"]):",
         f"        if {var}.grad is not None:",
         f"            {dist}.all_reduce({var}.grad)",

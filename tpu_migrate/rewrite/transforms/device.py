@@ -14,6 +14,7 @@ from tpu_migrate.rewrite.transforms.common import (
     PORTABLE_DEVICE,
     bind,
     clean_args,
+    helper,
     quote_of,
 )
 
@@ -110,10 +111,18 @@ def device_value(node: cst.BaseExpression, sc: StatementContext, string: bool = 
 
 
 def backend_value(node: cst.BaseExpression, sc: StatementContext) -> cst.BaseExpression:
-    """What the "xla" process-group backend becomes: "tpu_dist"; portable: None, the default."""
+    """What the "xla" process-group backend becomes: "tpu_dist"; portable: the default backend's
+    name for the accelerator (or the CPU), never None, which a program may read as "not
+    distributed" (`if backend is not None:`)."""
     if sc.file.target == "tpu":
         return cst.SimpleString(f"{quote_of(node)}tpu_dist{quote_of(node)}")
-    return cst.Name("None")
+    return parse_expr(helper(sc, "_default_backend", DEFAULT_BACKEND) + "()")
+
+
+DEFAULT_BACKEND = '''def {name}():
+    """The default process-group backend for this host's accelerator, or the CPU's ("gloo"), where torch_xla's was "xla" (added by tpu-migrate)."""
+    return {dist}.get_default_backend_for_device(''' + PORTABLE_DEVICE + ''')
+'''
 
 
 @transform("device_call", form=CALL)

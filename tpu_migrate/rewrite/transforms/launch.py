@@ -20,6 +20,10 @@ from tpu_migrate.rewrite.transforms.common import (
 )
 
 
+XLA_COLLECTIVES = frozenset(f"torch_xla.core.xla_model.{name}" for name in (
+    "all_reduce", "all_gather", "collective_broadcast", "rendezvous", "mesh_reduce", "reduce_gradients",
+    "optimizer_step", "broadcast_master_param", "save",
+))
 # One accelerator per process: each rank selects its own (an index-less device is the current
 # one, 0 unless set; NCCL refuses duplicates). Not on TorchTPU: its launch environment binds
 # each process to one device, which it sees as index 0, and set_device_index(i > 0) raises.
@@ -36,6 +40,14 @@ def init_process_group(call: cst.Call, sc: StatementContext):
         return call
     backend = bound["backend"]
     if not (isinstance(backend.value, cst.SimpleString) and backend.value.evaluated_value == "xla"):
+        if (
+            sc.file.target == "tpu" and not isinstance(backend.value, cst.SimpleString)
+            and sc.file.analysis.qualnames & XLA_COLLECTIVES and sc.enabled("TPU070")
+        ):
+            # A literal backend other than tpu_dist is marked on each collective (TPU100...).
+            sc.needs_manual("TPU070", "the torch_xla collectives of this file, which needed no group, now "
+                            "run on the default group this call makes: make sure its backend can carry "
+                            "tpu tensors (\"tpu_dist\"; gloo carries only CPU tensors)")
         # `backend=args.backend or "xla"`: its "xla" strings, like any backend keyword's (TPU005)
         return device_string_args(call, sc)
     if not sc.enabled("TPU070"):
@@ -86,6 +98,11 @@ def init_process_group(call: cst.Call, sc: StatementContext):
     if sc.file.plans.workers and not sc.file.plans.other_inits:
         # The launcher's worker already joined the group; the program's own call (often on one
         # path only) runs where no launcher of this file made one, e.g. under torchrun.
+        return parse_expr(f"{code(new)} if not {plan.use('dist')}.is_initialized() else None")
+    if sc.file.analysis.qualnames & XLA_COLLECTIVES:
+        # A converted collective that ran first made the default group from the launch
+        # environment (_process_group), as torch_xla's needed none: this call must not make a
+        # second one.
         return parse_expr(f"{code(new)} if not {plan.use('dist')}.is_initialized() else None")
     return new
 

@@ -29,7 +29,7 @@ from tpu_migrate.rewrite.transforms.common import (
     find_all,
     standalone,
 )
-from tpu_migrate.rewrite.transforms.collectives import average_gradients
+from tpu_migrate.rewrite.transforms.collectives import average_gradients, world_guard
 
 
 @transform("remove_step_marker", form=CALL)
@@ -200,9 +200,9 @@ def optimizer_step_statement(call, qualname, sc: StatementContext, rule, plans, 
     if parts is None:
         return None
     optimizer, step = parts
-    sc.fixed(rule.code, qualname)
+    where = sc.fixed(rule.code, qualname)
     stepped = cst.Expr(step) if assign is None else assign.with_changes(value=step)
-    lines = [] if _ddp_on_every_path(sc) else average_gradients(atom(optimizer), sc)
+    lines = [] if _ddp_on_every_path(sc) else average_gradients(atom(optimizer), sc, rule.code, where)
     return [*parse_block(lines), cst.SimpleStatementLine(body=[stepped])] if lines else [
         cst.SimpleStatementLine(body=[stepped])
     ]
@@ -232,12 +232,12 @@ def xla_save_statement(call, qualname, sc: StatementContext, rule, plans):
     ):
         sc.needs_manual(rule.code, "cannot read the arguments of xm.save", qualname)
         return None
-    sc.fixed(rule.code, qualname)
+    where = sc.fixed(rule.code, qualname)
     plan = sc.file.plan
     tree = f"{helper(sc, '_cpu_copies', CPU_COPIES)}({code(bound['data'].value)})"
     save = plan.fill("{torch}.save") + f"({tree}, {code(bound['file_or_path'].value)})"
     # xm.save ended with a rendezvous: no rank reads the file before it is written.
-    barrier = plan.fill("if {dist}.is_initialized():\n    {dist}.barrier()\n")
+    barrier = f"if {world_guard(sc, rule.code, where, short=True)}:\n" + plan.fill("    {dist}.barrier()\n")
     if not master_only:
         return [parse_stmt(save + "\n"), _barrier(barrier, sc)]
     condition = plan.fill(GLOBAL_RANK + " == 0" if global_master else LOCAL_MASTER)

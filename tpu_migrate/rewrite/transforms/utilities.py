@@ -8,6 +8,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, rule_code, transform
+from tpu_migrate.rewrite.transforms.collectives import world_guard
 from tpu_migrate.rewrite.transforms.common import (
     CPU_COPIES,
     bind,
@@ -124,8 +125,12 @@ def sync_batch_norm(call, qualname, sc: StatementContext, rule):
 @transform("sync_batch_norm", form=REFERENCE)
 def sync_batch_norm_reference(node, qualname, sc: StatementContext, rule):
     """`isinstance(m, xf.SyncBatchNorm)`, a base class: the file's own copy."""
-    sc.fixed(rule.code, qualname)
-    return cst.Name(helper(sc, "SyncBatchNorm", SYNC_BATCH_NORM))
+    where = sc.fixed(rule.code, qualname)
+    guard = world_guard(sc, rule.code, where)
+    # Without the launcher's group the statistics still reach every process (see world_guard).
+    template = SYNC_BATCH_NORM if "is_initialized" in guard else SYNC_BATCH_NORM.replace(
+        "{dist}.is_initialized() and {dist}.get_world_size() > 1", guard)
+    return cst.Name(helper(sc, "SyncBatchNorm", template))
 
 
 # -- TPU127: xr.initialize_cache -------------------------------------------------------------
