@@ -298,12 +298,48 @@ def torchrun(nprocs: int = 2) -> list[str]:
             "--master_port", str(free_port()), "--monitor_interval", "0.1"]
 
 
+AFTER_TORCH = '''"""Test-only: import {module} as soon as this process has imported torch (tests/differential.py).
+
+A process that never imports torch (multiprocessing's resource tracker, a launcher's helper)
+does not pay seconds for it, as it would if this file imported torch itself.
+"""
+import importlib.util
+import sys
+
+
+class _AfterTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("torch")
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            __import__("{module}")
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _AfterTorch())
+'''
+
+
+def torch_patch_dir(directory: Path, module: str, code: str) -> Path:
+    """`directory`, for PYTHONPATH: a sitecustomize.py that runs `code` (as module `module`) in
+    every Python process right after it imports torch, and only in those."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{module}.py").write_text(code)
+    (directory / "sitecustomize.py").write_text(AFTER_TORCH.format(module=module))
+    return directory
+
+
 def fake_accelerators_dir(workdir: Path, count: int) -> Path:
     """A directory whose sitecustomize.py makes torch.accelerator.device_count() answer count."""
-    fake = workdir / f"fake-accelerators-{count}"
-    fake.mkdir(parents=True, exist_ok=True)
-    (fake / "sitecustomize.py").write_text(FAKE_ACCELERATORS.format(n=count))
-    return fake
+    return torch_patch_dir(workdir / f"fake-accelerators-{count}", "_fake_accelerators",
+                           FAKE_ACCELERATORS.format(n=count))
 
 
 def run_migrated_mp(copy: Path, workdir: Path, args: list[str] = (), launcher: list[str] | None = None,

@@ -34,7 +34,8 @@ CHIPS_PER_HOST = 2
 POD_LINE = re.compile(r"@pod (\{[^{}]*\})")
 PROC_LINE = re.compile(r"@proc (\{[^{}]*\})")
 
-SHIM = '''"""Test-only: this process runs on host $POD_NODE_RANK of an emulated 2-host TPU pod (tests/pod.py)."""
+SHIM = '''"""Test-only: this process runs on host $POD_NODE_RANK of an emulated 2-host TPU pod (tests/pod.py);
+imported right after torch (differential.torch_patch_dir)."""
 import datetime
 import json
 import os
@@ -164,10 +165,7 @@ class Pod:
 
 
 def shim_dir(workdir: Path) -> Path:
-    shim = workdir / "pod-shim"
-    shim.mkdir(parents=True, exist_ok=True)
-    (shim / "sitecustomize.py").write_text(SHIM)
-    return shim
+    return harness.torch_patch_dir(workdir / "pod-shim", "_pod_shim", SHIM)
 
 
 def _pod(workdir: Path, command) -> Pod:
