@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import json
 import os
 import signal
 import subprocess
@@ -24,10 +23,6 @@ ROOT = Path(__file__).resolve().parent.parent
 # the same kernels run). Set here, so every program the suite starts inherits them.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
-# One OpenMP thread per program: two workers each running programs side by side already fill
-# both cores, and spinning OpenMP threads of oversubscribed programs burn CPU for nothing (the
-# differential harness has always run its programs so).
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Modules whose tests share one module-scoped run, and the run: under pytest-xdist
 # (`--dist loadgroup`, pyproject.toml) all their tests go to one worker, so it is made once.
@@ -121,25 +116,13 @@ def pytest_runtest_makereport(item, call):
                            "make it faster or mark it @pytest.mark.slow")
 
 
-# Seconds each test took in a recent run (tools/test_durations.py writes it): the schedule's
-# estimate of what each unit of work costs.
-DURATIONS = json.loads((Path(__file__).parent / "durations.json").read_text())
-
-
 def pytest_collection_modifyitems(config, items):
-    """Schedule for two workers, longest work first (pyproject.toml turns xdist's own
-    reordering off): the modules of ONE_WORKER_MODULES are one unit each, costing the sum of
-    their tests; the other tests are units of their own. So the long runs start at once on
-    both workers, and the many short tests fill the end. A test the durations do not know
-    costs 1 s when slow, nothing when fast."""
-    costs: dict[str, float] = {}
+    """Schedule for two workers: the modules of ONE_WORKER_MODULES as one unit each, and the
+    slow tests before the fast ones, so that the long runs start at once on both workers and
+    the many short tests fill the end (pyproject.toml turns xdist's own reordering off)."""
     for item in items:
         name = item.module.__name__ if item.module else ""
         if name in ONE_WORKER_MODULES:
             item.add_marker(pytest.mark.xdist_group(name))
-        unit = name if name in ONE_WORKER_MODULES else item.nodeid
-        known = DURATIONS.get(item.nodeid, 1.0 if item.get_closest_marker("slow") else 0.0)
-        costs[unit] = costs.get(unit, 0.0) + known
-    unit_of = {item.nodeid: item.module.__name__ if item.module.__name__ in ONE_WORKER_MODULES
-               else item.nodeid for item in items}
-    items.sort(key=lambda item: -costs[unit_of[item.nodeid]])
+    items.sort(key=lambda item: (item.module.__name__ not in ONE_WORKER_MODULES,
+                                 item.get_closest_marker("slow") is None))
