@@ -64,9 +64,10 @@ _CODEGEN = cst.Module(body=[])
 def code(node: cst.CSTNode) -> str:
     """The source text of `node`; for an expression, text that is valid wherever an expression
     may stand (see `standalone`), so that generated code may put it anywhere."""
-    if isinstance(node, cst.BaseExpression):
-        node = standalone(node)
-    return _CODEGEN.code_for_node(node)
+    text = _CODEGEN.code_for_node(node)
+    if isinstance(node, cst.BaseExpression) and _bracketed_only(node, text):
+        return f"({text})"
+    return text
 
 
 # Expressions valid only directly inside the parentheses of a call (`f(x for x in y)`) or only
@@ -80,20 +81,26 @@ def standalone(node: cst.BaseExpression) -> cst.BaseExpression:
     breaks a line outside any bracket of its own (`f"a "` newline `f"b"`, `a +` newline `b`, in
     a call's parentheses). Taken out of those brackets (assigned to a name, put in a `for`
     header or a new statement) its text would not parse; parenthesised it means the same."""
+    if _bracketed_only(node, _CODEGEN.code_for_node(node)):
+        return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    return node
+
+
+def _bracketed_only(node: cst.BaseExpression, text: str) -> bool:
+    """Whether `node`, whose text is `text`, needs parentheses of its own to stand alone."""
     if node.lpar:
-        return node
-    if not isinstance(node, _BRACKETED_ONLY):
-        text = _CODEGEN.code_for_node(node)
-        if "\n" not in text and "\r" not in text:
-            return node
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # invalid escape sequences, say
-                ast.parse(text, mode="eval")
-            return node
-        except SyntaxError:
-            pass
-    return node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        return False
+    if isinstance(node, _BRACKETED_ONLY):
+        return True
+    if "\n" not in text and "\r" not in text:
+        return False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escape sequences, say
+            ast.parse(text, mode="eval")
+    except SyntaxError:
+        return True
+    return False
 
 
 # -- argument helpers -------------------------------------------------------------------------
@@ -129,11 +136,10 @@ def clean_args(args: list[cst.Arg]) -> list[cst.Arg]:
 
 
 def atom(node: cst.BaseExpression) -> str:
-    node = standalone(node)
-    text = code(node)
+    text = _CODEGEN.code_for_node(node)
     if isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) or node.lpar:
         return text
-    return f"({text})"
+    return f"({text})"  # (which also makes text that needs brackets stand alone)
 
 
 def parse_block(lines: list[str]) -> list[cst.BaseStatement]:
