@@ -13,6 +13,7 @@ import pytest
 
 import fixture_spec
 import shared_runs
+import warm_python
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,6 +70,15 @@ def _shared_runs(tmp_path_factory):
     """Expensive runs (torch_xla originals, torchrun worlds, diagnose runs) are made once per
     test session and shared by the xdist workers: see tests/shared_runs.py."""
     shared_runs.configure(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_python(tmp_path_factory):
+    """The programs the harness runs (tests/differential.py) start from a warm python with torch
+    imported, one server per xdist worker: see tests/warm_python.py."""
+    warm_python.configure(tmp_path_factory.getbasetemp() / "warm-python")
+    yield
+    warm_python.close_all()
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import shared_runs
+import warm_python
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "fixtures" / "programs"
@@ -74,8 +75,27 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+# What a warm python (tests/warm_python.py) imports before it forks the suite's programs: torch
+# and what torchrun's agent imports. The torch_xla originals start cold (torch_xla is not among
+# them), and so does any run whose environment the server cannot reproduce.
+WARM_MODULES = ("torch", "torch.nn", "torch.optim", "torch.distributed", "torch.distributed.run",
+                "torch.multiprocessing", "torch.utils.data")
+
+
+def _command(path: Path, args: list[str], env: dict[str, str], launcher: list[str] | None) -> list[str]:
+    """`python PATH ARGS` (or `LAUNCHER PATH ARGS`) with a warm python standing for python, also
+    as torchrun's interpreter for its workers (PYTHON_EXEC, set in env)."""
+    launcher = list(launcher or [sys.executable])
+    if launcher[0] == sys.executable and "PJRT_DEVICE" not in env:
+        launcher[0] = warm_python.python_for(env, WARM_MODULES)
+        if launcher[0] != sys.executable and launcher[1:3] == ["-m", "torch.distributed.run"]:
+            env["PYTHON_EXEC"] = launcher[0]
+    return [*launcher, str(path.resolve()), *args]
+
+
 def run_program(path: Path, env: dict[str, str], args: list[str] = (), launcher: list[str] | None = None) -> Run:
-    command = [*(launcher or [sys.executable]), str(path.resolve()), *args]
+    env = dict(env)
+    command = _command(path, list(args), env, launcher)
     # The program's temporary files (p06's checkpoint, torchrun's rendezvous) go with the run.
     with tempfile.TemporaryDirectory(prefix="tpu-migrate-run-") as tmp:
         proc = subprocess.run(command, capture_output=True, text=True, env={**env, "TMPDIR": tmp},
@@ -221,7 +241,8 @@ def run_bounded(path: Path, env: dict[str, str], args: list[str] = (), launcher:
     past its time is killed with all its processes (torchrun's workers, spawned children)."""
     import signal
 
-    command = [*(launcher or [sys.executable]), str(path.resolve()), *args]
+    env = dict(env)
+    command = _command(path, list(args), env, launcher)
     with tempfile.TemporaryDirectory(prefix="tpu-migrate-run-") as tmp:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**env, "TMPDIR": tmp}, cwd=path.parent, start_new_session=True)
@@ -323,7 +344,10 @@ class _AfterTorch:
         return spec
 
 
-sys.meta_path.insert(0, _AfterTorch())
+if "torch" in sys.modules:  # a warm python (tests/warm_python.py) imported it before the program
+    __import__("{module}")
+else:
+    sys.meta_path.insert(0, _AfterTorch())
 '''
 
 

@@ -1,0 +1,197 @@
+"""tests/warm_python.py must be invisible: a program run through its client observes what it
+observes under `python`, and ends the same way. A probe reports everything a program can see
+at start (arguments, paths, environment, its __main__ module, standard streams, signal
+dispositions, inherited descriptors, sitecustomize, a blocked import) and then ends in each of
+the ways a program ends; both runs must print the same, on both streams, with the same status."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import differential as harness
+import warm_python
+
+PROBE = r'''
+import json, os, signal, sys, tempfile, threading, atexit
+def disposition(s):
+    try:
+        h = signal.getsignal(s)
+    except ValueError:
+        return "?"
+    return h if isinstance(h, (int, type(None))) else getattr(h, "__name__", repr(h))
+def stream(s):
+    return None if s is None else [s.encoding, s.errors, s.line_buffering, s.write_through, s.mode, s.isatty(),
+                                   s.fileno(), type(s.buffer).__name__ if hasattr(s, "buffer") else None]
+def main():
+    module = sys.modules["__main__"]
+    state = {
+        "argv": sys.argv, "path": sys.path, "cwd": os.getcwd(), "env": dict(os.environ),
+        "name": __name__, "file": globals().get("__file__"), "spec": repr(__spec__), "package": __package__,
+        "loader": type(__loader__).__name__ if not isinstance(__loader__, type) else __loader__.__name__,
+        "cached": globals().get("__cached__"), "builtins": type(__builtins__).__name__,
+        "main_is_module": module.__dict__ is globals(),
+        "streams": [stream(sys.stdin), stream(sys.stdout), stream(sys.stderr)],
+        "same_streams": [sys.stdin is sys.__stdin__, sys.stdout is sys.__stdout__, sys.stderr is sys.__stderr__],
+        "signals": {int(s): disposition(s) for s in signal.valid_signals()},
+        "fds": sorted(int(f) for f in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{f}")
+                      and os.get_inheritable(int(f))),
+        "bytecode": sys.dont_write_bytecode, "tmp": tempfile.gettempdir(),
+        "site": os.environ.get("PROBE_SITE_RAN"), "threads": threading.active_count(),
+        "stdin": sys.stdin.readline(),
+    }
+    try:
+        import torch_xla
+        state["blocked"] = None
+    except ImportError as error:
+        state["blocked"] = str(error)
+    with os.fdopen(int(os.environ["PROBE_FD"]), "w") as extra:
+        extra.write("through the inherited pipe")
+    print(json.dumps(state, sort_keys=True))
+    atexit.register(lambda: print("atexit ran", flush=True))
+    def late():
+        import time; time.sleep(0.2); print("thread finished")
+    threading.Thread(target=late).start()
+    sys.stdout.write("no newline at the end")
+    ending = sys.argv[1]
+    if ending == "exit3": sys.exit(3)
+    if ending == "exit-message": sys.exit("a message")
+    if ending == "exception": raise ValueError("the probe failed")
+    if ending == "interrupt": raise KeyboardInterrupt
+    if ending == "terminated": os.kill(os.getpid(), signal.SIGTERM)
+    if ending == "multiprocessing":
+        import multiprocessing
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            print(pool.map(abs, [-1, -2]))
+
+if __name__ == "__main__":  # not again in a spawned child, which imports this file
+    main()
+'''
+
+SITE = "import os\nos.environ['PROBE_SITE_RAN'] = 'yes'\n"
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    server = warm_python.WarmPython(tmp_path_factory.mktemp("warm"), list(harness.WARM_MODULES),
+                                    harness._env({}))
+    yield server
+    server.close()
+
+
+def _run(python: str, workdir: Path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """The probe under `python` with an extra inherited pipe, a sitecustomize and a blocking
+    package on PYTHONPATH, some standard input, and the suite's environment."""
+    site = workdir / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITE)
+    probe = workdir / "probe.py"
+    probe.write_text(PROBE)
+    read, write = os.pipe()
+    env = harness._env({"PYTHONPATH": os.pathsep.join([str(harness.blocker_dir(workdir)), str(site)]),
+                        "PROBE_FD": str(write), "TMPDIR": str(workdir)})
+    try:
+        proc = subprocess.run([python, "probe.py", *args], cwd=workdir, env=env, input="a line\nanother\n",
+                              capture_output=True, text=True, pass_fds=[write], timeout=120)
+    finally:
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            through = pipe.read()
+    return proc, through
+
+
+ENDINGS = ["normal", "exit3", "exit-message", "exception", "interrupt", "terminated", "multiprocessing"]
+
+
+@pytest.mark.parametrize("ending", ENDINGS)
+def test_a_program_cannot_tell_the_warm_python_from_python(warm, tmp_path, ending):
+    cold, cold_pipe = _run(sys.executable, tmp_path, ending)
+    hot, hot_pipe = _run(warm.client, tmp_path, ending)
+    assert cold.returncode == hot.returncode, (cold.stderr, hot.stderr)
+    assert hot.stdout == cold.stdout
+    assert hot.stderr == cold.stderr
+    assert hot_pipe == cold_pipe == "through the inherited pipe"
+    # The probe really ran, and really warm (the comparison above would pass if both failed alike).
+    assert '"site": "yes"' in hot.stdout and '"stdin": "a line\\n"' in hot.stdout
+    assert "torch_xla is blocked" in hot.stdout
+    if ending == "normal":
+        assert hot.stdout.endswith("atexit ran\n") and "thread finished" in hot.stdout
+
+
+def test_the_client_is_warm_and_its_program_imports_nothing_again(warm, tmp_path):
+    script = tmp_path / "warmth.py"
+    script.write_text("import sys\nprint('torch' in sys.modules)\n")
+    env = harness._env({})
+    hot = subprocess.run([warm.client, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    cold = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert (hot.stdout, cold.stdout) == ("True\n", "False\n")
+
+
+def test_a_run_the_server_cannot_reproduce_starts_a_real_python(warm, tmp_path):
+    """An environment variable torch reads at import with another value, or an interpreter
+    option the client does not know: the real interpreter runs it (no torch preloaded)."""
+    script = tmp_path / "warmth.py"
+    script.write_text("import sys\nprint('torch' in sys.modules, sys.flags.optimize)\n")
+    env = harness._env({})
+    other = subprocess.run([warm.client, str(script)], env={**env, "TORCH_LOGS": "graph_breaks"},
+                           capture_output=True, text=True, timeout=60)
+    option = subprocess.run([warm.client, "-O", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert (other.stdout, option.stdout) == ("False 0\n", "False 1\n")
+
+
+def test_killing_the_client_kills_its_program(warm, tmp_path, reap):
+    """The harness kills a run past its time by killing the client's session: the program, in
+    a session the server made, must die with it."""
+    pid_file = tmp_path / "pid"
+    script = tmp_path / "sleeper.py"
+    script.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    client = subprocess.Popen([warm.client, str(script)], env=harness._env({}), start_new_session=True)
+    reap(client)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    program = int(pid_file.read_text())
+    os.killpg(client.pid, signal.SIGKILL)
+    client.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while _alive(program) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(program)
+
+
+def test_a_signal_to_the_client_reaches_the_program_once(warm, tmp_path):
+    """torchrun stops its workers with SIGTERM: the program's handler runs (once) and decides
+    the status, which the client passes on."""
+    script = tmp_path / "handler.py"
+    script.write_text(textwrap.dedent("""
+        import signal, sys, time
+        def handler(signum, frame):
+            print("handled", signum, flush=True)
+            sys.exit(5)
+        signal.signal(signal.SIGTERM, handler)
+        print("ready", flush=True)
+        time.sleep(60)
+    """))
+    client = subprocess.Popen([warm.client, str(script)], env=harness._env({}), stdout=subprocess.PIPE, text=True)
+    assert client.stdout.readline() == "ready\n"
+    client.send_signal(signal.SIGTERM)
+    out, _ = client.communicate(timeout=60)
+    assert (client.returncode, out) == (5, f"handled {int(signal.SIGTERM)}\n")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for the server to reap it is dead too
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
+    except OSError:
+        return False

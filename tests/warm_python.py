@@ -1,0 +1,483 @@
+"""A `python` whose programs start with torch already imported: the suite's program runs cost a
+fork instead of an import.
+
+Measured over a whole suite run (every process logging its CPU time and its imports' at exit):
+60% of the CPU time of the programs the suite ran went into `import torch` / `import torch_xla`,
+2-5 s per process, in about 450 processes. A WarmPython server imports the modules once; each run then connects to it through
+an executable client (tests/warm_client.py) that stands where `python` stands: in a command
+line, as torchrun's PYTHON_EXEC for its workers, as multiprocessing's spawn executable.
+
+The server forks a child per run, and the child becomes `python ARGS` started in the client's
+environment, working directory, file descriptors and signal dispositions (`become`), in a
+session of its own. What the child cannot reproduce, it refuses, and the client runs the real
+interpreter instead: an interpreter option other than -u / -B / -c / -m, or an environment
+variable that was read while the modules were imported (or that the C++ runtimes read at load:
+OMP_*, PYTORCH_*, ...) with another value than the server's. tests/test_warm_python.py runs a
+probe of everything a program can observe both ways and requires the same answers.
+
+TPU_MIGRATE_COLD_PYTHON=1 turns it off: every run then starts a real interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# Variables the native libraries read when they load (not seen by the Python-level recording).
+LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOMP_", "LD_", "MALLOC_", "TORCH_",
+                      "PYTORCH_", "C10_", "XLA_", "PJRT_", "TF_", "TPU_", "NPY_", "LC_", "LANG")
+# ... of which these are the interpreter's own, reproduced per run.
+PER_RUN = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC"}
+
+
+def cold_python() -> bool:
+    return os.environ.get("TPU_MIGRATE_COLD_PYTHON") == "1"
+
+
+# --- the server ----------------------------------------------------------------------------------
+
+def _import_recording_environment(modules: list[str]) -> set[str]:
+    """Import `modules`; the names of the environment variables read meanwhile."""
+    reads: set[str] = set()
+    plain = type(os.environ)
+
+    class Recording(plain):
+        def __getitem__(self, key):
+            reads.add(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key):
+            reads.add(key)
+            return super().__contains__(key)
+
+        def get(self, key, default=None):
+            reads.add(key)
+            return super().get(key, default)
+
+    os.environ.__class__ = Recording
+    try:
+        for module in modules:
+            importlib.import_module(module)
+    finally:
+        os.environ.__class__ = plain
+    return reads
+
+
+def _signature(env: dict[str, str], read: set[str]) -> dict[str, str | None]:
+    keys = {k for k in env if k.startswith(LOAD_TIME_PREFIXES)} | read
+    return {k: env.get(k) for k in sorted(keys - PER_RUN)}
+
+
+def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 256)
+    if len(data) < 4:
+        raise ConnectionError("short request")
+    size = struct.unpack("!I", data[:4])[0]
+    data = bytearray(data[4:])
+    while len(data) < size:
+        chunk = conn.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("truncated request")
+        data += chunk
+    return json.loads(data), fds
+
+
+def _refusal(request: dict, signature: dict) -> str | None:
+    """Why this run cannot be reproduced in a forked child, or None."""
+    mismatched = [k for k, v in signature.items() if request["env"].get(k) != v]
+    mismatched += [k for k in request["env"] if k.startswith(LOAD_TIME_PREFIXES) and k not in signature
+                   and k not in PER_RUN]
+    if mismatched:
+        return "read at start with another value: " + ", ".join(sorted(mismatched))
+    try:
+        _parse_args(request["args"])
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+def serve(socket_path: str, modules: list[str], client: str) -> None:
+    read = _import_recording_environment(modules)
+    signature = _signature(dict(os.environ), read)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(128)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(wake_r, selectors.EVENT_READ, "children")
+    children: dict[int, socket.socket] = {}     # pid -> the connection of its client
+    print("ready", flush=True)
+    while True:
+        for key, _ in selector.select():
+            if key.data == "accept":
+                conn, _ = listener.accept()
+                try:
+                    request, fds = _recv_request(conn)
+                except (OSError, ValueError):
+                    conn.close()
+                    continue
+                refusal = _refusal(request, signature)
+                if refusal:
+                    conn.sendall(json.dumps({"cold": refusal}).encode() + b"\n")
+                    conn.close()
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        selector.close()
+                        for fd in (listener.fileno(), wake_r, wake_w, *(c.fileno() for c in children.values())):
+                            os.close(fd)
+                        conn.close()
+                        become(request, fds, client)
+                    finally:
+                        os._exit(70)
+                for fd in fds:
+                    os.close(fd)
+                children[pid] = conn
+                selector.register(conn, selectors.EVENT_READ, pid)
+                try:
+                    conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                except OSError:  # the client is gone already: so is its program
+                    _kill_session(pid)
+            elif key.data == "children":
+                try:
+                    while os.read(wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                while True:
+                    try:
+                        pid, status = os.waitpid(-1, os.WNOHANG)
+                    except ChildProcessError:
+                        break
+                    if pid == 0:
+                        break
+                    conn = children.pop(pid, None)
+                    if conn is not None:
+                        try:
+                            selector.unregister(conn)
+                        except (KeyError, ValueError):
+                            pass
+                        try:
+                            conn.sendall(json.dumps({"status": status}).encode() + b"\n")
+                        except OSError:
+                            pass
+                        conn.close()
+            else:  # a client closed its end: it was killed, so its program goes too
+                try:
+                    closed = not key.fileobj.recv(1)
+                except OSError:
+                    closed = True
+                if closed:
+                    selector.unregister(key.fileobj)
+                    _kill_session(key.data)
+
+
+def _kill_session(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# --- the child: becoming `python ARGS` -------------------------------------------------------------
+
+def _parse_args(args: list[str]) -> tuple[dict, str, str, list[str]]:
+    """(options, kind, target, argv) for `python ARGS`: kind is script, module or code. ValueError
+    for what the child cannot reproduce."""
+    options = {"unbuffered": False, "no_bytecode": False}
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "-u":
+            options["unbuffered"] = True
+        elif arg == "-B":
+            options["no_bytecode"] = True
+        elif arg in ("-c", "-m"):
+            if index + 1 >= len(args):
+                raise ValueError(f"{arg} without an argument")
+            kind = "code" if arg == "-c" else "module"
+            return options, kind, args[index + 1], [arg, *args[index + 2:]]
+        elif arg.startswith("-") and arg != "-":
+            raise ValueError(f"interpreter option {arg}")
+        else:
+            if arg == "-":
+                raise ValueError("a program on standard input")
+            return options, "script", arg, args[index:]
+        index += 1
+    raise ValueError("an interactive interpreter")
+
+
+def _reset_signals(ignored: list[int]) -> None:
+    signal.set_wakeup_fd(-1)
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    # What python itself sets at start: Ctrl-C raises KeyboardInterrupt (unless ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ, *ignored):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _place_fds(received: list[int], numbers: list[int]) -> None:
+    """Give each received descriptor its number in the client; close every other."""
+    high = [os.dup(fd) for fd in received]  # out of the way of the numbers they will take
+    for fd in received:
+        os.close(fd)
+    for fd, number in zip(high, numbers):
+        os.dup2(fd, number, inheritable=True)
+    keep = set(numbers)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _std_streams(unbuffered: bool) -> None:
+    """sys.stdin/stdout/stderr as python creates them for descriptors 0-2 (create_stdio)."""
+    encoding = sys.stdout.encoding if sys.stdout else "utf-8"
+    errors = sys.stdout.errors if sys.stdout else "strict"
+    streams = {}
+    for fd, name, mode in ((0, "stdin", "rb"), (1, "stdout", "wb"), (2, "stderr", "wb")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            streams[name] = None
+            continue
+        raw = io.FileIO(fd, mode, closefd=False)
+        tty = raw.isatty()
+        buffered = raw if (unbuffered and name != "stdin") else (
+            io.BufferedReader(raw) if name == "stdin" else io.BufferedWriter(raw))
+        text = io.TextIOWrapper(buffered, encoding=encoding, newline="\n",
+                                errors="backslashreplace" if name == "stderr" else errors,
+                                line_buffering=not unbuffered and (tty or name == "stderr"),
+                                write_through=unbuffered)
+        text.mode = "r" if name == "stdin" else "w"
+        streams[name] = text
+    sys.stdin = sys.__stdin__ = streams["stdin"]
+    sys.stdout = sys.__stdout__ = streams["stdout"]
+    sys.stderr = sys.__stderr__ = streams["stderr"]
+
+
+def _base_path() -> list[str]:
+    """sys.path without its first entry and the server's PYTHONPATH: what site made of it."""
+    own = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return [p for p in sys.path[1:] if p not in own]
+
+
+def become(request: dict, fds: list[int], client: str) -> None:
+    """Turn this forked server into `python ARGS` for the request; never returns."""
+    options, kind, target, argv = _parse_args(request["args"])
+    os.setsid()
+    _reset_signals(request["ignored"])
+    _place_fds(fds, request["fds"])
+    base_path = _base_path()
+    os.chdir(request["cwd"])
+    env = dict(request["env"])
+    if env.get("PYTHON_EXEC") == client and not (kind == "module" and target == "torch.distributed.run"):
+        del env["PYTHON_EXEC"]  # only torchrun's agent needs it (for its workers)
+    os.environ.clear()
+    os.environ.update(env)
+    _std_streams(options["unbuffered"] or bool(env.get("PYTHONUNBUFFERED")))
+    sys.dont_write_bytecode = options["no_bytecode"] or bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    sys.argv = argv
+    sys.orig_argv = [sys.executable, *request["args"]]
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if kind == "script":
+        first = os.path.dirname(os.path.realpath(target))
+    elif kind == "module":
+        first = os.getcwd()
+    else:
+        first = ""
+    sys.path[:] = [first, *extra, *base_path]
+    importlib.invalidate_caches()
+    tempfile.tempdir = None  # TMPDIR is the run's
+    _fresh_process_state(client)
+    # site imports the first sitecustomize on the path: one on the run's PYTHONPATH runs now.
+    for entry in extra:
+        if os.path.isfile(os.path.join(entry, "sitecustomize.py")):
+            sys.modules.pop("sitecustomize", None)
+            importlib.import_module("sitecustomize")
+            break
+    _run_main(kind, target)
+
+
+def _fresh_process_state(client: str) -> None:
+    """What a new process would not share with its siblings: random seeds, the authkey."""
+    import multiprocessing
+    import multiprocessing.process
+
+    multiprocessing.process.current_process().authkey = os.urandom(32)
+    multiprocessing.set_executable(client)  # spawn's children are warm too
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+
+
+def _run_main(kind: str, target: str) -> None:
+    import atexit
+    import builtins
+    import runpy
+    import types
+
+    interrupted = False
+    try:
+        if kind == "module":
+            runpy._run_module_as_main(target, alter_argv=True)
+        else:
+            main = types.ModuleType("__main__")
+            main.__builtins__ = builtins
+            sys.modules["__main__"] = main
+            if kind == "script":
+                path = os.path.abspath(target)
+                with open(path, "rb") as source:
+                    code = compile(source.read(), path, "exec", dont_inherit=True)
+                from importlib.machinery import SourceFileLoader
+                main.__file__ = path
+                main.__cached__ = None
+                main.__loader__ = SourceFileLoader("__main__", path)
+            else:
+                code = compile(target, "<string>", "exec", dont_inherit=True)
+                from importlib.machinery import BuiltinImporter
+                main.__loader__ = BuiltinImporter
+            main.__spec__ = None
+            main.__package__ = None
+            exec(code, main.__dict__)
+        status = 0
+    except SystemExit as exit:
+        status = _system_exit_status(exit)
+    except BaseException as error:  # noqa: BLE001 (python's own top level)
+        interrupted = isinstance(error, KeyboardInterrupt)
+        # The traceback starts below this frame, as python's starts at the program's.
+        error.__traceback__ = error.__traceback__.tb_next
+        sys.excepthook(type(error), error, error.__traceback__)
+        status = 1
+    # Py_FinalizeEx: wait for the threads, run atexit, flush.
+    try:
+        threading._shutdown()
+    except BaseException:  # noqa: BLE001
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            status = 120 if status == 0 and stream is sys.stdout else status
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status)
+
+
+def _system_exit_status(exit: SystemExit) -> int:
+    code = exit.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr)
+    except Exception:  # noqa: BLE001
+        pass
+    return 1
+
+
+# --- starting and stopping a server ---------------------------------------------------------------
+
+class WarmPython:
+    """One server and its client executable, in `directory`."""
+
+    def __init__(self, directory: Path, modules: list[str], env: dict[str, str]):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.socket = str(directory / "server.sock")
+        if len(self.socket) > 100:  # AF_UNIX paths end at 108 bytes
+            self.socket = os.path.join(tempfile.mkdtemp(prefix="warm-", dir="/tmp"), "server.sock")
+        self.client = str(directory / "python")
+        source = (HERE / "warm_client.py").read_text()
+        Path(self.client).write_text(f"#!{sys.executable} -S\n{source}\nmain({self.socket!r}, {sys.executable!r})\n")
+        os.chmod(self.client, 0o755)
+        self.log = open(directory / "server.log", "w")
+        # TMPDIR: the first run's would be gone before the server is.
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, self.socket, self.client, *modules], env={**env, "TMPDIR": str(directory)}, cwd=directory,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, start_new_session=True, text=True)
+        if self.process.stdout.readline().strip() != "ready":
+            self.process.wait()
+            raise RuntimeError(f"the warm python server did not start: {(directory / 'server.log').read_text()}")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)  # the server and any child still running
+        self.process.wait()
+        self.process.stdout.close()
+        self.log.close()
+
+
+MAX_SERVERS = 4  # per process: a run whose start-time environment is a fifth kind starts cold
+_SERVERS: dict[tuple, WarmPython | None] = {}
+_SERVERS_LOCK = threading.Lock()
+_ROOT: Path | None = None
+
+
+def configure(directory: Path) -> None:
+    """Where this process's servers live (the test session's temporary directory)."""
+    global _ROOT
+    _ROOT = directory
+
+
+def python_for(env: dict[str, str], modules: tuple[str, ...]) -> str:
+    """The interpreter to run a program under `env` with: a warm client when a server for
+    `modules` and `env` can be started, else the real one."""
+    if cold_python() or _ROOT is None:
+        return sys.executable
+    server_env = {k: v for k, v in env.items() if k not in PER_RUN}
+    key = (modules, tuple(sorted(_signature(server_env, set()).items())))
+    with _SERVERS_LOCK:
+        if key not in _SERVERS and len(_SERVERS) < MAX_SERVERS:
+            try:
+                _SERVERS[key] = WarmPython(_ROOT / f"warm-{os.getpid()}-{len(_SERVERS)}", list(modules), server_env)
+            except (OSError, RuntimeError) as error:  # only slower: say so, and run cold
+                import warnings
+                warnings.warn(f"no warm python, the programs start cold: {error}")
+                _SERVERS[key] = None
+        server = _SERVERS.get(key)
+        return server.client if server else sys.executable
+
+
+def close_all() -> None:
+    with _SERVERS_LOCK:
+        for server in _SERVERS.values():
+            if server:
+                server.close()
+        _SERVERS.clear()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[3:], sys.argv[2])
