@@ -35,6 +35,7 @@ ONE_WORKER_MODULES = {
     "test_pre_commit": "pre-commit's hook environments",
     "test_html_report": "one diagnose --html run",
     "test_migration_report": "one rewrite --check --html run",
+    "test_warm_python": "one warm python server of each flavour",
 }
 # The rewrite fixture corpus (defined in fixture_spec, which regenerate.py shares).
 FIXTURES = fixture_spec.FIXTURES

@@ -76,18 +76,22 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 
 
 # What a warm python (tests/warm_python.py) imports before it forks the suite's programs: torch
-# and what torchrun's agent imports. The torch_xla originals start cold (torch_xla is not among
-# them), and so does any run whose environment the server cannot reproduce.
+# and what torchrun's agent imports; for the originals (PJRT_DEVICE set), torch_xla and the
+# modules every original imports (none that registers anything a program would not: not
+# xla_backend). A run whose environment the server cannot reproduce starts cold.
 WARM_MODULES = ("torch", "torch.nn", "torch.optim", "torch.distributed", "torch.distributed.run",
                 "torch.multiprocessing", "torch.utils.data")
+WARM_XLA_MODULES = ("torch", "torch.nn", "torch.optim", "torch.distributed", "torch.multiprocessing",
+                    "torch.utils.data", "torch_xla", "torch_xla.core.xla_model", "torch_xla.runtime",
+                    "torch_xla.distributed.xla_multiprocessing", "torch_xla.distributed.parallel_loader")
 
 
 def _command(path: Path, args: list[str], env: dict[str, str], launcher: list[str] | None) -> list[str]:
     """`python PATH ARGS` (or `LAUNCHER PATH ARGS`) with a warm python standing for python, also
     as torchrun's interpreter for its workers (PYTHON_EXEC, set in env)."""
     launcher = list(launcher or [sys.executable])
-    if launcher[0] == sys.executable and "PJRT_DEVICE" not in env:
-        launcher[0] = warm_python.python_for(env, WARM_MODULES)
+    if launcher[0] == sys.executable:
+        launcher[0] = warm_python.python_for(env, WARM_XLA_MODULES if "PJRT_DEVICE" in env else WARM_MODULES)
         if launcher[0] != sys.executable and launcher[1:3] == ["-m", "torch.distributed.run"]:
             env["PYTHON_EXEC"] = launcher[0]
     return [*launcher, str(path.resolve()), *args]

@@ -32,8 +32,16 @@ def stream(s):
                                    s.fileno(), type(s.buffer).__name__ if hasattr(s, "buffer") else None]
 def main():
     module = sys.modules["__main__"]
+    try:
+        import torch_xla
+        blocked = None
+    except ImportError as error:
+        blocked = str(error)
+    tmp = tempfile.gettempdir()  # torch_xla's import makes a directory there, named at random
+    path = ["<made under TMPDIR>" if os.path.dirname(p) == tmp and os.path.basename(p).startswith("tmp") else p
+            for p in sys.path]
     state = {
-        "argv": sys.argv, "path": sys.path, "cwd": os.getcwd(), "env": dict(os.environ),
+        "blocked": blocked, "argv": sys.argv, "path": path, "cwd": os.getcwd(), "env": dict(os.environ),
         "name": __name__, "file": globals().get("__file__"), "spec": repr(__spec__), "package": __package__,
         "loader": type(__loader__).__name__ if not isinstance(__loader__, type) else __loader__.__name__,
         "cached": globals().get("__cached__"), "builtins": type(__builtins__).__name__,
@@ -47,11 +55,6 @@ def main():
         "site": os.environ.get("PROBE_SITE_RAN"), "threads": threading.active_count(),
         "stdin": sys.stdin.readline(),
     }
-    try:
-        import torch_xla
-        state["blocked"] = None
-    except ImportError as error:
-        state["blocked"] = str(error)
     with os.fdopen(int(os.environ["PROBE_FD"]), "w") as extra:
         extra.write("through the inherited pipe")
     print(json.dumps(state, sort_keys=True))
@@ -78,25 +81,48 @@ if __name__ == "__main__":  # not again in a spawned child, which imports this f
 SITE = "import os\nos.environ['PROBE_SITE_RAN'] = 'yes'\n"
 
 
+# The two servers of the harness: the migrated programs' (torch; torch_xla blocked) and the
+# originals' (torch_xla imported, PJRT_DEVICE=CPU).
+FLAVOURS = {"migrated": (harness.WARM_MODULES, {}), "original": (harness.WARM_XLA_MODULES, {"PJRT_DEVICE": "CPU"})}
+
+
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory):
-    server = warm_python.WarmPython(tmp_path_factory.mktemp("warm"), list(harness.WARM_MODULES),
-                                    harness._env({}))
+def servers(tmp_path_factory):
+    """`servers(flavour)`: that flavour's server, started on first use."""
+    started: dict[str, warm_python.WarmPython] = {}
+
+    def server(flavour: str) -> warm_python.WarmPython:
+        if flavour not in started:
+            modules, extra = FLAVOURS[flavour]
+            started[flavour] = warm_python.WarmPython(tmp_path_factory.mktemp("warm"), list(modules),
+                                                      harness._env(extra))
+        return started[flavour]
+
     yield server
-    server.close()
+    for started_server in started.values():
+        started_server.close()
 
 
-def _run(python: str, workdir: Path, *args: str) -> tuple[subprocess.CompletedProcess, str]:
-    """The probe under `python` with an extra inherited pipe, a sitecustomize and a blocking
-    package on PYTHONPATH, some standard input, and the suite's environment."""
+@pytest.fixture
+def warm(servers):
+    return servers("migrated")
+
+
+def _run(python: str, workdir: Path, flavour: str, *args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """The probe under `python` with an extra inherited pipe, a sitecustomize (and for the
+    migrated flavour a blocking package) on PYTHONPATH, some standard input, and the suite's
+    environment."""
     site = workdir / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(SITE)
     probe = workdir / "probe.py"
     probe.write_text(PROBE)
+    tmp = workdir / "tmp"
+    tmp.mkdir(exist_ok=True)
     read, write = os.pipe()
-    env = harness._env({"PYTHONPATH": os.pathsep.join([str(harness.blocker_dir(workdir)), str(site)]),
-                        "PROBE_FD": str(write), "TMPDIR": str(workdir)})
+    path = [str(site)] if flavour == "original" else [str(harness.blocker_dir(workdir)), str(site)]
+    env = harness._env({"PYTHONPATH": os.pathsep.join(path), "PROBE_FD": str(write), "TMPDIR": str(tmp),
+                        **FLAVOURS[flavour][1]})
     try:
         proc = subprocess.run([python, "probe.py", *args], cwd=workdir, env=env, input="a line\nanother\n",
                               capture_output=True, text=True, pass_fds=[write], timeout=120)
@@ -108,19 +134,27 @@ def _run(python: str, workdir: Path, *args: str) -> tuple[subprocess.CompletedPr
 
 
 ENDINGS = ["normal", "exit3", "exit-message", "exception", "interrupt", "terminated", "multiprocessing"]
+# A cold original imports torch_xla for seconds: for it, the endings in which it could differ.
+CASES = [pytest.param("migrated", ending, id=f"migrated-{ending}") for ending in ENDINGS] + [
+    pytest.param("original", ending, id=f"original-{ending}", marks=pytest.mark.slow)
+    for ending in ("normal", "exception", "multiprocessing")]
 
 
-@pytest.mark.parametrize("ending", ENDINGS)
-def test_a_program_cannot_tell_the_warm_python_from_python(warm, tmp_path, ending):
-    cold, cold_pipe = _run(sys.executable, tmp_path, ending)
-    hot, hot_pipe = _run(warm.client, tmp_path, ending)
+@pytest.mark.parametrize("flavour, ending", CASES)
+def test_a_program_cannot_tell_the_warm_python_from_python(servers, tmp_path, flavour, ending):
+    warm = servers(flavour)
+    cold, cold_pipe = _run(sys.executable, tmp_path, flavour, ending)
+    hot, hot_pipe = _run(warm.client, tmp_path, flavour, ending)
     assert cold.returncode == hot.returncode, (cold.stderr, hot.stderr)
     assert hot.stdout == cold.stdout
     assert hot.stderr == cold.stderr
     assert hot_pipe == cold_pipe == "through the inherited pipe"
     # The probe really ran, and really warm (the comparison above would pass if both failed alike).
     assert '"site": "yes"' in hot.stdout and '"stdin": "a line\\n"' in hot.stdout
-    assert "torch_xla is blocked" in hot.stdout
+    if flavour == "migrated":
+        assert "torch_xla is blocked" in hot.stdout
+    else:
+        assert '"blocked": null' in hot.stdout and "<made under TMPDIR>" in hot.stdout
     if ending == "normal":
         assert hot.stdout.endswith("atexit ran\n") and "thread finished" in hot.stdout
 

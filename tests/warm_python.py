@@ -38,8 +38,10 @@ HERE = Path(__file__).resolve().parent
 # Variables the native libraries read when they load (not seen by the Python-level recording).
 LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOMP_", "LD_", "MALLOC_", "TORCH_",
                       "PYTORCH_", "C10_", "XLA_", "PJRT_", "TF_", "TPU_", "NPY_", "LC_", "LANG")
-# ... of which these are the interpreter's own, reproduced per run.
-PER_RUN = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC"}
+# ... of which these are reproduced per run: the interpreter's own, and the temporary directory
+# (tempfile's choice is reset; the one directory an import makes is made again, see
+# _own_import_time_tempdir).
+PER_RUN = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC", "TMPDIR", "TEMP", "TMP"}
 
 
 def cold_python() -> bool:
@@ -109,8 +111,12 @@ def _refusal(request: dict, signature: dict) -> str | None:
 
 
 def serve(socket_path: str, modules: list[str], client: str) -> None:
+    before = dict(os.environ)
     read = _import_recording_environment(modules)
-    signature = _signature(dict(os.environ), read)
+    # What the imports saw decides (torch_xla sets variables of its own while it imports: a
+    # program that imports it gets them, so each child gets them again on top of its own).
+    signature = _signature(before, read)
+    changes = {k: os.environ.get(k) for k in before.keys() | os.environ.keys() if before.get(k) != os.environ.get(k)}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(128)
@@ -147,7 +153,7 @@ def serve(socket_path: str, modules: list[str], client: str) -> None:
                         for fd in (listener.fileno(), wake_r, wake_w, *(c.fileno() for c in children.values())):
                             os.close(fd)
                         conn.close()
-                        become(request, fds, client)
+                        become(request, fds, client, changes)
                     finally:
                         os._exit(70)
                 for fd in fds:
@@ -291,8 +297,9 @@ def _base_path() -> list[str]:
     return [p for p in sys.path[1:] if p not in own]
 
 
-def become(request: dict, fds: list[int], client: str) -> None:
-    """Turn this forked server into `python ARGS` for the request; never returns."""
+def become(request: dict, fds: list[int], client: str, changes: dict[str, str | None]) -> None:
+    """Turn this forked server into `python ARGS` for the request; never returns. `changes`:
+    what importing the preloaded modules did to the environment, done again here."""
     options, kind, target, argv = _parse_args(request["args"])
     os.setsid()
     _reset_signals(request["ignored"])
@@ -302,6 +309,11 @@ def become(request: dict, fds: list[int], client: str) -> None:
     env = dict(request["env"])
     if env.get("PYTHON_EXEC") == client and not (kind == "module" and target == "torch.distributed.run"):
         del env["PYTHON_EXEC"]  # only torchrun's agent needs it (for its workers)
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     os.environ.clear()
     os.environ.update(env)
     _std_streams(options["unbuffered"] or bool(env.get("PYTHONUNBUFFERED")))
@@ -337,6 +349,26 @@ def _fresh_process_state(client: str) -> None:
     multiprocessing.set_executable(client)  # spawn's children are warm too
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
+    _own_import_time_tempdir()
+
+
+def _own_import_time_tempdir() -> None:
+    """torch.distributed.nn.jit.instantiator (which `import torch_xla` imports) makes a
+    temporary directory at import, appends it to sys.path and deletes it at exit: each process
+    gets its own under its TMPDIR, and never deletes the server's."""
+    import atexit
+
+    module = sys.modules.get("torch.distributed.nn.jit.instantiator")
+    old = getattr(module, "_TEMP_DIR", None)
+    if not isinstance(old, tempfile.TemporaryDirectory):
+        return
+    atexit.unregister(old.cleanup)
+    old._finalizer.detach()
+    new = tempfile.TemporaryDirectory()
+    module._TEMP_DIR = new
+    module.INSTANTIATED_TEMPLATE_DIR_PATH = new.name
+    atexit.register(new.cleanup)
+    sys.path[:] = [new.name if entry == old.name else entry for entry in sys.path]
 
 
 def _run_main(kind: str, target: str) -> None:
