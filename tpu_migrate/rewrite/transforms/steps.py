@@ -9,6 +9,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.names import DDP_NAMES
+from tpu_migrate.rewrite.transforms.fsdp import FSDP_NAMES
 from tpu_migrate.rewrite.registry import CALL, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
     atom,
@@ -209,13 +210,16 @@ def optimizer_step_statement(call, qualname, sc: StatementContext, rule, plans, 
 
 
 def _ddp_on_every_path(sc: StatementContext) -> bool:
-    """A DistributedDataParallel call in the step's own function (or module), in its top-level
-    body rather than in a branch: every path to the step wrapped the model."""
+    """A DistributedDataParallel call, or torch_xla's FSDP (FSDP2 after TPU173), in the step's
+    own function (or module), in its top-level body rather than in a branch: every path to the
+    step wrapped the model, and the wrapper averages the gradients itself (under FSDP, an
+    all-reduce of the sharded gradients would also add up different shards)."""
     analysis = sc.file.analysis
     bodies = [analysis.tree.body] + [node.body for node in analysis.nodes
                                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for info in analysis.infos.values():
-        if info.scope is sc.info.scope and any(ref.qualname in DDP_NAMES for ref in info.refs):
+        if info.scope is sc.info.scope and any(ref.qualname in DDP_NAMES or ref.qualname in FSDP_NAMES
+                                               for ref in info.refs):
             if any(any(stmt is info.node for stmt in body) for body in bodies):
                 return True
     return False

@@ -1,0 +1,163 @@
+"""torch_xla's FSDP (`XlaFullyShardedDataParallel`) as FSDP2 `fully_shard` (TPU173, TPU174).
+
+torch_xla's FSDP wrapped a module: it asked the wrap policy about every submodule
+(`recursive_wrap`), wrapped those it picked, innermost first, then the module itself, sharded
+each wrapped module's parameters over every process, and averaged the gradients over them in
+backward (so `optimizer.step()`, never `xm.optimizer_step`, follows). FSDP2's `fully_shard`
+does the same to a module in place, over a DeviceMesh. A helper written into the file once
+makes the mesh (and a process group where the program has none: torch_xla's FSDP needed none,
+even alone), walks the module as `recursive_wrap` did, and calls `fully_shard`.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tpu_migrate.rewrite.context import StatementContext, cst_dotted
+from tpu_migrate.rewrite.registry import CALL, REFERENCE, transform
+from tpu_migrate.rewrite.transforms.common import bind, code, helper
+
+# XlaFullyShardedDataParallel.__init__'s parameters, in order (torch_xla 2.9).
+PARAMS = [
+    "module", "reshard_after_forward", "flatten_parameters", "execute_sharding_on_init",
+    "optimization_barrier_in_forward", "optimization_barrier_in_backward", "sync_on_finalization",
+    "disable_reshard_on_root", "compute_dtype", "buffer_dtype", "fp32_reduce_scatter",
+    "sharding_groups", "sharding_rank", "sharding_world_size", "shard_param_on_dim_0",
+    "pin_layout_in_collective_ops", "reduce_scatter_bucket_size_mb", "coalesce_all_gather_ops",
+    "auto_wrap_policy", "auto_wrapper_callable", "param_init_fn", "_shard_size_multiple",
+    "_use_xla_patched_linear", "_debug_dummy_forward_pass", "_debug_msg", "_debug_print",
+    "_debug_dummy_all_gather_op", "_debug_dummy_all_reduce_op", "_debug_dummy_reduce_scatter_op",
+    "_debug_dummy_optimization_barrier_op",
+]
+# Kept, with the same meaning, as arguments of the helper.
+KEPT = ("auto_wrap_policy", "reshard_after_forward")
+# XLA graph, layout and memory knobs: FSDP2 has no such option, and they change no number.
+NO_MEANING = frozenset(PARAMS) - set(KEPT) - {
+    "module", "compute_dtype", "buffer_dtype", "fp32_reduce_scatter", "sharding_groups", "sharding_rank",
+    "sharding_world_size", "auto_wrapper_callable", "param_init_fn",
+}
+MIXED_PRECISION = ("compute_dtype", "buffer_dtype", "fp32_reduce_scatter")
+# Arguments that leave the call as it is: what to write instead.
+LEFT = {
+    "sharding_groups": "hybrid sharding: fully_shard(m, mesh=init_device_mesh(device_type, (replicas, shards), "
+                       "mesh_dim_names=(\"replicate\", \"shard\")))",
+    "sharding_rank": None, "sharding_world_size": None,  # with sharding_groups
+    "auto_wrapper_callable": "apply the wrapper (e.g. activation checkpointing) to the modules yourself, then "
+                             "torch.distributed.fsdp.fully_shard(m, mesh=mesh) on each, then on the model",
+    "param_init_fn": "build the model on the meta device, fully_shard it, then model.to_empty(device=...) and "
+                     "initialise the parameters",
+}
+_FLOAT32 = ("None", "torch.float32", "float32")
+
+# The helper (portable and tpu differ in the backend and the mesh's device type).
+FULLY_SHARD = '''def {name}(module, auto_wrap_policy=None, **options):
+    """torch_xla's XlaFullyShardedDataParallel(module, auto_wrap_policy=...) as FSDP2 (added by
+    tpu-migrate): fully_shard on each submodule the policy picks, innermost first, as torch_xla's
+    recursive_wrap picked them, then on `module`, over a 1-D mesh of every process. Returns
+    `module`, sharded in place."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    # torch_xla's FSDP needed no process group; FSDP2 needs one, even in a world of one.
+    if not {dist}.is_initialized():
+        if int({os}.environ.get("WORLD_SIZE", 1)) > 1:
+            {dist}.init_process_group({backend})
+        else:
+            {dist}.init_process_group({backend_comma}store={dist}.HashStore(), rank=0, world_size=1)
+    mesh = init_device_mesh({device_type}, ({dist}.get_world_size(),))
+
+    def wrap(child, only_children):
+        # The policy's (module, recurse, unwrapped_params), as recursive_wrap asked it.
+        params = sum(p.numel() for p in child.parameters())
+        if not auto_wrap_policy(child, True, params):
+            return 0
+        wrapped = sum(wrap(grandchild, False) for grandchild in child.children())
+        if only_children or not auto_wrap_policy(child, False, params - wrapped):
+            return wrapped
+        fully_shard(child, mesh=mesh, **options)
+        return params
+
+    if auto_wrap_policy is not None:
+        wrap(module, True)  # the root is never asked: it is sharded below
+    return fully_shard(module, mesh=mesh, **options)
+'''
+PORTABLE_DEVICE_TYPE = '({torch}.accelerator.current_accelerator(check_available=True) or {torch}.device("cpu")).type'
+
+
+def _helper(sc: StatementContext) -> str:
+    tpu = sc.file.target == "tpu"
+    template = FULLY_SHARD.replace("{backend}", '"tpu_dist"' if tpu else "")
+    template = template.replace("{backend_comma}", '"tpu_dist", ' if tpu else "")
+    template = template.replace("{device_type}", '"tpu"' if tpu else PORTABLE_DEVICE_TYPE)
+    return helper(sc, "_fully_shard", template)
+
+
+def _is_float32(arg: cst.Arg) -> bool:
+    return cst_dotted(arg.value) in _FLOAT32
+
+
+@transform("xla_fsdp", form=CALL, emits=("TPU174",))
+def xla_fsdp(call, qualname, sc: StatementContext, rule):
+    """`XlaFullyShardedDataParallel(module, ...)` -> `_fully_shard(module, ...)`."""
+    bound = bind(call, PARAMS)
+    if bound is None or "module" not in bound or set(bound) - set(PARAMS):
+        unknown = sorted(set(bound or ()) - set(PARAMS))
+        what = f"unknown arguments {', '.join(unknown)}" if unknown else "*args / **kwargs or no module"
+        sc.needs_manual("TPU174", f"XlaFullyShardedDataParallel with {what}: write "
+                        "torch.distributed.fsdp.fully_shard(m, mesh=mesh) on each wrapped module, then on "
+                        "the model, on a 1-D init_device_mesh of the world", qualname)
+        return call
+    left = [name for name in LEFT if name in bound]
+    if left:
+        todo = "; ".join(f"{name}: {LEFT[name]}" for name in left if LEFT[name]) or \
+            f"{left[0]}: hybrid sharding over a 2-D DeviceMesh"
+        sc.needs_manual("TPU174", f"XlaFullyShardedDataParallel with {', '.join(left)} is not converted; {todo}",
+                        qualname)
+        return call
+    dropped = [name for name in bound if name in NO_MEANING]
+    mixed = [name for name in MIXED_PRECISION if name in bound]
+    default_dtype = mixed == ["compute_dtype"] and _is_float32(bound["compute_dtype"])
+    if default_dtype:
+        mixed = []  # FSDP2 computes in the parameters' dtype, float32
+    where = sc.fixed(rule.code, qualname)
+    notes = []
+    if dropped:
+        notes.append(f"dropped {', '.join(dropped)} (no FSDP2 counterpart: XLA graph, layout and flat-parameter "
+                     "knobs that change no result)")
+    if default_dtype:
+        notes.append(f"dropped compute_dtype={code(bound['compute_dtype'].value)} (FSDP2 computes in the "
+                     "parameters' dtype)")
+    if mixed:
+        values = ", ".join(f"{name}={code(bound[name].value)}" for name in mixed)
+        notes.append(f"mixed precision not converted ({values}), this computes in the parameters' dtype: pass "
+                     "mp_policy=torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...) "
+                     "and cast the buffers to buffer_dtype yourself")
+    if notes and sc.enabled("TPU174"):
+        sc.needs_manual("TPU174", "XlaFullyShardedDataParallel -> fully_shard: " + "; ".join(notes), where=where)
+    args = [cst.Arg(bound["module"].value)]
+    for name in KEPT:
+        if name in bound:
+            args.append(cst.Arg(bound[name].value, keyword=cst.Name(name),
+                                equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
+                                                      whitespace_after=cst.SimpleWhitespace(""))))
+    return cst.Call(func=cst.Name(_helper(sc)), args=args)
+
+
+@transform("xla_fsdp", form=REFERENCE, emits=("TPU174",))
+def xla_fsdp_reference(node, qualname, sc: StatementContext, rule):
+    """The class used as a value (`isinstance(m, FSDP)`, a wrapper class argument): left."""
+    sc.needs_manual("TPU174", "XlaFullyShardedDataParallel used as a value: FSDP2 shards a module in place "
+                    "(isinstance checks: torch.distributed.fsdp.FSDPModule; a wrapper: "
+                    "torch.distributed.fsdp.fully_shard(m, mesh=mesh))", qualname)
+    return node
+
+
+# The names whose presence in a function means its optimizer steps an FSDP model (steps.py).
+FSDP_NAMES = frozenset({
+    "torch_xla.distributed.fsdp.XlaFullyShardedDataParallel",
+    "torch_xla.distributed.fsdp.xla_fully_sharded_data_parallel.XlaFullyShardedDataParallel",
+    "torch.distributed.fsdp.fully_shard",
+    "torch.distributed.fsdp.FullyShardedDataParallel",
+})
+
+__all__ = ["xla_fsdp", "xla_fsdp_reference", "FSDP_NAMES"]
