@@ -193,7 +193,7 @@ def optimizer_step(call, qualname, sc: StatementContext, rule):
     return parts[1]
 
 
-@transform("optimizer_step", form=STATEMENT, assign=True)
+@transform("optimizer_step", form=STATEMENT, assign=True, emits=("TPU174",))
 def optimizer_step_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
     """`xm.optimizer_step(opt)` averaged the gradients over the replicas, then stepped: keep
     both (DDP, where it wraps the model on every path, already averaged them)."""
@@ -204,6 +204,10 @@ def optimizer_step_statement(call, qualname, sc: StatementContext, rule, plans, 
     where = sc.fixed(rule.code, qualname)
     stepped = cst.Expr(step) if assign is None else assign.with_changes(value=step)
     lines = [] if _ddp_on_every_path(sc) else average_gradients(atom(optimizer), sc, rule.code, where)
+    if lines and sc.file.analysis.qualnames & FSDP_NAMES and sc.enabled("TPU174"):
+        sc.needs_manual("TPU174", "this file wraps a model in FSDP, but not in this function: if this "
+                        "optimizer steps an FSDP model, delete the gradient all-reduce (FSDP2 averages the "
+                        "gradients itself, and c10d all_reduce refuses its DTensor gradients)", where=where)
     return [*parse_block(lines), cst.SimpleStatementLine(body=[stepped])] if lines else [
         cst.SimpleStatementLine(body=[stepped])
     ]
