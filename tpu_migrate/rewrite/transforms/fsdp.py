@@ -1,4 +1,5 @@
-"""torch_xla's FSDP (`XlaFullyShardedDataParallel`) as FSDP2 `fully_shard` (TPU173, TPU174).
+"""torch_xla's FSDP (`XlaFullyShardedDataParallel`) as FSDP2 `fully_shard` (TPU173, TPU174), and
+its gradient-checkpointing wrapper `checkpoint_module` (TPU177).
 
 torch_xla's FSDP wrapped a module: it asked the wrap policy about every submodule
 (`recursive_wrap`), wrapped those it picked, innermost first, then the module itself, sharded
@@ -152,6 +153,49 @@ def xla_fsdp_reference(node, qualname, sc: StatementContext, rule):
     return node
 
 
+# torch_xla/distributed/fsdp/utils.py's checkpoint_module (2.9), on torch's reentrant checkpoint.
+CHECKPOINT_MODULE = '''def {name}(module):
+    """torch_xla's checkpoint_module (added by tpu-migrate): `module`'s forward recomputed in
+    backward (gradient checkpointing) through torch.utils.checkpoint.checkpoint(use_reentrant=True),
+    as torch_xla's checkpoint did; keyword arguments go through the checkpoint with the positional
+    ones, and a call none of whose inputs requires grad is not checkpointed, as in torch_xla."""
+    forward = module.forward
+
+    def checkpointed(*args, **kwargs):
+        names = tuple(kwargs)
+        values = args + tuple(kwargs.values())
+        if not any(isinstance(value, {torch}.Tensor) and value.requires_grad for value in values):
+            return forward(*args, **kwargs)
+
+        def run(*values):
+            return forward(*values[:len(args)], **dict(zip(names, values[len(args):])))
+
+        return {torch}.utils.checkpoint.checkpoint(run, *values, use_reentrant=True)
+
+    module.forward = checkpointed
+    return module
+'''
+
+
+@transform("checkpoint_module", form=CALL)
+def checkpoint_module(call, qualname, sc: StatementContext, rule):
+    """`checkpoint_module(m)` -> `_checkpoint_module(m)`."""
+    bound = bind(call, ["module"])
+    if bound is None or set(bound) != {"module"}:
+        sc.needs_manual(rule.code, "cannot read the arguments of checkpoint_module(module)", qualname)
+        return call
+    sc.fixed(rule.code, qualname)
+    return cst.Call(func=cst.Name(helper(sc, "_checkpoint_module", CHECKPOINT_MODULE)),
+                    args=[cst.Arg(bound["module"].value)])
+
+
+@transform("checkpoint_module", form=REFERENCE)
+def checkpoint_module_reference(node, qualname, sc: StatementContext, rule):
+    """`wrap = fsdp.checkpoint_module`: the helper, a function of the module as torch_xla's was."""
+    sc.fixed(rule.code, qualname)
+    return cst.Name(helper(sc, "_checkpoint_module", CHECKPOINT_MODULE))
+
+
 # The names whose presence in a function means its optimizer steps an FSDP model (steps.py).
 FSDP_NAMES = frozenset({
     "torch_xla.distributed.fsdp.XlaFullyShardedDataParallel",
@@ -160,4 +204,4 @@ FSDP_NAMES = frozenset({
     "torch.distributed.fsdp.FullyShardedDataParallel",
 })
 
-__all__ = ["xla_fsdp", "xla_fsdp_reference", "FSDP_NAMES"]
+__all__ = ["xla_fsdp", "xla_fsdp_reference", "checkpoint_module", "checkpoint_module_reference", "FSDP_NAMES"]
