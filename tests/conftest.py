@@ -34,6 +34,7 @@ ONE_WORKER_MODULES = {
     "test_pre_commit": "pre-commit's hook environments",
     "test_html_report": "one diagnose --html run",
     "test_migration_report": "one rewrite --check --html run",
+    "test_fsdp_wrap_walk": "one torch_xla process comparing every wrap policy",
 }
 # The rewrite fixture corpus (defined in fixture_spec, which regenerate.py shares).
 FIXTURES = fixture_spec.FIXTURES
