@@ -5,7 +5,7 @@ a `def main(*args)` worker passed through a variable with collectives inside exp
 plain process that creates an xla:// group itself, SyncBatchNorm with a batch sliced by process
 index and count, broadcast_master_param of a BatchNorm's buffers, a library-shaped computation
 model whose collectives relied on the runtime, torch_xla's FSDP wrapped by explicit nested calls
-and by an auto-wrap policy).
+and by an auto-wrap policy, each with gradient checkpointing).
 
 The original runs at world size 1 on XLA:CPU (torch_xla runs only one CPU process here); its
 records do not depend on the world size (see the programs' docstrings), so the migrated program
@@ -87,7 +87,9 @@ CASES = [
     Case("m13_broadcast_master_param_buffers.py"),
     Case("m14_library_comp_model.py"),
     Case("m15_xla_fsdp_root.py"),
-    Case("m16_xla_fsdp_auto_wrap.py"),
+    # With --checkpoint (the wrap policy's modules through torch_xla's example's gradient-
+    # checkpointing auto_wrapper_callable): what the plain form runs and more, in one world.
+    Case("m16_xla_fsdp_auto_wrap.py", args=("--checkpoint",)),
 ]
 PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
 PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]

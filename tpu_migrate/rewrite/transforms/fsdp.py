@@ -12,11 +12,13 @@ even alone), walks the module as `recursive_wrap` did, and calls `fully_shard`.
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, transform
-from tpu_migrate.rewrite.transforms.common import bind, code, helper
+from tpu_migrate.rewrite.transforms.common import bind, clean_args, code, helper
 
 # XlaFullyShardedDataParallel.__init__'s parameters, in order (torch_xla 2.9).
 PARAMS = [
@@ -31,7 +33,7 @@ PARAMS = [
     "_debug_dummy_optimization_barrier_op",
 ]
 # Kept, with the same meaning, as arguments of the helper.
-KEPT = ("auto_wrap_policy", "reshard_after_forward")
+KEPT = ("auto_wrap_policy", "auto_wrapper_callable", "reshard_after_forward")
 # XLA graph, layout and memory knobs: FSDP2 has no such option, and they change no number.
 NO_MEANING = frozenset(PARAMS) - set(KEPT) - {
     "module", "compute_dtype", "buffer_dtype", "fp32_reduce_scatter", "sharding_groups", "sharding_rank",
@@ -43,19 +45,18 @@ LEFT = {
     "sharding_groups": "hybrid sharding: fully_shard(m, mesh=init_device_mesh(device_type, (replicas, shards), "
                        "mesh_dim_names=(\"replicate\", \"shard\")))",
     "sharding_rank": None, "sharding_world_size": None,  # with sharding_groups
-    "auto_wrapper_callable": "apply the wrapper (e.g. activation checkpointing) to the modules yourself, then "
-                             "torch.distributed.fsdp.fully_shard(m, mesh=mesh) on each, then on the model",
     "param_init_fn": "build the model on the meta device, fully_shard it, then model.to_empty(device=...) and "
                      "initialise the parameters",
 }
 _FLOAT32 = ("None", "torch.float32", "float32")
 
 # The helper (portable and tpu differ in the backend and the mesh's device type).
-FULLY_SHARD = '''def {name}(module, auto_wrap_policy=None, **options):
+FULLY_SHARD = '''def {name}(module, auto_wrap_policy=None, auto_wrapper_callable=None, **options):
     """torch_xla's XlaFullyShardedDataParallel(module, auto_wrap_policy=...) as FSDP2 (added by
     tpu-migrate): fully_shard on each submodule the policy picks, innermost first, as torch_xla's
-    recursive_wrap picked them, then on `module`, over a 1-D mesh of every process. Returns
-    `module`, sharded in place."""
+    recursive_wrap picked them (or auto_wrapper_callable(submodule, **options) in its place, as
+    torch_xla called it), then on `module`, over a 1-D mesh of every process. Returns `module`,
+    sharded in place."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -71,12 +72,17 @@ FULLY_SHARD = '''def {name}(module, auto_wrap_policy=None, **options):
         # The policy's (module, recurse, unwrapped_params), as recursive_wrap asked it.
         params = sum(p.numel() for p in child.parameters())
         if not auto_wrap_policy(child, True, params):
-            return 0
-        wrapped = sum(wrap(grandchild, False) for grandchild in child.children())
+            return child, 0
+        wrapped = 0
+        for name, grandchild in child.named_children():
+            new, count = wrap(grandchild, False)
+            setattr(child, name, new)
+            wrapped += count
         if only_children or not auto_wrap_policy(child, False, params - wrapped):
-            return wrapped
-        fully_shard(child, mesh=mesh, **options)
-        return params
+            return child, wrapped
+        if auto_wrapper_callable is not None:
+            return auto_wrapper_callable(child, **options), params
+        return fully_shard(child, mesh=mesh, **options), params
 
     if auto_wrap_policy is not None:
         wrap(module, True)  # the root is never asked: it is sharded below
@@ -97,9 +103,41 @@ def _is_float32(arg: cst.Arg) -> bool:
     return cst_dotted(arg.value) in _FLOAT32
 
 
+def _forwarded(call: cst.Call) -> tuple[cst.Call, list[cst.Arg]]:
+    """The call without its trailing `*args` / `**kwargs` of plain names, and those arguments."""
+    args = list(call.args)
+    stars = []
+    while args and args[-1].star and isinstance(args[-1].value, cst.Name):
+        stars.insert(0, args.pop())
+    return call.with_changes(args=args), stars
+
+
+def _wrapper_lambda(sc: StatementContext, call: cst.Call, stars: list[cst.Arg]) -> bool:
+    """Whether the call is the body of a lambda that forwards its own `*args` and `**kwargs` to
+    it (`lambda m, *args, **kwargs: FSDP(checkpoint_module(m), *args, **kwargs)`, the
+    auto_wrapper_callable torch_xla's example passes): torch_xla called it with FSDP's options,
+    and the helper calls it with FSDP2's."""
+    names = {arg.star: arg.value.value for arg in stars}
+    callee = cst_dotted(call.func)
+    for node in ast.walk(sc.info.node):
+        if not (isinstance(node, ast.Lambda) and isinstance(node.body, ast.Call)):
+            continue
+        body = node.body
+        own = {"*": node.args.vararg.arg if node.args.vararg else None,
+               "**": node.args.kwarg.arg if node.args.kwarg else None}
+        forwarded = {"*": [a.id for a in body.args if isinstance(a, ast.Starred) and isinstance(a.value, ast.Name)
+                           for a in [a.value]],
+                     "**": [k.value.id for k in body.keywords if k.arg is None and isinstance(k.value, ast.Name)]}
+        if ast.unparse(body.func) == callee and all(
+                own[star] == name and forwarded[star] == [name] for star, name in names.items()):
+            return True
+    return False
+
+
 @transform("xla_fsdp", form=CALL, emits=("TPU174",))
 def xla_fsdp(call, qualname, sc: StatementContext, rule):
     """`XlaFullyShardedDataParallel(module, ...)` -> `_fully_shard(module, ...)`."""
+    call, stars = _forwarded(call)
     bound = bind(call, PARAMS)
     if bound is None or "module" not in bound or set(bound) - set(PARAMS):
         unknown = sorted(set(bound or ()) - set(PARAMS))
@@ -122,6 +160,9 @@ def xla_fsdp(call, qualname, sc: StatementContext, rule):
         mixed = []  # FSDP2 computes in the parameters' dtype, float32
     where = sc.fixed(rule.code, qualname)
     notes = []
+    if stars and not _wrapper_lambda(sc, call, stars):
+        notes.append(f"{', '.join(code(a.value) for a in stars)} reach fully_shard as they are: they may hold "
+                     "FSDP2 options only (reshard_after_forward, mp_policy), not torch_xla's")
     if dropped:
         notes.append(f"dropped {', '.join(dropped)} (no FSDP2 counterpart: XLA graph, layout and flat-parameter "
                      "knobs that change no result)")
@@ -141,7 +182,7 @@ def xla_fsdp(call, qualname, sc: StatementContext, rule):
             args.append(cst.Arg(bound[name].value, keyword=cst.Name(name),
                                 equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                       whitespace_after=cst.SimpleWhitespace(""))))
-    return cst.Call(func=cst.Name(_helper(sc)), args=args)
+    return cst.Call(func=cst.Name(_helper(sc)), args=clean_args([*args, *stars]))
 
 
 @transform("xla_fsdp", form=REFERENCE, emits=("TPU174",))
