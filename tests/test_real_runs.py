@@ -17,9 +17,9 @@ import real_runs as harness
 
 BLOCKED_IMPORT = "ImportError: torch_xla is blocked"
 ZERO = "torch_xla's ZeroRedundancyOptimizer (TPU169: torch's neither averages nor clips the gradients)"
-FSDP = ("its FSDP call passes auto_wrapper_callable= (None unless --use_gradient_checkpointing), which leaves "
-        "the call to a human (TPU174); checkpoint_module (TPU177) and the sharded-checkpoint consolidation "
-        "(TPU176: FSDP2 saves another format) stay torch_xla")
+FSDP = ("the sharded-checkpoint consolidation (TPU176: FSDP2 saves another format) and "
+        "`checkpoint_module` used as a plain name in `x if c else y` (TPU099) keep the torch_xla import; "
+        "by hand, without them and with --no_ckpt_consolidation, it matches torch_xla")
 
 
 @dataclass(frozen=True)
