@@ -136,9 +136,10 @@ def _wrapper_lambda(sc: StatementContext, call: cst.Call, stars: list[cst.Arg]) 
 
 @transform("xla_fsdp", form=CALL, emits=("TPU174",))
 def xla_fsdp(call, qualname, sc: StatementContext, rule):
-    """`XlaFullyShardedDataParallel(module, ...)` -> `_fully_shard(module, ...)`."""
-    call, stars = _forwarded(call)
-    bound = bind(call, PARAMS)
+    """`XlaFullyShardedDataParallel(module, ...)` -> `_fully_shard(module, ...)`. A call left
+    for a human is returned as it came (the walker then puts back its arguments byte for byte)."""
+    given, stars = _forwarded(call)
+    bound = bind(given, PARAMS)
     if bound is None or "module" not in bound or set(bound) - set(PARAMS):
         unknown = sorted(set(bound or ()) - set(PARAMS))
         what = f"unknown arguments {', '.join(unknown)}" if unknown else "*args / **kwargs or no module"
@@ -160,7 +161,7 @@ def xla_fsdp(call, qualname, sc: StatementContext, rule):
         mixed = []  # FSDP2 computes in the parameters' dtype, float32
     where = sc.fixed(rule.code, qualname)
     notes = []
-    if stars and not _wrapper_lambda(sc, call, stars):
+    if stars and not _wrapper_lambda(sc, given, stars):
         notes.append(f"{', '.join(code(a.value) for a in stars)} reach fully_shard as they are: they may hold "
                      "FSDP2 options only (reshard_after_forward, mp_policy), not torch_xla's")
     if dropped:
