@@ -206,8 +206,8 @@ def optimizer_step_statement(call, qualname, sc: StatementContext, rule, plans, 
     lines = [] if _ddp_on_every_path(sc) else average_gradients(atom(optimizer), sc, rule.code, where)
     if lines and sc.file.analysis.qualnames & FSDP_NAMES and sc.enabled("TPU174"):
         sc.needs_manual("TPU174", "this file wraps a model in FSDP, but not in this function: if this "
-                        "optimizer steps an FSDP model, delete the gradient all-reduce (FSDP2 averages the "
-                        "gradients itself, and c10d all_reduce refuses its DTensor gradients)", where=where)
+                        "optimizer steps an FSDP model, delete the gradient all-reduce (FSDP averages the "
+                        "gradients itself, and c10d all_reduce refuses FSDP2's DTensor gradients)", where=where)
     return [*parse_block(lines), cst.SimpleStatementLine(body=[stepped])] if lines else [
         cst.SimpleStatementLine(body=[stepped])
     ]
