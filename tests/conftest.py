@@ -36,6 +36,7 @@ ONE_WORKER_MODULES = {
     "test_html_report": "one diagnose --html run",
     "test_migration_report": "one rewrite --check --html run",
     "test_warm_python": "one warm python server of each flavour",
+    "test_fsdp_wrap_walk": "one torch_xla process comparing every wrap policy",
 }
 # The rewrite fixture corpus (defined in fixture_spec, which regenerate.py shares).
 FIXTURES = fixture_spec.FIXTURES

@@ -4,7 +4,8 @@ xm.optimizer_step, xm.save, rank-gated logging, DistributedSampler, rendezvous /
 a `def main(*args)` worker passed through a variable with collectives inside expressions, a
 plain process that creates an xla:// group itself, SyncBatchNorm with a batch sliced by process
 index and count, broadcast_master_param of a BatchNorm's buffers, a library-shaped computation
-model whose collectives relied on the runtime).
+model whose collectives relied on the runtime, torch_xla's FSDP wrapped by explicit nested calls
+and by an auto-wrap policy, each with gradient checkpointing).
 
 The original runs at world size 1 on XLA:CPU (torch_xla runs only one CPU process here); its
 records do not depend on the world size (see the programs' docstrings), so the migrated program
@@ -85,6 +86,10 @@ CASES = [
     Case("m12_sync_batch_norm_process_index.py"),
     Case("m13_broadcast_master_param_buffers.py"),
     Case("m14_library_comp_model.py"),
+    Case("m15_xla_fsdp_root.py"),
+    # With --checkpoint (the wrap policy's modules through torch_xla's example's gradient-
+    # checkpointing auto_wrapper_callable): what the plain form runs and more, in one world.
+    Case("m16_xla_fsdp_auto_wrap.py", args=("--checkpoint",)),
 ]
 PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
 PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]
@@ -307,3 +312,29 @@ def test_a_backend_name_that_became_none_is_caught(runs, tmp_path):
     assert broken.returncode == 0, broken.output[-3000:]
     assert not result.ok
     assert any(p.startswith("printed 2 times") for p in result.problems), result.problems
+
+
+def test_a_second_gradient_average_after_fsdp_is_caught(runs, tmp_path):
+    """TPU173 + TPU030 averaging the gradients once more after FSDP2 did (the obvious mistake:
+    keep xm.optimizer_step's averaging beside a wrapper that already averages): at one process
+    dividing by 1 changes nothing, so only the 2-process run can tell, where m16's SGD steps by
+    half the gradient. (m15's AdamW could not tell: Adam's step does not depend on the
+    gradient's scale. Keeping xm.optimizer_step's all-reduce itself fails at once there: FSDP2's
+    gradients are DTensors, which c10d.allreduce_ refuses.)"""
+    case = next(c for c in CASES if c.program == "m16_xla_fsdp_auto_wrap.py")
+    text = runs.copies[case.program].read_text()
+    step = "        optimizer.step()\n"
+    assert text.count(step) == 1 and "param.grad" not in text, "the converted step changed: update this test"
+    copy = tmp_path / case.program
+    copy.write_text(text.replace(step, (
+        "        for param in model.parameters():\n"
+        "            if param.grad is not None:\n"
+        "                param.grad /= dist.get_world_size()\n" + step)))
+    original = runs.original(case).result()
+    single = runs.migrated(case, PYTHON, copy=copy).result()
+    assert harness.compare_exactly_once(case.program, original, single).ok  # one process: the same
+    broken = runs.migrated(case, TORCHRUN2, copy=copy).result()
+    result = harness.compare_exactly_once(case.program, original, broken)
+    assert broken.returncode == 0, broken.output[-3000:]
+    assert not result.ok
+    assert any(": loss " in p for p in result.problems), result.problems

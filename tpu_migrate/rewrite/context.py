@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -67,13 +68,20 @@ class ImportPlan:
             else:
                 self.names[module] = f"_{module}_module"
                 self._modules[module] = f"import {module} as _{module}_module"
+        # torch's FSDP wrap policies (TPU175): `import torch` does not import the module.
+        self.names["fsdp_wrap"] = f"{self.names['torch']}.distributed.fsdp.wrap"
+        self._fsdp_wrap_imported = any(
+            isinstance(node, ast.Import) and any(a.name == "torch.distributed.fsdp.wrap" and a.asname is None
+                                                 for a in node.names)
+            for node in analysis.tree.body
+        )
         transformers = analysis.module_alias("transformers")
         self._transformers_imported = transformers is not None
         self.names["transformers"] = transformers or "transformers"
 
     def use(self, placeholder: str) -> str:
         self._used.add(placeholder)
-        if placeholder == "dist" and self._dist_as_attribute:
+        if placeholder == "dist" and self._dist_as_attribute or placeholder == "fsdp_wrap":
             self._used.add("torch")
         return self.names[placeholder]
 
@@ -86,7 +94,7 @@ class ImportPlan:
 
     def fill(self, template: str, **extra: str) -> str:
         values = dict(extra)
-        for placeholder in ("torch", "dist", "transformers", *_STDLIB_MODULES, "loguru"):
+        for placeholder in ("torch", "dist", "transformers", "fsdp_wrap", *_STDLIB_MODULES, "loguru"):
             if "{" + placeholder + "}" in template:
                 values[placeholder] = self.use(placeholder)
         return template.format(**values)
@@ -101,6 +109,8 @@ class ImportPlan:
                 lines.append("import torch.distributed")
             else:
                 lines.append(f"import torch.distributed as {self.names['dist']}")
+        if "fsdp_wrap" in self._used and not self._fsdp_wrap_imported:
+            lines.append("import torch.distributed.fsdp.wrap")
         if "transformers" in self._used and not self._transformers_imported:
             lines.append("import transformers")
         if "loguru" in self._used and self._modules["loguru"]:

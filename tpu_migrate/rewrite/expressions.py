@@ -125,6 +125,11 @@ class ExprRewriter:
             if id(node) in self.call_funcs:
                 return node
             return self.reference(node)
+        if kind is cst.Arg and type(node.value) is cst.Name:
+            # A name passed as an argument (`partial(size_based_auto_wrap_policy, ...)`): rename
+            # rules apply to it.
+            value = self.name_argument(node.value)
+            return node if value is node.value else node.with_changes(value=value)
         if kind is cst.If and node is not self.root:
             return node  # an `elif` is a statement of its own
         if kind in _CONDITIONAL_CODE:
@@ -162,6 +167,18 @@ class ExprRewriter:
         qualname = sc.resolve(node)
         rule = sc.file.catalog.lookup(qualname)
         if rule is None or not (rule.rename or rule.transform in REGISTRY.reference or rule.safety == "manual"):
+            return node
+        if not sc.may_fix(rule, qualname):
+            return node
+        return self._wrap(transforms.apply_reference_rule(rule, qualname, node, sc))
+
+    def name_argument(self, node: cst.Name) -> cst.BaseExpression:
+        """A plain name as a call's argument (or a class's base): only rename rules apply;
+        any other name stays for the leftover report (TPU099), as a name used elsewhere does."""
+        sc = self.sc
+        qualname = sc.resolve(node)
+        rule = sc.file.catalog.lookup(qualname)
+        if rule is None or not rule.rename:
             return node
         if not sc.may_fix(rule, qualname):
             return node

@@ -38,11 +38,20 @@ def held_assignments(analysis: Analysis, fixes: list[Fix], manual: list[Manual],
         target, value = _simple_assignment(info.node)
         if target is None:
             continue
-        head = value.func if isinstance(value, ast.Call) else value
-        ref = next((r for r in info.refs if (r.line, r.col) == (head.lineno, head.col_offset + 1)), None)
-        if ref is None or not is_xla_name(ref.qualname) or (ref.line, ref.col) not in fixed:
+        # The callee, or the function a `partial(f, ...)`-like call binds (its first argument:
+        # `policy = partial(size_based_auto_wrap_policy, ...)` goes to torch_xla's FSDP).
+        heads = [(value.func, True), *((arg, False) for arg in value.args[:1]
+                                       if isinstance(arg, (ast.Name, ast.Attribute)))] \
+            if isinstance(value, ast.Call) else [(value, False)]
+        ref = called = None
+        for head, called in heads:
+            ref = next((r for r in info.refs if (r.line, r.col) == (head.lineno, head.col_offset + 1)
+                        and is_xla_name(r.qualname)), None)
+            if ref is not None:
+                break
+        if ref is None or (ref.line, ref.col) not in fixed:
             continue
-        if not holds(ref.qualname, isinstance(value, ast.Call)):
+        if not holds(ref.qualname, called):
             continue
         converted.setdefault((id(info.scope), target), []).append(info)
     if not converted:

@@ -17,6 +17,7 @@ from tpu_migrate.rewrite.transforms import (
     collectives,
     device,
     environment,
+    fsdp,
     guards,
     launch,
     loaders,
@@ -27,7 +28,7 @@ from tpu_migrate.rewrite.transforms import (
 from tpu_migrate.rewrite.transforms.common import atom, bind, code
 
 # Imported for their registrations.
-FAMILIES = (amp_compile, collectives, device, environment, guards, launch, loaders, reporting, steps, utilities)
+FAMILIES = (amp_compile, collectives, device, environment, fsdp, guards, launch, loaders, reporting, steps, utilities)
 
 # The registry's tables (tests patch a transform through CALL).
 CALL = REGISTRY.call

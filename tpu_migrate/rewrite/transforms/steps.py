@@ -9,6 +9,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.names import DDP_NAMES
+from tpu_migrate.rewrite.transforms.fsdp import FSDP_NAMES
 from tpu_migrate.rewrite.registry import CALL, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
     atom,
@@ -192,7 +193,7 @@ def optimizer_step(call, qualname, sc: StatementContext, rule):
     return parts[1]
 
 
-@transform("optimizer_step", form=STATEMENT, assign=True)
+@transform("optimizer_step", form=STATEMENT, assign=True, emits=("TPU174",))
 def optimizer_step_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
     """`xm.optimizer_step(opt)` averaged the gradients over the replicas, then stepped: keep
     both (DDP, where it wraps the model on every path, already averaged them)."""
@@ -203,19 +204,26 @@ def optimizer_step_statement(call, qualname, sc: StatementContext, rule, plans, 
     where = sc.fixed(rule.code, qualname)
     stepped = cst.Expr(step) if assign is None else assign.with_changes(value=step)
     lines = [] if _ddp_on_every_path(sc) else average_gradients(atom(optimizer), sc, rule.code, where)
+    if lines and sc.file.analysis.qualnames & FSDP_NAMES and sc.enabled("TPU174"):
+        sc.needs_manual("TPU174", "this file wraps a model in FSDP, but not in this function: if this "
+                        "optimizer steps an FSDP model, delete the gradient all-reduce (FSDP averages the "
+                        "gradients itself, and c10d all_reduce refuses FSDP2's DTensor gradients)", where=where)
     return [*parse_block(lines), cst.SimpleStatementLine(body=[stepped])] if lines else [
         cst.SimpleStatementLine(body=[stepped])
     ]
 
 
 def _ddp_on_every_path(sc: StatementContext) -> bool:
-    """A DistributedDataParallel call in the step's own function (or module), in its top-level
-    body rather than in a branch: every path to the step wrapped the model."""
+    """A DistributedDataParallel call, or torch_xla's FSDP (FSDP2 after TPU173), in the step's
+    own function (or module), in its top-level body rather than in a branch: every path to the
+    step wrapped the model, and the wrapper averages the gradients itself (under FSDP, an
+    all-reduce of the sharded gradients would also add up different shards)."""
     analysis = sc.file.analysis
     bodies = [analysis.tree.body] + [node.body for node in analysis.nodes
                                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     for info in analysis.infos.values():
-        if info.scope is sc.info.scope and any(ref.qualname in DDP_NAMES for ref in info.refs):
+        if info.scope is sc.info.scope and any(ref.qualname in DDP_NAMES or ref.qualname in FSDP_NAMES
+                                               for ref in info.refs):
             if any(any(stmt is info.node for stmt in body) for body in bodies):
                 return True
     return False
