@@ -19,6 +19,8 @@ import pytest
 import differential as harness
 import warm_python
 
+pytestmark = pytest.mark.slow  # servers that import torch and torch_xla; only the slow tests use them
+
 PROBE = r'''
 import json, os, signal, sys, tempfile, threading, atexit
 def disposition(s):
@@ -136,7 +138,7 @@ def _run(python: str, workdir: Path, flavour: str, *args: str) -> tuple[subproce
 ENDINGS = ["normal", "exit3", "exit-message", "exception", "interrupt", "terminated", "multiprocessing"]
 # A cold original imports torch_xla for seconds: for it, the endings in which it could differ.
 CASES = [pytest.param("migrated", ending, id=f"migrated-{ending}") for ending in ENDINGS] + [
-    pytest.param("original", ending, id=f"original-{ending}", marks=pytest.mark.slow)
+    pytest.param("original", ending, id=f"original-{ending}")
     for ending in ("normal", "exception", "multiprocessing")]
 
 

@@ -41,7 +41,10 @@ LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOMP_", "L
 # ... of which these are reproduced per run: the interpreter's own, and the temporary directory
 # (tempfile's choice is reset; the one directory an import makes is made again, see
 # _own_import_time_tempdir).
-PER_RUN = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC", "TMPDIR", "TEMP", "TMP"}
+# PJRT_DYNAMIC_PLUGINS: torch_xla sets it when its runtime starts (an original's children inherit
+# it) and reads it only then (torch_xla/experimental/plugins.py), never while importing.
+PER_RUN = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC", "TMPDIR", "TEMP", "TMP",
+           "PJRT_DYNAMIC_PLUGINS"}
 
 
 def cold_python() -> bool:
@@ -96,9 +99,9 @@ def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
     return json.loads(data), fds
 
 
-def _refusal(request: dict, signature: dict) -> str | None:
+def _refusal(request: dict, signature: dict[str, set]) -> str | None:
     """Why this run cannot be reproduced in a forked child, or None."""
-    mismatched = [k for k, v in signature.items() if request["env"].get(k) != v]
+    mismatched = [k for k, values in signature.items() if request["env"].get(k) not in values]
     mismatched += [k for k in request["env"] if k.startswith(LOAD_TIME_PREFIXES) and k not in signature
                    and k not in PER_RUN]
     if mismatched:
@@ -113,10 +116,12 @@ def _refusal(request: dict, signature: dict) -> str | None:
 def serve(socket_path: str, modules: list[str], client: str) -> None:
     before = dict(os.environ)
     read = _import_recording_environment(modules)
-    # What the imports saw decides (torch_xla sets variables of its own while it imports: a
-    # program that imports it gets them, so each child gets them again on top of its own).
-    signature = _signature(before, read)
+    # What the imports saw decides. torch_xla sets variables of its own while it imports (a
+    # program that imports it gets them, so each child gets them again on top of its own), and
+    # a child of such a program starts with them set: torch_xla's settings are idempotent
+    # (setdefault, flags added when missing), so those values are the same start.
     changes = {k: os.environ.get(k) for k in before.keys() | os.environ.keys() if before.get(k) != os.environ.get(k)}
+    signature = {k: {v} | ({changes[k]} if k in changes else set()) for k, v in _signature(before, read).items()}
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
     listener.listen(128)
@@ -140,6 +145,9 @@ def serve(socket_path: str, modules: list[str], client: str) -> None:
                     conn.close()
                     continue
                 refusal = _refusal(request, signature)
+                # server.log: one line per run, so that a suite that starts cold shows why.
+                print(f"cold ({refusal}): {request['args'][:3]}" if refusal else f"warm: {request['args'][:3]}",
+                      file=sys.stderr, flush=True)
                 if refusal:
                     conn.sendall(json.dumps({"cold": refusal}).encode() + b"\n")
                     conn.close()
@@ -154,6 +162,9 @@ def serve(socket_path: str, modules: list[str], client: str) -> None:
                             os.close(fd)
                         conn.close()
                         become(request, fds, client, changes)
+                    except BaseException:  # noqa: BLE001 (the run failed before the program started: say why)
+                        import traceback
+                        traceback.print_exc()
                     finally:
                         os._exit(70)
                 for fd in fds:
@@ -199,10 +210,13 @@ def serve(socket_path: str, modules: list[str], client: str) -> None:
 
 
 def _kill_session(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """Kill the child `pid` and its session (the child itself too, should it not have made the
+    session yet)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 # --- the child: becoming `python ARGS` -------------------------------------------------------------
