@@ -72,7 +72,10 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     # Not pytest's variables either: a program runs as a user runs it (and the warm python's
     # torch_xla reads PYTEST_CURRENT_TEST at import, whose value changes with every test).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "XLA_", "TPU_", "PYTEST_"))}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "TORCH_CPP_LOG_LEVEL": "ERROR"})
+    # Unbuffered: several processes share the output pipe, and a record is written when printed
+    # (as on every machine, whatever the suite's own environment says).
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "TORCH_CPP_LOG_LEVEL": "ERROR",
+                "PYTHONUNBUFFERED": "1"})
     env.update(extra)
     return env
 

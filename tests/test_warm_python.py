@@ -60,6 +60,11 @@ def main():
     with os.fdopen(int(os.environ["PROBE_FD"]), "w") as extra:
         extra.write("through the inherited pipe")
     print(json.dumps(state, sort_keys=True))
+    if blocked is None:  # a stream torch_xla bound at its import: the output must not stay in it
+        import inspect
+        import torch_xla.core.xla_model as xm
+        held = inspect.signature(xm.master_print).parameters["fd"].default
+        print("through the stream torch_xla holds", file=held)
     atexit.register(lambda: print("atexit ran", flush=True))
     def late():
         import time; time.sleep(0.2); print("thread finished")
@@ -89,20 +94,16 @@ FLAVOURS = {"migrated": (harness.WARM_MODULES, {}), "original": (harness.WARM_XL
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """`servers(flavour)`: that flavour's server, started on first use."""
-    started: dict[str, warm_python.WarmPython] = {}
+def servers():
+    """`servers(flavour)`: the client of that flavour's server, the very one the harness runs
+    its programs with (started on first use, stopped at the end of the session)."""
+    def client(flavour: str) -> str:
+        modules, extra = FLAVOURS[flavour]
+        python = warm_python.python_for(harness._env(extra), modules)
+        assert python != sys.executable, "no warm python server started"
+        return python
 
-    def server(flavour: str) -> warm_python.WarmPython:
-        if flavour not in started:
-            modules, extra = FLAVOURS[flavour]
-            started[flavour] = warm_python.WarmPython(tmp_path_factory.mktemp("warm"), list(modules),
-                                                      harness._env(extra))
-        return started[flavour]
-
-    yield server
-    for started_server in started.values():
-        started_server.close()
+    return client
 
 
 @pytest.fixture
@@ -146,7 +147,7 @@ CASES = [pytest.param("migrated", ending, id=f"migrated-{ending}") for ending in
 def test_a_program_cannot_tell_the_warm_python_from_python(servers, tmp_path, flavour, ending):
     warm = servers(flavour)
     cold, cold_pipe = _run(sys.executable, tmp_path, flavour, ending)
-    hot, hot_pipe = _run(warm.client, tmp_path, flavour, ending)
+    hot, hot_pipe = _run(warm, tmp_path, flavour, ending)
     assert cold.returncode == hot.returncode, (cold.stderr, hot.stderr)
     assert hot.stdout == cold.stdout
     assert hot.stderr == cold.stderr
@@ -157,6 +158,7 @@ def test_a_program_cannot_tell_the_warm_python_from_python(servers, tmp_path, fl
         assert "torch_xla is blocked" in hot.stdout
     else:
         assert '"blocked": null' in hot.stdout and "<made under TMPDIR>" in hot.stdout
+        assert "through the stream torch_xla holds" in hot.stdout
     if ending == "normal":
         assert hot.stdout.endswith("atexit ran\n") and "thread finished" in hot.stdout
 
@@ -165,21 +167,24 @@ def test_the_client_is_warm_and_its_program_imports_nothing_again(warm, tmp_path
     script = tmp_path / "warmth.py"
     script.write_text("import sys\nprint('torch' in sys.modules)\n")
     env = harness._env({})
-    hot = subprocess.run([warm.client, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    hot = subprocess.run([warm, str(script)], env=env, capture_output=True, text=True, timeout=60)
     cold = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert (hot.stdout, cold.stdout) == ("True\n", "False\n")
 
 
 def test_a_run_the_server_cannot_reproduce_starts_a_real_python(warm, tmp_path):
-    """An environment variable torch reads at import with another value, or an interpreter
-    option the client does not know: the real interpreter runs it (no torch preloaded)."""
+    """An environment variable torch reads at import with another value, an interpreter option
+    the client does not know, other buffering: the real interpreter runs it (no torch loaded)."""
     script = tmp_path / "warmth.py"
     script.write_text("import sys\nprint('torch' in sys.modules, sys.flags.optimize)\n")
     env = harness._env({})
-    other = subprocess.run([warm.client, str(script)], env={**env, "TORCH_LOGS": "graph_breaks"},
+    other = subprocess.run([warm, str(script)], env={**env, "TORCH_LOGS": "graph_breaks"},
                            capture_output=True, text=True, timeout=60)
-    option = subprocess.run([warm.client, "-O", str(script)], env=env, capture_output=True, text=True, timeout=60)
-    assert (other.stdout, option.stdout) == ("False 0\n", "False 1\n")
+    option = subprocess.run([warm, "-O", str(script)], env=env, capture_output=True, text=True, timeout=60)
+    # Buffered streams, where the server's (which modules hold since their import) are not.
+    buffered = subprocess.run([warm, str(script)], env={**env, "PYTHONUNBUFFERED": ""},
+                              capture_output=True, text=True, timeout=60)
+    assert (other.stdout, option.stdout, buffered.stdout) == ("False 0\n", "False 1\n", "False 0\n")
 
 
 def test_killing_the_client_kills_its_program(warm, tmp_path, reap):
@@ -188,7 +193,7 @@ def test_killing_the_client_kills_its_program(warm, tmp_path, reap):
     pid_file = tmp_path / "pid"
     script = tmp_path / "sleeper.py"
     script.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
-    client = subprocess.Popen([warm.client, str(script)], env=harness._env({}), start_new_session=True)
+    client = subprocess.Popen([warm, str(script)], env=harness._env({}), start_new_session=True)
     reap(client)
     deadline = time.monotonic() + 60
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
@@ -215,7 +220,7 @@ def test_a_signal_to_the_client_reaches_the_program_once(warm, tmp_path):
         print("ready", flush=True)
         time.sleep(60)
     """))
-    client = subprocess.Popen([warm.client, str(script)], env=harness._env({}), stdout=subprocess.PIPE, text=True)
+    client = subprocess.Popen([warm, str(script)], env=harness._env({}), stdout=subprocess.PIPE, text=True)
     assert client.stdout.readline() == "ready\n"
     client.send_signal(signal.SIGTERM)
     out, _ = client.communicate(timeout=60)

@@ -43,8 +43,10 @@ LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOMP_", "L
 # _own_import_time_tempdir).
 # PJRT_DYNAMIC_PLUGINS: torch_xla sets it when its runtime starts (an original's children inherit
 # it) and reads it only then (torch_xla/experimental/plugins.py), never while importing.
-PER_RUN = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC", "TMPDIR", "TEMP", "TMP",
-           "PJRT_DYNAMIC_PLUGINS"}
+# TORCH_NCCL_ASYNC_ERROR_HANDLING: torchrun sets it for its workers; ProcessGroupNCCL reads it
+# when it is made.
+PER_RUN = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC", "TMPDIR", "TEMP", "TMP",
+           "PJRT_DYNAMIC_PLUGINS", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
 
 
 def cold_python() -> bool:
@@ -107,13 +109,23 @@ def _refusal(request: dict, signature: dict[str, set]) -> str | None:
     if mismatched:
         return "read at start with another value: " + ", ".join(sorted(mismatched))
     try:
-        _parse_args(request["args"])
+        options = _parse_args(request["args"])[0]
     except ValueError as error:
         return str(error)
+    # Unbuffered or not decides the kind of the standard streams, which modules may hold since
+    # their import (they are the server's): only a run of the server's kind can have them.
+    if (options["unbuffered"] or bool(request["env"].get("PYTHONUNBUFFERED"))) != _SERVER_UNBUFFERED:
+        return "standard streams buffered otherwise (-u or PYTHONUNBUFFERED)"
     return None
 
 
+_SERVER_UNBUFFERED = False  # whether the server's own standard streams are unbuffered
+_REPLACED: list = []  # the server's streams a child replaced: flushed at its exit all the same
+
+
 def serve(socket_path: str, modules: list[str], client: str) -> None:
+    global _SERVER_UNBUFFERED
+    _SERVER_UNBUFFERED = bool(os.environ.get("PYTHONUNBUFFERED"))
     before = dict(os.environ)
     read = _import_recording_environment(modules)
     # What the imports saw decides. torch_xla sets variables of its own while it imports (a
@@ -280,29 +292,40 @@ def _place_fds(received: list[int], numbers: list[int]) -> None:
 
 
 def _std_streams(unbuffered: bool) -> None:
-    """sys.stdin/stdout/stderr as python creates them for descriptors 0-2 (create_stdio)."""
-    encoding = sys.stdout.encoding if sys.stdout else "utf-8"
-    errors = sys.stdout.errors if sys.stdout else "strict"
-    streams = {}
-    for fd, name, mode in ((0, "stdin", "rb"), (1, "stdout", "wb"), (2, "stderr", "wb")):
+    """sys.stdin/stdout/stderr as python creates them for descriptors 0-2 (create_stdio). The
+    server's own objects stay where they are of the same kind (the usual case): modules hold
+    them since their import (torch_xla's `def master_print(..., fd=sys.stdout)`, a logging
+    handler), and a new object beside them would leave their output in their buffers."""
+    server_unbuffered = _SERVER_UNBUFFERED  # (the server runs without -u)
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        old = getattr(sys, f"__{name}__")
         try:
             os.fstat(fd)
         except OSError:
-            streams[name] = None
-            continue
-        raw = io.FileIO(fd, mode, closefd=False)
-        tty = raw.isatty()
-        buffered = raw if (unbuffered and name != "stdin") else (
-            io.BufferedReader(raw) if name == "stdin" else io.BufferedWriter(raw))
-        text = io.TextIOWrapper(buffered, encoding=encoding, newline="\n",
-                                errors="backslashreplace" if name == "stderr" else errors,
-                                line_buffering=not unbuffered and (tty or name == "stderr"),
-                                write_through=unbuffered)
-        text.mode = "r" if name == "stdin" else "w"
-        streams[name] = text
-    sys.stdin = sys.__stdin__ = streams["stdin"]
-    sys.stdout = sys.__stdout__ = streams["stdout"]
-    sys.stderr = sys.__stderr__ = streams["stderr"]
+            stream = None
+        else:
+            line_buffering = not unbuffered and (os.isatty(fd) or name == "stderr")
+            if old is not None and unbuffered == server_unbuffered and old.fileno() == fd:
+                stream = old
+                stream.reconfigure(line_buffering=line_buffering)
+            else:
+                stream = _new_stream(fd, name, unbuffered, line_buffering, old)
+        if old is not None and stream is not old:
+            _REPLACED.append(old)
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _new_stream(fd: int, name: str, unbuffered: bool, line_buffering: bool, old) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, "rb" if name == "stdin" else "wb", closefd=False)
+    buffered = raw if (unbuffered and name != "stdin") else (
+        io.BufferedReader(raw) if name == "stdin" else io.BufferedWriter(raw))
+    errors = sys.__stdout__.errors if sys.__stdout__ else "strict"
+    text = io.TextIOWrapper(buffered, encoding=old.encoding if old else None, newline="\n",
+                            errors="backslashreplace" if name == "stderr" else errors,
+                            line_buffering=line_buffering, write_through=unbuffered)
+    text.mode = "r" if name == "stdin" else "w"
+    return text
 
 
 def _base_path() -> list[str]:
@@ -429,7 +452,7 @@ def _run_main(kind: str, target: str) -> None:
     except BaseException:  # noqa: BLE001
         pass
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+    for stream in (*_REPLACED, sys.stdout, sys.stderr):
         try:
             if stream is not None:
                 stream.flush()
@@ -470,9 +493,11 @@ class WarmPython:
         Path(self.client).write_text(f"#!{sys.executable} -S\n{source}\nmain({self.socket!r}, {sys.executable!r})\n")
         os.chmod(self.client, 0o755)
         self.log = open(directory / "server.log", "w")
-        # TMPDIR: the first run's would be gone before the server is.
+        # The run's environment less what is the run's own (TMPDIR: the first run's would be gone
+        # before the server is).
+        env = {**{k: v for k, v in env.items() if k not in PER_RUN}, "TMPDIR": str(directory)}
         self.process = subprocess.Popen(
-            [sys.executable, __file__, self.socket, self.client, *modules], env={**env, "TMPDIR": str(directory)}, cwd=directory,
+            [sys.executable, __file__, self.socket, self.client, *modules], env=env, cwd=directory,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, start_new_session=True, text=True)
         if self.process.stdout.readline().strip() != "ready":
             self.process.wait()
@@ -503,12 +528,11 @@ def python_for(env: dict[str, str], modules: tuple[str, ...]) -> str:
     `modules` and `env` can be started, else the real one."""
     if cold_python() or _ROOT is None:
         return sys.executable
-    server_env = {k: v for k, v in env.items() if k not in PER_RUN}
-    key = (modules, tuple(sorted(_signature(server_env, set()).items())))
+    key = (modules, tuple(sorted(_signature(env, set()).items())))
     with _SERVERS_LOCK:
         if key not in _SERVERS and len(_SERVERS) < MAX_SERVERS:
             try:
-                _SERVERS[key] = WarmPython(_ROOT / f"warm-{os.getpid()}-{len(_SERVERS)}", list(modules), server_env)
+                _SERVERS[key] = WarmPython(_ROOT / f"warm-{os.getpid()}-{len(_SERVERS)}", list(modules), env)
             except (OSError, RuntimeError) as error:  # only slower: say so, and run cold
                 import warnings
                 warnings.warn(f"no warm python, the programs start cold: {error}")
