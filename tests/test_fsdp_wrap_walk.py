@@ -12,7 +12,6 @@ process of its own (importing it here would load its runtime into the test proce
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
