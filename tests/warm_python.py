@@ -21,7 +21,6 @@ TPU_MIGRATE_COLD_PYTHON=1 turns it off: every run then starts a real interpreter
 from __future__ import annotations
 
 import importlib
-import io
 import json
 import os
 import selectors
@@ -120,7 +119,6 @@ def _refusal(request: dict, signature: dict[str, set]) -> str | None:
 
 
 _SERVER_UNBUFFERED = False  # whether the server's own standard streams are unbuffered
-_REPLACED: list = []  # the server's streams a child replaced: flushed at its exit all the same
 
 
 def serve(socket_path: str, modules: list[str], client: str) -> None:
@@ -292,40 +290,21 @@ def _place_fds(received: list[int], numbers: list[int]) -> None:
 
 
 def _std_streams(unbuffered: bool) -> None:
-    """sys.stdin/stdout/stderr as python creates them for descriptors 0-2 (create_stdio). The
-    server's own objects stay where they are of the same kind (the usual case): modules hold
-    them since their import (torch_xla's `def master_print(..., fd=sys.stdout)`, a logging
-    handler), and a new object beside them would leave their output in their buffers."""
-    server_unbuffered = _SERVER_UNBUFFERED  # (the server runs without -u)
+    """sys.stdin/stdout/stderr for descriptors 0-2, now the client's: the server's own objects,
+    which are of the run's kind (_refusal serves only runs buffered as the server is), made
+    line-buffered where python would make them so. Modules hold them since their import
+    (torch_xla's `def master_print(..., fd=sys.stdout)`, a logging handler): another object
+    beside them would leave their output in their buffers."""
     for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
-        old = getattr(sys, f"__{name}__")
         try:
             os.fstat(fd)
-        except OSError:
+        except OSError:  # closed in the client: python has None there too
             stream = None
         else:
-            line_buffering = not unbuffered and (os.isatty(fd) or name == "stderr")
-            if old is not None and unbuffered == server_unbuffered and old.fileno() == fd:
-                stream = old
-                stream.reconfigure(line_buffering=line_buffering)
-            else:
-                stream = _new_stream(fd, name, unbuffered, line_buffering, old)
-        if old is not None and stream is not old:
-            _REPLACED.append(old)
+            stream = getattr(sys, f"__{name}__")
+            stream.reconfigure(line_buffering=not unbuffered and (os.isatty(fd) or name == "stderr"))
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
-
-
-def _new_stream(fd: int, name: str, unbuffered: bool, line_buffering: bool, old) -> io.TextIOWrapper:
-    raw = io.FileIO(fd, "rb" if name == "stdin" else "wb", closefd=False)
-    buffered = raw if (unbuffered and name != "stdin") else (
-        io.BufferedReader(raw) if name == "stdin" else io.BufferedWriter(raw))
-    errors = sys.__stdout__.errors if sys.__stdout__ else "strict"
-    text = io.TextIOWrapper(buffered, encoding=old.encoding if old else None, newline="\n",
-                            errors="backslashreplace" if name == "stderr" else errors,
-                            line_buffering=line_buffering, write_through=unbuffered)
-    text.mode = "r" if name == "stdin" else "w"
-    return text
 
 
 def _base_path() -> list[str]:
@@ -452,7 +431,7 @@ def _run_main(kind: str, target: str) -> None:
     except BaseException:  # noqa: BLE001
         pass
     atexit._run_exitfuncs()
-    for stream in (*_REPLACED, sys.stdout, sys.stderr):
+    for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
                 stream.flush()
