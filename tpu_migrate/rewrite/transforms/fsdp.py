@@ -18,7 +18,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, transform
-from tpu_migrate.rewrite.transforms.common import bind, clean_args, code, helper
+from tpu_migrate.rewrite.transforms.common import PORTABLE_DEVICE, bind, clean_args, code, helper
 
 # XlaFullyShardedDataParallel.__init__'s parameters, in order (torch_xla 2.9).
 PARAMS = [
@@ -88,7 +88,7 @@ FULLY_SHARD = '''def {name}(module, auto_wrap_policy=None, auto_wrapper_callable
         wrap(module, True)  # the root is never asked: it is sharded below
     return fully_shard(module, mesh=mesh, **options)
 '''
-PORTABLE_DEVICE_TYPE = '({torch}.accelerator.current_accelerator(check_available=True) or {torch}.device("cpu")).type'
+PORTABLE_DEVICE_TYPE = f"({PORTABLE_DEVICE}).type"
 
 
 def _helper(sc: StatementContext) -> str:
