@@ -123,7 +123,14 @@ def run_original(path: Path, args: list[str] = ()) -> Run:
     originals never change, and the harness checks (a broken rule is caught) compare against the
     same original as the differential test."""
     return shared_runs.once(f"original {shared_runs.file_key(path)} {json.dumps(list(args))}",
-                            lambda: run_program(path, _env({"PJRT_DEVICE": "CPU"}), list(args)))
+                            lambda: run_program(path, _original_env(_env({})), list(args)))
+
+
+def _original_env(env: dict[str, str]) -> dict[str, str]:
+    """XLA:CPU, and a port of its own: torch_xla's xla:// rendezvous listens on MASTER_PORT,
+    12355 when unset, so two originals that make a process group at once (one per xdist worker)
+    would collide (EADDRINUSE)."""
+    return {**env, "PJRT_DEVICE": "CPU", "MASTER_PORT": str(free_port())}
 
 
 def free_port() -> int:
@@ -297,7 +304,7 @@ def kill_running_runs() -> None:
 def run_original_mp(path: Path, args: list[str] = ()) -> Run:
     """The torch_xla program on XLA:CPU: one process (world size 1), once per test session."""
     return shared_runs.once(f"original-mp {shared_runs.file_key(path)} {json.dumps(list(args))}",
-                            lambda: run_bounded(path, _mp_env({"PJRT_DEVICE": "CPU"}), args))
+                            lambda: run_bounded(path, _original_env(_mp_env({})), args))
 
 
 def migrate_many(paths: list[Path], workdir: Path, target: str = "portable",
