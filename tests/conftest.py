@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import fixture_spec
+import process_groups
 import shared_runs
 import warm_python
 
@@ -91,10 +92,7 @@ def reap():
     processes: list[subprocess.Popen] = []
     yield processes.append
     for process in processes:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        process_groups.kill_group(process)  # not a stranger's, should the test have reaped it
         process.wait(timeout=60)
 
 

@@ -27,6 +27,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import process_groups
 import shared_runs
 import warm_python
 
@@ -123,10 +125,10 @@ def run_original(path: Path, args: list[str] = ()) -> Run:
     originals never change, and the harness checks (a broken rule is caught) compare against the
     same original as the differential test."""
     return shared_runs.once(f"original {shared_runs.file_key(path)} {json.dumps(list(args))}",
-                            lambda: run_program(path, _original_env(_env({})), list(args)))
+                            lambda: run_program(path, original_env(_env({})), list(args)))
 
 
-def _original_env(env: dict[str, str]) -> dict[str, str]:
+def original_env(env: dict[str, str]) -> dict[str, str]:
     """XLA:CPU, and a port of its own: torch_xla's xla:// rendezvous listens on MASTER_PORT,
     12355 when unset, so two originals that make a process group at once (one per xdist worker)
     would collide (EADDRINUSE)."""
@@ -240,7 +242,7 @@ torch.accelerator.device_count = lambda: {n}
 '''
 
 
-_LIVE: set[int] = set()  # sessions (process groups) of the runs in progress
+_LIVE: set[subprocess.Popen] = set()  # the runs in progress, each the leader of its session
 _LIVE_LOCK = threading.Lock()
 
 
@@ -255,31 +257,33 @@ def run_bounded(path: Path, env: dict[str, str], args: list[str] = (), launcher:
                 timeout: float = MP_TIMEOUT) -> Run:
     """run_program for programs that start processes: in a session of its own, so that a run
     past its time is killed with all its processes (torchrun's workers, spawned children)."""
-    import signal
-
     env = dict(env)
     command = _command(path, list(args), env, launcher)
     with tempfile.TemporaryDirectory(prefix="tpu-migrate-run-") as tmp:
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**env, "TMPDIR": tmp}, cwd=path.parent, start_new_session=True)
         with _LIVE_LOCK:
-            _LIVE.add(proc.pid)
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-            returncode = proc.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, stderr = proc.communicate()
+            _LIVE.add(proc)
+        with ThreadPoolExecutor(2) as readers:
+            stdout, stderr = readers.submit(proc.stdout.read), readers.submit(proc.stderr.read)
+            try:
+                finished = process_groups.wait_unreaped(proc, timeout)
+                # Whatever the launcher left behind in its session, before the leader is reaped
+                # (see tests/process_groups.py); on a timeout, the run itself.
+                process_groups.kill_group(proc)
+                returncode = proc.wait()
+            finally:
+                with _LIVE_LOCK:
+                    _LIVE.discard(proc)
+                if proc.returncode is None:  # this thread was interrupted: leave nothing running
+                    process_groups.kill_group(proc)
+                    proc.wait()
+            stdout, stderr = stdout.result(), stderr.result()
+        proc.stdout.close()
+        proc.stderr.close()
+        if not finished:
             stderr += f"\n[differential] killed after {timeout:.0f} s: {' '.join(command)}"
             returncode = -signal.SIGKILL
-        finally:
-            with _LIVE_LOCK:
-                _LIVE.discard(proc.pid)
-            try:  # whatever the launcher left behind in its session
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
     records = []
     for tag, payload in RECORD.findall(stdout):
         record = json.loads(payload)
@@ -290,21 +294,16 @@ def run_bounded(path: Path, env: dict[str, str], args: list[str] = (), launcher:
 
 def kill_running_runs() -> None:
     """Kill every run_bounded run still going (a test session that stops early)."""
-    import signal
-
     with _LIVE_LOCK:
-        sessions = list(_LIVE)
-    for pid in sessions:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        running = list(_LIVE)
+    for proc in running:
+        process_groups.kill_group(proc)
 
 
 def run_original_mp(path: Path, args: list[str] = ()) -> Run:
     """The torch_xla program on XLA:CPU: one process (world size 1), once per test session."""
     return shared_runs.once(f"original-mp {shared_runs.file_key(path)} {json.dumps(list(args))}",
-                            lambda: run_bounded(path, _original_env(_mp_env({})), args))
+                            lambda: run_bounded(path, original_env(_mp_env({})), args))
 
 
 def migrate_many(paths: list[Path], workdir: Path, target: str = "portable",

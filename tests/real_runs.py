@@ -218,7 +218,7 @@ class Workspace:
         self.migrated = migrate_tree(REAL, directory / "migrated")
 
     def run_original(self, script: Script) -> harness.Run:
-        return harness.run_bounded(self.original / script.path, harness._mp_env({"PJRT_DEVICE": "CPU"}),
+        return harness.run_bounded(self.original / script.path, harness.original_env(harness._mp_env({})),
                                    list(script.args), timeout=RUN_TIMEOUT)
 
     def run_migrated(self, script: Script) -> harness.Run:

@@ -44,8 +44,15 @@ LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOMP_", "L
 # it) and reads it only then (torch_xla/experimental/plugins.py), never while importing.
 # TORCH_NCCL_ASYNC_ERROR_HANDLING: torchrun sets it for its workers; ProcessGroupNCCL reads it
 # when it is made.
+# TORCH_TPU_*: the TorchTPU launcher's variables (the pod tests' hosts), read by torch_tpu alone,
+# which no server imports.
 PER_RUN = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC", "TMPDIR", "TEMP", "TMP",
            "PJRT_DYNAMIC_PLUGINS", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+PER_RUN_PREFIXES = ("TORCH_TPU_",)
+
+
+def per_run(name: str) -> bool:
+    return name in PER_RUN or name.startswith(PER_RUN_PREFIXES)
 
 
 def cold_python() -> bool:
@@ -72,6 +79,17 @@ def _import_recording_environment(modules: list[str]) -> set[str]:
             reads.add(key)
             return super().get(key, default)
 
+        # A scan of the whole environment reads every value without using most (networkx keeps
+        # the NETWORKX_* ones): not a read of each, or every variable would decide.
+        def items(self):
+            return [(key, plain.__getitem__(self, key)) for key in plain.__iter__(self)]
+
+        def values(self):
+            return [plain.__getitem__(self, key) for key in plain.__iter__(self)]
+
+        def copy(self):
+            return {key: plain.__getitem__(self, key) for key in plain.__iter__(self)}
+
     os.environ.__class__ = Recording
     try:
         for module in modules:
@@ -83,7 +101,7 @@ def _import_recording_environment(modules: list[str]) -> set[str]:
 
 def _signature(env: dict[str, str], read: set[str]) -> dict[str, str | None]:
     keys = {k for k in env if k.startswith(LOAD_TIME_PREFIXES)} | read
-    return {k: env.get(k) for k in sorted(keys - PER_RUN)}
+    return {k: env.get(k) for k in sorted(keys) if not per_run(k)}
 
 
 def _recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
@@ -104,7 +122,7 @@ def _refusal(request: dict, signature: dict[str, set]) -> str | None:
     """Why this run cannot be reproduced in a forked child, or None."""
     mismatched = [k for k, values in signature.items() if request["env"].get(k) not in values]
     mismatched += [k for k in request["env"] if k.startswith(LOAD_TIME_PREFIXES) and k not in signature
-                   and k not in PER_RUN]
+                   and not per_run(k)]
     if mismatched:
         return "read at start with another value: " + ", ".join(sorted(mismatched))
     try:
@@ -192,12 +210,18 @@ def serve(socket_path: str, modules: list[str], client: str) -> None:
                 except BlockingIOError:
                     pass
                 while True:
+                    # A run ends with its program: what it left in its session is killed, as the
+                    # harness kills what a cold run leaves in its own; before the child is reaped,
+                    # while its number is still its session's (see tests/process_groups.py).
                     try:
-                        pid, status = os.waitpid(-1, os.WNOHANG)
+                        exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
                     except ChildProcessError:
                         break
-                    if pid == 0:
+                    if exited is None:
                         break
+                    if exited.si_pid in children:
+                        _kill_session(exited.si_pid)
+                    pid, status = os.waitpid(exited.si_pid, 0)
                     conn = children.pop(pid, None)
                     if conn is not None:
                         try:
@@ -210,6 +234,8 @@ def serve(socket_path: str, modules: list[str], client: str) -> None:
                             pass
                         conn.close()
             else:  # a client closed its end: it was killed, so its program goes too
+                if key.data not in children:  # reaped in this same round: its number is free
+                    continue
                 try:
                     closed = not key.fileobj.recv(1)
                 except OSError:
@@ -474,7 +500,7 @@ class WarmPython:
         self.log = open(directory / "server.log", "w")
         # The run's environment less what is the run's own (TMPDIR: the first run's would be gone
         # before the server is).
-        env = {**{k: v for k, v in env.items() if k not in PER_RUN}, "TMPDIR": str(directory)}
+        env = {**{k: v for k, v in env.items() if not per_run(k)}, "TMPDIR": str(directory)}
         self.process = subprocess.Popen(
             [sys.executable, __file__, self.socket, self.client, *modules], env=env, cwd=directory,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, start_new_session=True, text=True)
