@@ -76,7 +76,19 @@ def _shared_runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _warm_python(tmp_path_factory):
+def _inductor_cache(_shared_runs):
+    """One torch.compile (inductor) cache for every process of the session. Each harness run has
+    a TMPDIR of its own, where inductor would otherwise compile every kernel from nothing, and
+    the same model compiles in several runs (the two decoder scripts of the real runs: 80 s cold,
+    25 s warm). Per session, as on CI's fresh machine: never the ~/.cache or /tmp one another
+    session filled. A cached kernel is the same code."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared_runs.session_directory("torchinductor")))
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _warm_python(tmp_path_factory, _inductor_cache):
     """The programs the harness runs (tests/differential.py) start from a warm python with torch
     imported, one server per xdist worker: see tests/warm_python.py."""
     warm_python.configure(tmp_path_factory.getbasetemp() / "warm-python")

@@ -25,6 +25,9 @@ references the portable rewrite converts over files or directories (see `share`)
 from __future__ import annotations
 
 import ast
+import functools
+import hashlib
+import json
 import math
 import re
 import shutil
@@ -43,6 +46,7 @@ for _path in (str(HERE), str(ROOT)):
         sys.path.insert(0, _path)
 
 import differential as harness  # noqa: E402
+import shared_runs  # noqa: E402
 from fidelity import MIGRATED, bound_name, rewrite_text  # noqa: E402
 
 REAL = harness.PROGRAMS / "real"
@@ -207,19 +211,40 @@ def migrate_tree(source: Path, destination: Path, target: str = "portable") -> P
     return destination
 
 
+def original_run(script: Script) -> harness.Run:
+    """The original on XLA:CPU, once per test session (test_real_runs compares the migrated
+    script with it, test_diagnose_steps the script under diagnose), in a copy of the tree of its
+    own: the scripts write checkpoints beside themselves, never into the repository."""
+    def run() -> harness.Run:
+        with tempfile.TemporaryDirectory(prefix="tpu-migrate-real-original-") as tmp:
+            tree = Path(tmp) / "original"
+            shutil.copytree(REAL, tree)
+            return harness.run_bounded(tree / script.path, harness.original_env(harness._mp_env({})),
+                                       list(script.args), timeout=RUN_TIMEOUT)
+
+    return shared_runs.once(f"real original {_tree_key()} {script.path} {json.dumps(script.args)}", run)
+
+
+@functools.cache
+def _tree_key() -> str:
+    """Changes when any file of the tree does (a script imports its neighbours)."""
+    digest = hashlib.sha256()
+    for path in sorted(REAL.rglob("*")):
+        if path.is_file():
+            digest.update(str(path.relative_to(REAL)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 class Workspace:
-    """A temporary copy of fixtures/programs/real/ as it is (the originals write their
-    checkpoints there, not in the repository) and a migrated copy, made once."""
+    """A migrated copy of fixtures/programs/real/, made once (the originals run in copies of
+    their own: original_run)."""
 
     def __init__(self, directory: Path):
         self.directory = directory
-        self.original = directory / "original"
-        shutil.copytree(REAL, self.original)
         self.migrated = migrate_tree(REAL, directory / "migrated")
 
     def run_original(self, script: Script) -> harness.Run:
-        return harness.run_bounded(self.original / script.path, harness.original_env(harness._mp_env({})),
-                                   list(script.args), timeout=RUN_TIMEOUT)
+        return original_run(script)
 
     def run_migrated(self, script: Script) -> harness.Run:
         env = harness._mp_env({"PYTHONPATH": str(harness.blocker_dir(self.directory)),

@@ -23,6 +23,7 @@ import os
 import pickle
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
@@ -42,11 +43,22 @@ def configure(session_base: Path) -> None:
     _directory.mkdir(exist_ok=True)
 
 
-def _path(key: str) -> Path:
+def _shared_directory() -> Path:
     global _directory
     if _directory is None:  # a harness used outside pytest (python tests/differential.py)
         _directory = Path(tempfile.mkdtemp(prefix="tpu-migrate-shared-runs-"))
-    return _directory / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".pickle")
+    return _directory
+
+
+def _path(key: str) -> Path:
+    return _shared_directory() / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".pickle")
+
+
+def session_directory(name: str) -> Path:
+    """A directory every process of this test session shares (and pytest deletes with it)."""
+    directory = _shared_directory() / name
+    directory.mkdir(exist_ok=True)
+    return directory
 
 
 def once(key: str, make: Callable[[], T]) -> T:
@@ -65,7 +77,9 @@ def once(key: str, make: Callable[[], T]) -> T:
                 if path.exists():
                     result = pickle.loads(path.read_bytes())
                 else:
+                    started = time.monotonic()
                     result = make()
+                    _log_timing(key, time.monotonic() - started)
                     partial = path.with_suffix(".partial")
                     partial.write_bytes(pickle.dumps(result))
                     partial.replace(path)  # a reader never sees half a result
@@ -73,6 +87,14 @@ def once(key: str, make: Callable[[], T]) -> T:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
         _memory[key] = result
         return result
+
+
+def _log_timing(key: str, seconds: float) -> None:
+    """timings.log beside the results: what each shared run cost, and which worker paid (one
+    line each, appended whole), for profiling the suite."""
+    line = f"{seconds:8.1f} s  {os.environ.get('PYTEST_XDIST_WORKER', '-'):<5} {key}\n"
+    with open(_path(key).parent / "timings.log", "a") as log:
+        log.write(line)
 
 
 def file_key(path: Path) -> str:

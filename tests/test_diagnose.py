@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow  # real torch_xla programs under diagnose, torchru
 PROGRAMS = ROOT / "fixtures" / "diagnose"
 
 
-def diagnose(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
+def diagnose(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**(os.environ if env is None else env), "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
     return subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", *args],
                           capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
 

@@ -141,15 +141,20 @@ REAL_SCRIPTS = {
 
 @pytest.mark.parametrize("spec", list(REAL_SCRIPTS), ids=lambda spec: spec[0].split("/")[-1])
 def test_real_scripts_unchanged_with_findings_written_down(spec, tmp_path):
-    from real_runs import printed_values
+    import differential
+    import real_runs
 
     expected, note = REAL_SCRIPTS[spec]
     script, *args = spec
-    command = [str(REAL / script), *args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
-    plain, traced = plain_beside_traced([sys.executable, *command], command, env, tmp_path)
-    assert plain.returncode == traced.returncode == 0
-    losses, traced_losses = printed_values(plain.stdout), printed_values(traced.stderr)
+    # The plain run is the real runs' original (the same script, arguments and environment),
+    # made once per session; the traced one runs beside it, in that environment.
+    with ThreadPoolExecutor(1) as pool:
+        plain = pool.submit(real_runs.original_run, real_runs.Script(f"{REAL.name}/{script}", tuple(args)))
+        traced = diagnose("--format", "json", str(REAL / script), *args, cwd=tmp_path,
+                          env=differential.original_env(differential._mp_env({})))
+        plain = plain.result()
+    assert plain.returncode == traced.returncode == 0, plain.output[-3000:]
+    losses, traced_losses = real_runs.printed_values(plain.output), real_runs.printed_values(traced.stderr)
     assert losses and losses == traced_losses
     document = json.loads(traced.stdout)
     assert {(f["kind"], f["line"], f["op"]): f["count"] for f in document["findings"]} == expected
