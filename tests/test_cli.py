@@ -69,6 +69,25 @@ def test_check_and_diff_list_the_files_that_would_change_as_fixable(cli, project
         assert "clean.py" not in out
         assert "  fixable TPU001 xla-device: 1\n  fixable TPU010 step-marker: 1\n" in out
         assert "fixed" not in out
+        # The next command, with the files to rewrite.
+        assert out.endswith("run: tpu-migrate rewrite src/pkg/train.py\n")
+
+
+def test_check_says_where_each_fix_is_and_the_command_that_applies_it(cli, project):
+    """A failing check hook points at lines (`path:line:col`, as findings are shown) and says
+    what to run, with the options given that change what a write does."""
+    out = cli("rewrite", "--check", "--target", "portable", "--ignore", "TPU106", "src", cwd=project).stdout.decode()
+    assert out.startswith(
+        "src/pkg/train.py:3:10 TPU001 fixable: `xm.xla_device()` / `torch_xla.device()` become the native device\n"
+        "src/pkg/train.py:4:1 TPU010 fixable: `xm.mark_step()` / `torch_xla.sync()` are removed")
+    assert out.endswith("run: tpu-migrate rewrite --target portable --ignore TPU106 src/pkg/train.py\n")
+    # A name a shell would split is quoted; nothing pending, no next command.
+    (project / "src/pkg/train.py").rename(project / "src/pkg/my train.py")
+    out = cli("rewrite", "--check", "src", cwd=project).stdout.decode()
+    assert out.endswith("run: tpu-migrate rewrite 'src/pkg/my train.py'\n")
+    assert cli("rewrite", "src", cwd=project).returncode == 0
+    out = cli("rewrite", "--check", "src", cwd=project).stdout.decode()
+    assert "run:" not in out and "fixable" not in out
 
 
 def test_diff_prints_a_unified_diff_and_writes_nothing(cli, project):
@@ -294,20 +313,31 @@ def run_in_terminal(args: list[str]) -> tuple[int, str]:
 
     from conftest import ROOT
 
+    from concurrent.futures import ThreadPoolExecutor
+
     leader, follower = pty.openpty()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120", "TERM": "xterm"}
-    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", *args],
-                          stdout=follower, stderr=follower, env=env, timeout=300)
-    os.close(follower)
-    output = b""
-    while True:
+
+    def read_screen() -> bytes:  # while the program runs: a full terminal buffer would block it
+        output = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal's last writer closed it
+                break
+            if not chunk:
+                break
+            output += chunk
+        return output
+
+    with ThreadPoolExecutor(1) as pool:
+        screen = pool.submit(read_screen)
         try:
-            chunk = os.read(leader, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        output += chunk
+            proc = subprocess.run([sys.executable, "-m", "tpu_migrate", *args],
+                                  stdout=follower, stderr=follower, env=env, timeout=300)
+        finally:
+            os.close(follower)
+        output = screen.result()
     os.close(leader)
     return proc.returncode, output.decode(errors="replace")
 

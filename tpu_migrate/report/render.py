@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import shlex
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -91,6 +92,31 @@ def finding_lines(result: FileResult) -> list[str]:
         f"{result.path}:{'' if m.cell is None else f'cell {m.cell}:'}{m.line}:{m.col} {m.code} {m.message}"
         for m in result.manual
     ]
+
+
+def fix_lines(result: FileResult, catalog: Catalog) -> list[str]:
+    """--check: where each pending fix is, as findings are shown (`path:line:col CODE ...`), so
+    that a failing hook points at lines, not only at counts."""
+    summaries = {rule.code: rule.summary for rule in catalog.rules}
+    return [
+        f"{result.path}:{'' if f.cell is None else f'cell {f.cell}:'}{f.line}:{f.col} {f.code} fixable: "
+        f"{summaries.get(f.code, f.code)}"
+        for f in result.fixes
+    ]
+
+
+# Past this many files the next command names the paths given, not each file.
+NEXT_COMMAND_FILES = 10
+
+
+def next_command_line(results: list[FileResult], mode: str, options: list[str], paths: list[str]) -> str | None:
+    """--check / --diff with changes pending: the command that applies them (with the options
+    given that decide what a write does)."""
+    changed = [result.path for result in results if result.changed]
+    if mode == "write" or not changed:
+        return None
+    targets = changed if len(changed) <= NEXT_COMMAND_FILES else paths
+    return "run: " + shlex.join(["tpu-migrate", "rewrite", *options, *map(str, targets)])
 
 
 def error_line(result: FileResult) -> str:
