@@ -107,6 +107,21 @@ def test_config_excludes_are_relative_to_the_pyproject_whatever_the_path_spellin
 
 
 @pytest.mark.slow
+def test_a_named_path_that_is_excluded_is_skipped_with_a_word_under_verbose(cli, project):
+    """pre-commit names every staged file, excluded or not: silent by default, said with -v (and
+    which setting excluded it)."""
+    write_config(project, 'exclude = ["src/legacy.py"]\n')
+    quiet = cli("rewrite", "--check", "src/legacy.py", cwd=project)
+    assert quiet.returncode == 0 and b"skipped" not in quiet.stderr
+    loud = cli("rewrite", "--check", "-v", "src/legacy.py", "src/train.py", "--exclude", "src/train.py", cwd=project)
+    lines = [line for line in loud.stderr.decode().splitlines() if "skipped" in line]
+    config = f"{project / 'pyproject.toml'}: [tool.tpu-migrate] exclude"
+    assert lines == [f"src/legacy.py: skipped: it matches an exclude pattern ({config} or --exclude)",
+                     f"src/train.py: skipped: it matches an exclude pattern ({config} or --exclude)"]
+    assert (project / "src" / "legacy.py").read_text() == SOURCE
+
+
+@pytest.mark.slow
 def test_exclude_flags_are_relative_to_the_working_directory(cli, project):
     def names(*args, cwd=project):
         result = cli("rewrite", "--check", "--format", "json", *args, cwd=cwd)

@@ -154,7 +154,14 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
 
     results: list[FileResult] = []
     files: list[str] = []
-    for path, error in discover(paths, excluder, clean_temp_files=mode == "write"):
+    where = " or ".join([*([f"{config.path}: [tool.tpu-migrate] exclude"] if config.exclude else []),
+                         *(["--exclude"] if exclude else [])])
+
+    def excluded(path: str) -> None:  # pre-commit names every staged file: only when asked
+        if verbose:
+            stderr.print(f"{path}: skipped: it matches an exclude pattern ({where})", markup=False)
+
+    for path, error in discover(paths, excluder, clean_temp_files=mode == "write", on_excluded=excluded):
         if error is not None:
             results.append(FileResult(path, error=error))
         else:

@@ -11,7 +11,7 @@ import stat
 import tempfile
 import time
 import tokenize
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from tpu_migrate.rewrite.dependencies import is_dependency_file
@@ -149,6 +149,7 @@ class Excluder:
 
 def discover(
     paths: Iterable[str], exclude: Excluder | Iterable[str] = (), clean_temp_files: bool = False,
+    on_excluded: Callable[[str], None] | None = None,
 ) -> Iterator[tuple[str, str | None]]:
     """Yield (path, error) for every Python file under `paths`, in a stable order.
 
@@ -166,6 +167,7 @@ def discover(
 
     `clean_temp_files`: remove the stale temporary files of an earlier run that was killed while
     writing (see `is_stale_temp`), in the directories searched and beside the files named.
+    `on_excluded(path)`: told of each path named in `paths` that `exclude` skips.
     """
     if not isinstance(exclude, Excluder):
         exclude = Excluder((pattern, os.curdir) for pattern in exclude)
@@ -191,11 +193,16 @@ def discover(
                     sweep(directory, os.listdir(directory))
                 except OSError:
                     pass
-            if not exclude.matches_named(raw) and real not in seen:
+            if exclude.matches_named(raw):
+                if on_excluded is not None:
+                    on_excluded(raw)
+            elif real not in seen:
                 seen.add(real)
                 yield raw, None
             continue
         if exclude.matches_named(raw):
+            if on_excluded is not None:
+                on_excluded(raw)
             continue
         root_real = os.path.realpath(raw)
         # (path as shown, its real path) of the directories still to search, depth first.
