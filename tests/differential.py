@@ -135,6 +135,11 @@ def original_env(env: dict[str, str]) -> dict[str, str]:
     return {**env, "PJRT_DEVICE": "CPU", "MASTER_PORT": str(free_port())}
 
 
+def original_mp_env() -> dict[str, str]:
+    """An original that starts processes (run_bounded): no launcher's variables, XLA:CPU, a port."""
+    return original_env(_mp_env({}))
+
+
 def free_port() -> int:
     """Process groups rendezvous on a port: never share one with a concurrent run."""
     import socket
@@ -303,7 +308,7 @@ def kill_running_runs() -> None:
 def run_original_mp(path: Path, args: list[str] = ()) -> Run:
     """The torch_xla program on XLA:CPU: one process (world size 1), once per test session."""
     return shared_runs.once(f"original-mp {shared_runs.file_key(path)} {json.dumps(list(args))}",
-                            lambda: run_bounded(path, original_env(_mp_env({})), args))
+                            lambda: run_bounded(path, original_mp_env(), args))
 
 
 def migrate_many(paths: list[Path], workdir: Path, target: str = "portable",

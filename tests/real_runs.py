@@ -219,7 +219,7 @@ def original_run(script: Script) -> harness.Run:
         with tempfile.TemporaryDirectory(prefix="tpu-migrate-real-original-") as tmp:
             tree = Path(tmp) / "original"
             shutil.copytree(REAL, tree)
-            return harness.run_bounded(tree / script.path, harness.original_env(harness._mp_env({})),
+            return harness.run_bounded(tree / script.path, harness.original_mp_env(),
                                        list(script.args), timeout=RUN_TIMEOUT)
 
     return shared_runs.once(f"real original {_tree_key()} {script.path} {json.dumps(script.args)}", run)
@@ -242,9 +242,6 @@ class Workspace:
     def __init__(self, directory: Path):
         self.directory = directory
         self.migrated = migrate_tree(REAL, directory / "migrated")
-
-    def run_original(self, script: Script) -> harness.Run:
-        return original_run(script)
 
     def run_migrated(self, script: Script) -> harness.Run:
         env = harness._mp_env({"PYTHONPATH": str(harness.blocker_dir(self.directory)),
@@ -269,9 +266,9 @@ class Workspace:
         # The two runs are independent processes: side by side they take half the wall time
         # on two cores (the compiled scripts spend most of it compiling).
         with ThreadPoolExecutor(max_workers=2) as pool:
-            original_run = pool.submit(self.run_original, script)
+            original = pool.submit(original_run, script)
             outcome, migrated = self.migrated_outcome(script)
-            original = original_run.result()
+            original = original.result()
         if original.returncode != 0:
             outcome.original_ok = False
             outcome.problems.append(f"the original failed: {first_error(original.output)}\n{original.output[-2000:]}")

@@ -93,7 +93,7 @@ def _log_timing(key: str, seconds: float) -> None:
     """timings.log beside the results: what each shared run cost, and which worker paid (one
     line each, appended whole), for profiling the suite."""
     line = f"{seconds:8.1f} s  {os.environ.get('PYTEST_XDIST_WORKER', '-'):<5} {key}\n"
-    with open(_path(key).parent / "timings.log", "a") as log:
+    with open(_shared_directory() / "timings.log", "a") as log:
         log.write(line)
 
 

@@ -151,7 +151,7 @@ def test_real_scripts_unchanged_with_findings_written_down(spec, tmp_path):
     with ThreadPoolExecutor(1) as pool:
         plain = pool.submit(real_runs.original_run, real_runs.Script(f"{REAL.name}/{script}", tuple(args)))
         traced = diagnose("--format", "json", str(REAL / script), *args, cwd=tmp_path,
-                          env=differential.original_env(differential._mp_env({})))
+                          env=differential.original_mp_env())
         plain = plain.result()
     assert plain.returncode == traced.returncode == 0, plain.output[-3000:]
     losses, traced_losses = real_runs.printed_values(plain.output), real_runs.printed_values(traced.stderr)

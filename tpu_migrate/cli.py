@@ -124,8 +124,11 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
     Settings come from [tool.tpu-migrate] in the nearest pyproject.toml; flags override them.
     """
     mode = mode or "write"
-    target_flag = target
-    raw_max_file_size = None if max_file_size is None else str(max_file_size)  # bytes: parses back
+    # The options given that change what a write does, for the command --check / --diff suggest
+    # (the size in bytes, which parses back).
+    write_options = [part for flag, value in (("--target", target), ("--select", select), ("--ignore", ignore),
+                                              ("--fix-level", fix_level), ("--max-file-size", max_file_size))
+                     if value is not None for part in (flag, str(value))]
     try:
         config = load_config(list(paths))
         catalog = load_catalog()
@@ -220,17 +223,14 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
                 sys.stdout.write(render.unified_diff(result))
             for line in render.finding_lines(result):
                 sys.stdout.write(line + "\n")
-        for result in results:
-            if mode == "check":
+        if mode == "check":
+            for result in results:
                 for line in render.fix_lines(result, catalog):
                     sys.stdout.write(line + "\n")
         for line in render.changed_file_lines(results, mode):
             sys.stdout.write(line + "\n")
         render.print_summary(summary, catalog, mode, stdout)
-        given = [("--target", target_flag), ("--select", select), ("--ignore", ignore), ("--fix-level", fix_level),
-                 ("--max-file-size", raw_max_file_size)]
-        next_command = render.next_command_line(
-            results, mode, [part for flag, value in given if value is not None for part in (flag, value)], list(paths))
+        next_command = render.next_command_line(results, mode, write_options, list(paths))
         if next_command:
             sys.stdout.write(next_command + "\n")
     for result in results:

@@ -58,6 +58,9 @@ class Catalog:
         self._by_prefix: dict[str, Rule] = {
             prefix: rule for rule in rules for prefix in rule.match_prefixes
         }
+        self._by_code: dict[str, Rule] = {}
+        for rule in rules:
+            self._by_code.setdefault(rule.code, rule)
 
     def lookup(self, qualname: str | None) -> Rule | None:
         """The rule for a qualified name: an exact match, else the longest module prefix."""
@@ -74,10 +77,7 @@ class Catalog:
         return None
 
     def by_code(self, code: str) -> Rule:
-        for rule in self.rules:
-            if rule.code == code:
-                return rule
-        raise KeyError(code)
+        return self._by_code[code]  # KeyError for an unknown code
 
     def canonical(self, qualname: str) -> str:
         """Map a historical spelling (`torch_xla_py.xla_model.x`) to the canonical one."""

@@ -97,10 +97,9 @@ def finding_lines(result: FileResult) -> list[str]:
 def fix_lines(result: FileResult, catalog: Catalog) -> list[str]:
     """--check: where each pending fix is, as findings are shown (`path:line:col CODE ...`), so
     that a failing hook points at lines, not only at counts."""
-    summaries = {rule.code: rule.summary for rule in catalog.rules}
     return [
         f"{result.path}:{'' if f.cell is None else f'cell {f.cell}:'}{f.line}:{f.col} {f.code} fixable: "
-        f"{summaries.get(f.code, f.code)}"
+        f"{catalog.by_code(f.code).summary}"
         for f in result.fixes
     ]
 
