@@ -292,11 +292,11 @@ def table(outcomes: list[Outcome]) -> str:
 # --- Share of references converted ---------------------------------------------------------
 
 SPMD_FSDP_RULES = frozenset({"TPU170", "TPU171", "TPU172", "TPU173", "TPU174", "TPU175", "TPU176", "TPU177",
-                             "TPU178", "TPU180"})
+                             "TPU178", "TPU179", "TPU180"})
 
 
 def is_spmd_fsdp(qualname: str) -> bool:
-    """A reference the rules for SPMD / FSDP (TPU170-TPU178, TPU180) cover: xs.*, use_spmd,
+    """A reference the rules for SPMD / FSDP (TPU170-TPU180) cover: xs.*, use_spmd,
     the FSDP wrappers, optimum's fsdp_v2."""
     from tpu_migrate.rules import load_catalog
 

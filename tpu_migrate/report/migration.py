@@ -24,7 +24,7 @@ from tpu_migrate.rules import Catalog
 # rules/devices_spmd_optimum.toml): their manual items are counted apart.
 SPMD_FSDP = frozenset({rule_code("TPU170"), rule_code("TPU171"), rule_code("TPU172"), rule_code("TPU173"),
                        rule_code("TPU174"), rule_code("TPU175"), rule_code("TPU176"), rule_code("TPU177"),
-                       rule_code("TPU178"), rule_code("TPU180")})
+                       rule_code("TPU178"), rule_code("TPU179"), rule_code("TPU180")})
 OTHER_FAMILY = "other"  # codes no rule has (a TODO comment naming a retired rule)
 
 

@@ -290,6 +290,20 @@ class StatementContext:
         if todo:
             self.todos.append(finding)
 
+    def retract(self, code: str, qualname: str) -> None:
+        """Take back the finding `code` made in this statement for the reference to `qualname`:
+        an inner call that the enclosing call's rule converted with it (the ShardingSpec of a
+        converted loader's input_sharding). The reference is then gone from the code."""
+        for ref in self.info.refs:
+            if ref.qualname != qualname:
+                continue
+            for finding in self.todos:
+                if finding.code == code and (finding.line, finding.col) == (ref.line, ref.col):
+                    self.todos.remove(finding)
+                    self.file.manual.remove(finding)
+                    self.removed(ref.dotted)
+                    return
+
     def snapshot(self) -> tuple[int, Counter, frozenset[str], int, frozenset[str]]:
         """What `rollback` needs to forget the fixes made since."""
         return (len(self.file.fixes), Counter(self.file.removed_roots), self.file.plan.used(),

@@ -69,16 +69,22 @@ def add_todos(stmt: cst.BaseStatement, todos, present: frozenset[str] = frozense
     `present`: the comments above it in the source, which libcst may have given to the module
     header instead)."""
     existing = {line.comment.value for line in stmt.leading_lines if line.comment is not None}
-    existing |= present
-    new_lines = []
+    new_lines = _todo_lines(todos, existing | present)
+    if not new_lines:
+        return stmt
+    return stmt.with_changes(leading_lines=[*stmt.leading_lines, *new_lines])
+
+
+def _todo_lines(todos, existing: set[str]) -> list[cst.EmptyLine]:
+    """A comment line per TODO whose text is not in `existing` (nor said twice)."""
+    existing = set(existing)
+    lines = []
     for todo in todos:
         text = f"{TODO_PREFIX}{todo.code} {todo.message}"
         if text not in existing:
             existing.add(text)
-            new_lines.append(cst.EmptyLine(indent=True, comment=cst.Comment(text)))
-    if not new_lines:
-        return stmt
-    return stmt.with_changes(leading_lines=[*stmt.leading_lines, *new_lines])
+            lines.append(cst.EmptyLine(indent=True, comment=cst.Comment(text)))
+    return lines
 
 
 def rebuild_line(line: cst.SimpleStatementLine, pieces, todos, present=frozenset()):
@@ -108,7 +114,10 @@ def rebuild_line(line: cst.SimpleStatementLine, pieces, todos, present=frozenset
 
     removed_comments: list[cst.EmptyLine] = []
     if not out:
-        removed_comments = [*line.leading_lines, *_comment_of(line.trailing_whitespace, removed=True)]
+        # The line's comments, and the TODOs of a statement that went (`xr.use_spmd()`), stay
+        # where it was: above the next statement.
+        removed_comments = [*line.leading_lines, *_comment_of(line.trailing_whitespace, removed=True),
+                            *_todo_lines(todos, present)]
         return [], removed_comments
     if len(out) == 1 and isinstance(out[0], cst.SimpleStatementLine) and all(
         not isinstance(p, list) for p in pieces

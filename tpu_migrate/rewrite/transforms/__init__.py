@@ -22,13 +22,14 @@ from tpu_migrate.rewrite.transforms import (
     launch,
     loaders,
     reporting,
+    spmd,
     steps,
     utilities,
 )
 from tpu_migrate.rewrite.transforms.common import atom, bind, code
 
 # Imported for their registrations.
-FAMILIES = (amp_compile, collectives, device, environment, fsdp, guards, launch, loaders, reporting, steps, utilities)
+FAMILIES = (amp_compile, collectives, device, environment, fsdp, guards, launch, loaders, reporting, spmd, steps, utilities)
 
 # The registry's tables (tests patch a transform through CALL).
 CALL = REGISTRY.call

@@ -18,7 +18,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, transform
-from tpu_migrate.rewrite.transforms.common import PORTABLE_DEVICE, bind, clean_args, code, helper
+from tpu_migrate.rewrite.transforms.common import PORTABLE_DEVICE, bind, clean_args, code, given, helper
 
 # XlaFullyShardedDataParallel.__init__'s parameters, in order (torch_xla 2.9).
 PARAMS = [
@@ -50,22 +50,28 @@ LEFT = {
 }
 _FLOAT32 = ("None", "torch.float32", "float32")
 
-# The helper (portable and tpu differ in the backend and the mesh's device type).
-FULLY_SHARD = '''def {name}(module, auto_wrap_policy=None, auto_wrapper_callable=None, **options):
-    """torch_xla's XlaFullyShardedDataParallel(module, auto_wrap_policy=...) as FSDP2 (added by
-    tpu-migrate): fully_shard on each submodule the policy picks, innermost first, as torch_xla's
-    recursive_wrap picked them (or auto_wrapper_callable(submodule, **options) in its place, as
-    torch_xla called it), then on `module`, over a 1-D mesh of every process. Returns `module`,
-    sharded in place."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    # torch_xla's FSDP needed no process group; FSDP2 needs one, even in a world of one.
+# Helpers (portable and tpu differ in the backend and the mesh's device type).
+JOIN_WORLD = '''def {name}():
+    """Joins the default process group where the program has none (added by tpu-migrate): from
+    the launch environment (torchrun, TorchTPU's launcher) when WORLD_SIZE > 1, else a group of
+    one (an in-memory store). torch_xla's FSDP and SPMD needed no group; FSDP2 and a DeviceMesh
+    need one, even alone."""
     if not {dist}.is_initialized():
         if int({os}.environ.get("WORLD_SIZE", 1)) > 1:
             {dist}.init_process_group({backend})
         else:
             {dist}.init_process_group({backend_comma}store={dist}.HashStore(), rank=0, world_size=1)
+'''
+FULLY_SHARD = '''def {name}(module, auto_wrap_policy=None, auto_wrapper_callable=None, **options):
+    """torch_xla's XlaFullyShardedDataParallel(module, auto_wrap_policy=...) (or SPMD's
+    SpmdFullyShardedDataParallel) as FSDP2 (added by tpu-migrate): fully_shard on each submodule
+    the policy picks, innermost first, as torch_xla's recursive_wrap picked them (or
+    auto_wrapper_callable(submodule, **options) in its place, as torch_xla called it), then on
+    `module`, over a 1-D mesh of every process. Returns `module`, sharded in place."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    {join_world}()
     mesh = init_device_mesh({device_type}, ({dist}.get_world_size(),))
 
     def wrap(child, only_children):
@@ -91,12 +97,21 @@ FULLY_SHARD = '''def {name}(module, auto_wrap_policy=None, auto_wrapper_callable
 PORTABLE_DEVICE_TYPE = f"({PORTABLE_DEVICE}).type"
 
 
-def _helper(sc: StatementContext) -> str:
+def for_target(sc: StatementContext, template: str) -> str:
+    """`template` with the target's backend and mesh device type in place."""
     tpu = sc.file.target == "tpu"
-    template = FULLY_SHARD.replace("{backend}", '"tpu_dist"' if tpu else "")
+    template = template.replace("{backend}", '"tpu_dist"' if tpu else "")
     template = template.replace("{backend_comma}", '"tpu_dist", ' if tpu else "")
-    template = template.replace("{device_type}", '"tpu"' if tpu else PORTABLE_DEVICE_TYPE)
-    return helper(sc, "_fully_shard", template)
+    return template.replace("{device_type}", '"tpu"' if tpu else PORTABLE_DEVICE_TYPE)
+
+
+def join_world(sc: StatementContext) -> str:
+    """The name of the helper that joins the default process group where there is none."""
+    return helper(sc, "_join_world", for_target(sc, JOIN_WORLD))
+
+
+def _helper(sc: StatementContext) -> str:
+    return helper(sc, "_fully_shard", for_target(sc, FULLY_SHARD), join_world=join_world(sc))
 
 
 def _is_float32(arg: cst.Arg) -> bool:
@@ -136,32 +151,40 @@ def _wrapper_lambda(sc: StatementContext, call: cst.Call, stars: list[cst.Arg]) 
 
 @transform("xla_fsdp", form=CALL, emits=("TPU174",))
 def xla_fsdp(call, qualname, sc: StatementContext, rule):
-    """`XlaFullyShardedDataParallel(module, ...)` -> `_fully_shard(module, ...)`. A call left
-    for a human is returned as it came (the walker then puts back its arguments byte for byte)."""
-    given, stars = _forwarded(call)
-    bound = bind(given, PARAMS)
-    if bound is None or "module" not in bound or set(bound) - set(PARAMS):
-        unknown = sorted(set(bound or ()) - set(PARAMS))
+    """`XlaFullyShardedDataParallel(module, ...)` -> `_fully_shard(module, ...)`."""
+    return fully_shard_call(call, qualname, sc, rule, PARAMS, LEFT, manual_code="TPU174",
+                            name="XlaFullyShardedDataParallel")
+
+
+def fully_shard_call(call, qualname, sc: StatementContext, rule, params: list[str], left: dict,
+                     *, manual_code: str, name: str, dropped_silently: tuple[str, ...] = ()):
+    """A torch_xla FSDP wrapper call (its parameters `params`) -> `_fully_shard(module, ...)`
+    with the arguments FSDP2 keeps. `left`: arguments that leave the call for a human, with what
+    to write (None: said by another). A call left for a human is returned as it came (the walker
+    then puts back its arguments byte for byte)."""
+    given_call, stars = _forwarded(call)
+    bound = bind(given_call, params)
+    if bound is None or "module" not in bound or set(bound) - set(params):
+        unknown = sorted(set(bound or ()) - set(params))
         what = f"unknown arguments {', '.join(unknown)}" if unknown else "*args / **kwargs or no module"
-        sc.needs_manual("TPU174", f"XlaFullyShardedDataParallel with {what}: write "
+        sc.needs_manual(manual_code, f"{name} with {what}: write "
                         "torch.distributed.fsdp.fully_shard(m, mesh=mesh) on each wrapped module, then on "
                         "the model, on a 1-D init_device_mesh of the world", qualname)
         return call
-    left = [name for name in LEFT if name in bound]
-    if left:
-        todo = "; ".join(f"{name}: {LEFT[name]}" for name in left if LEFT[name]) or \
-            f"{left[0]}: hybrid sharding over a 2-D DeviceMesh"
-        sc.needs_manual("TPU174", f"XlaFullyShardedDataParallel with {', '.join(left)} is not converted; {todo}",
-                        qualname)
+    kept_back = [arg for arg in left if given(bound, arg)]
+    if kept_back:
+        todo = "; ".join(f"{arg}: {left[arg]}" for arg in kept_back if left[arg]) or \
+            f"{kept_back[0]}: hybrid sharding over a 2-D DeviceMesh"
+        sc.needs_manual(manual_code, f"{name} with {', '.join(kept_back)} is not converted; {todo}", qualname)
         return call
-    dropped = [name for name in bound if name in NO_MEANING]
-    mixed = [name for name in MIXED_PRECISION if name in bound]
+    dropped = [arg for arg in bound if arg in NO_MEANING]
+    mixed = [arg for arg in MIXED_PRECISION if arg in bound]
     default_dtype = mixed == ["compute_dtype"] and _is_float32(bound["compute_dtype"])
     if default_dtype:
         mixed = []  # FSDP2 computes in the parameters' dtype, float32
     where = sc.fixed(rule.code, qualname)
     notes = []
-    if stars and not _wrapper_lambda(sc, given, stars):
+    if stars and not _wrapper_lambda(sc, given_call, stars):
         notes.append(f"{', '.join(code(a.value) for a in stars)} reach fully_shard as they are: they may hold "
                      "FSDP2 options only (reshard_after_forward, mp_policy), not torch_xla's")
     if dropped:
@@ -171,16 +194,16 @@ def xla_fsdp(call, qualname, sc: StatementContext, rule):
         notes.append(f"dropped compute_dtype={code(bound['compute_dtype'].value)} (FSDP2 computes in the "
                      "parameters' dtype)")
     if mixed:
-        values = ", ".join(f"{name}={code(bound[name].value)}" for name in mixed)
+        values = ", ".join(f"{arg}={code(bound[arg].value)}" for arg in mixed)
         notes.append(f"mixed precision not converted ({values}), this computes in the parameters' dtype: pass "
                      "mp_policy=torch.distributed.fsdp.MixedPrecisionPolicy(param_dtype=..., reduce_dtype=...) "
                      "and cast the buffers to buffer_dtype yourself")
-    if notes and sc.enabled("TPU174"):
-        sc.needs_manual("TPU174", "XlaFullyShardedDataParallel -> fully_shard: " + "; ".join(notes), where=where)
+    if notes and sc.enabled(manual_code):
+        sc.needs_manual(manual_code, f"{name} -> fully_shard: " + "; ".join(notes), where=where)
     args = [cst.Arg(bound["module"].value)]
-    for name in KEPT:
-        if name in bound:
-            args.append(cst.Arg(bound[name].value, keyword=cst.Name(name),
+    for arg in KEPT:
+        if arg in bound and arg not in dropped_silently:
+            args.append(cst.Arg(bound[arg].value, keyword=cst.Name(arg),
                                 equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                       whitespace_after=cst.SimpleWhitespace(""))))
     return cst.Call(func=cst.Name(_helper(sc)), args=clean_args([*args, *stars]))
@@ -244,6 +267,8 @@ FSDP_NAMES = frozenset({
     "torch_xla.distributed.fsdp.xla_fully_sharded_data_parallel.XlaFullyShardedDataParallel",
     "torch.distributed.fsdp.fully_shard",
     "torch.distributed.fsdp.FullyShardedDataParallel",
+    "torch_xla.experimental.spmd_fully_sharded_data_parallel.SpmdFullyShardedDataParallel",
 })
 
-__all__ = ["xla_fsdp", "xla_fsdp_reference", "checkpoint_module", "checkpoint_module_reference", "FSDP_NAMES"]
+__all__ = ["xla_fsdp", "xla_fsdp_reference", "checkpoint_module", "checkpoint_module_reference", "FSDP_NAMES",
+           "fully_shard_call", "join_world", "for_target"]

@@ -15,7 +15,8 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_stmt
 from tpu_migrate.rewrite.plans import MP_DEVICE_LOADER, PARALLEL_LOADER
-from tpu_migrate.rewrite.registry import CALL, transform
+from tpu_migrate.rewrite.registry import CALL, rule_code, transform
+from tpu_migrate.rewrite.transforms import spmd
 from tpu_migrate.rewrite.transforms.common import (
     TO_DEVICE,
     code,
@@ -40,6 +41,43 @@ DEVICE_LOADER = '''class {name}:
     def __len__(self):
         return len(self._loader)
 '''
+# MpDeviceLoader with an FSDP-style input_sharding (spmd.py): each process keeps its slice.
+SHARDED_DEVICE_LOADER = '''class {name}:
+    """pl.MpDeviceLoader(loader, device, input_sharding=xs.ShardingSpec(mesh, (axis, None, ...)))'s
+    stand-in (added by tpu-migrate). SPMD read each global batch in one process and sharded its
+    first dimension over the mesh's `axis`; with one process per device, each process reads the
+    global batch and keeps its own equal slice of the first dimension of every tensor in it (the
+    rank's slice along `axis`, where SPMD placed it), so together the processes compute on the
+    same global batch. A batch that does not split evenly raises rather than weigh the processes
+    unequally."""
+
+    def __init__(self, loader, device, mesh, axis):
+        self._loader = loader
+        self._device = device
+        self._parts = mesh.size(mesh.mesh_dim_names.index(axis) if isinstance(axis, str) else axis)
+        self._index = mesh.get_local_rank(axis)
+
+    def _slice(self, batch):
+        tensors = [t for t in {torch}.utils._pytree.tree_leaves(batch) if isinstance(t, {torch}.Tensor) and t.dim()]
+        sizes = sorted({{t.shape[0] for t in tensors}})
+        if len(sizes) > 1 or (sizes and sizes[0] % self._parts):
+            raise ValueError(
+                f"tpu-migrate: a batch whose tensors' first dimensions are {{sizes}} does not split evenly "
+                f"over {{self._parts}} processes: give every tensor of a batch the same first dimension, "
+                "a multiple of the process count")
+        return {torch}.utils._pytree.tree_map_only(
+            {torch}.Tensor, lambda t: t.tensor_split(self._parts)[self._index] if t.dim() else t, batch)
+
+    def __iter__(self):
+        for batch in self._loader:
+            batch = self._slice(batch)
+            yield ''' + TO_DEVICE.replace("{device}", "self._device").replace("{obj}", "batch") + '''
+
+    def __len__(self):
+        return len(self._loader)
+'''
+# The ShardingSpec's own finding, taken back when the loader converts with it.
+SPMD_SHARDING_CODE = rule_code("TPU172")
 # MpDeviceLoader's keywords that only tune its background threads and its implicit
 # `torch_xla.sync()` every `batches_per_execution` batches (eager TorchTPU has no step to cut);
 # `batchdim` is stored by ParallelLoader and never read. Dropping them keeps the batches.
@@ -209,7 +247,7 @@ def _wrapped_loader(call, qualname, sc: StatementContext, rule):
     if bound is None or "loader" not in bound or "device" not in bound:
         problem = "cannot read the loader and device arguments"
     elif given(bound, "input_sharding"):
-        problem = "`input_sharding=` shards each batch over the SPMD mesh (DTensor placements)"
+        return _sharded_loader(call, bound, qualname, sc, rule)
     elif set(bound) - {"loader", "device", "input_sharding"} - _TUNING_KEYWORDS:
         unknown = sorted(set(bound) - {"loader", "device", "input_sharding"} - _TUNING_KEYWORDS)
         problem = f"unknown argument `{unknown[0]}=`"
@@ -228,6 +266,33 @@ def _wrapped_loader(call, qualname, sc: StatementContext, rule):
         "with .to(device)",
         qualname,
     )
+    return call
+
+
+def _sharded_loader(call, bound, qualname, sc: StatementContext, rule):
+    """`MpDeviceLoader(loader, device, input_sharding=xs.ShardingSpec(mesh, (axis, None, ...)))`
+    -> `_ShardedDeviceLoader(loader, device, mesh, axis)`, where the file's model is wrapped in
+    SpmdFullyShardedDataParallel (converted to FSDP2, which averages the processes' gradients);
+    else the call is kept with what to write."""
+    sharding = bound["input_sharding"].value
+    axis = spmd.sharded_loader_axis(sharding, sc)
+    unknown = set(bound) - {"loader", "device", "input_sharding"} - _TUNING_KEYWORDS
+    if axis is None or unknown or _reads_loader_internals(sc):
+        problem = ("`input_sharding=` shards each batch over the SPMD mesh other than on its first "
+                   "dimension over one mesh axis (FSDP style): place the batch with DTensor by hand")
+    elif not spmd.gradients_averaged(sc):
+        problem = ("`input_sharding=` shards each batch over the SPMD mesh, and the file has no "
+                   "SpmdFullyShardedDataParallel to convert: with one process per device, each process "
+                   "must read its slice of the batch and the gradients be averaged over the processes "
+                   "(wrap the model in DistributedDataParallel or fully_shard)")
+    else:
+        sc.retract(SPMD_SHARDING_CODE, spmd.SHARDING_SPEC)
+        sc.fixed(rule.code, qualname)
+        name = helper(sc, "_ShardedDeviceLoader", SHARDED_DEVICE_LOADER)
+        return cst.Call(func=cst.Name(name), args=[
+            cst.Arg(bound["loader"].value), cst.Arg(bound["device"].value),
+            cst.Arg(spmd.sharding_mesh(sharding)), cst.Arg(axis)])
+    sc.needs_manual(rule.code, f"{problem}; replace the device loader by hand", qualname)
     return call
 
 

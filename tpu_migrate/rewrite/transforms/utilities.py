@@ -8,6 +8,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, rule_code, transform
+from tpu_migrate.rewrite.todos import TEXT_MARKER
 from tpu_migrate.rewrite.transforms.collectives import world_guard
 from tpu_migrate.rewrite.transforms.common import (
     CPU_COPIES,
@@ -181,6 +182,7 @@ def cpu_copies(call, qualname, sc: StatementContext, rule):
 # was the host's index, not a rank.
 _SPMD_NAMES = ("torch_xla.runtime.use_spmd", "torch_xla.runtime.is_spmd", "optimum.tpu.use_fsdp_v2")
 _SPMD_MODULES = ("torch_xla.distributed.spmd.", "optimum.tpu.fsdp_v2.")
+_SPMD_TODO = f"{TEXT_MARKER}: {rule_code('TPU170')} "
 # Under SPMD: what the value was, and its candidates under TorchTPU.
 _SPMD_MEANING = {
     "process-index": ("the host's index", "the rank or NODE_RANK"),
@@ -206,6 +208,8 @@ def process_query(call, qualname, sc: StatementContext, rule):
 
 
 def _uses_spmd(sc: StatementContext) -> bool:
+    """SPMD names in the file, or the TODO that `xr.use_spmd()` left where it went (TPU170): the
+    process queries keep their SPMD meaning on a second run too."""
     return any(
         name in _SPMD_NAMES or name.startswith(_SPMD_MODULES) for name in sc.file.analysis.qualnames
-    )
+    ) or any(_SPMD_TODO in line for line in sc.file.source_lines)

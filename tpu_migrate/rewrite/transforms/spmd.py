@@ -1,0 +1,198 @@
+"""torch_xla SPMD in FSDP style as one process per device (TPU170, TPU171, TPU179; the sharded
+device loader is in loaders.py).
+
+SPMD drove every device from one process, and the program computed as on one device: a global
+batch, global gradients. The common way to train with it is FSDP style: a mesh with one axis
+over every device, the parameters sharded on it (`SpmdFullyShardedDataParallel`), the input
+batch sharded on its first dimension (`MpDeviceLoader(..., input_sharding=ShardingSpec(mesh,
+(axis, None, ...)))`). TorchTPU runs one process per device; the same computation there is
+FSDP2's `fully_shard` over a 1-D mesh of every process, each process reading its slice of each
+global batch, the gradients averaged over the processes. What cannot be known from the code is
+checked when the program runs: a mesh with two axes longer than 1 raises rather than shard
+differently, and so does a batch that does not split evenly.
+
+What changes with the process model is named in a TODO where `xr.use_spmd()` was: the program
+now runs once per device, so everything it does (printing, saving) happens in every process, and
+a value computed from a batch (the loss) is the process's slice's.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from tpu_migrate.rewrite.context import StatementContext
+from tpu_migrate.rewrite.registry import CALL, STATEMENT, transform
+from tpu_migrate.rewrite.transforms.common import bind, given, helper
+from tpu_migrate.rewrite.transforms.fsdp import for_target, fully_shard_call, join_world
+
+USE_SPMD = "torch_xla.runtime.use_spmd"
+MESH = "torch_xla.distributed.spmd.Mesh"
+ONE_AXIS_MESH = "torch_xla.distributed.spmd.get_1d_mesh"
+SET_GLOBAL_MESH = "torch_xla.distributed.spmd.set_global_mesh"
+GET_GLOBAL_MESH = "torch_xla.distributed.spmd.get_global_mesh"
+SHARDING_SPEC = "torch_xla.distributed.spmd.ShardingSpec"
+SPMD_FSDP_NAMES = frozenset({
+    "torch_xla.experimental.spmd_fully_sharded_data_parallel.SpmdFullyShardedDataParallel",
+})
+
+PROCESS_MODEL = (
+    "SPMD ran this program once, driving every device; it now runs once per device: launch it with "
+    "torchrun --nproc_per_node=<devices per host> (--nnodes=<hosts>), or TorchTPU's launcher. Each "
+    "process now prints, logs and saves (do that on rank 0 only), and reads its own slice of each "
+    "batch, so a value computed from a batch (the loss) is that slice's: average it over the "
+    "processes (torch.distributed.all_reduce with ReduceOp.AVG) before reading it as the batch's"
+)
+
+DEVICE_MESH = '''def {name}(mesh_shape, axis_names=None):
+    """torch_xla SPMD's xs.Mesh(device_ids, mesh_shape, axis_names) as a DeviceMesh (added by
+    tpu-migrate). SPMD drove every device from one process; now each device has a process, and
+    the mesh's one axis longer than 1 spans every process (however many devices the shape was
+    computed from: FSDP-style sharding computes the same numbers over any number of shards). A
+    mesh with two axes longer than 1 (tensor parallelism) raises rather than shard differently."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = tuple(int(size) for size in mesh_shape)
+    long_axes = [axis for axis, size in enumerate(shape) if size != 1]
+    if len(long_axes) > 1:
+        raise NotImplementedError(
+            f"tpu-migrate: the SPMD mesh {{shape}} has {{len(long_axes)}} axes longer than 1; only a mesh "
+            "with one axis over every device (FSDP style) was converted: build a multi-axis DeviceMesh "
+            "and place the tensors on it by hand")
+    {join_world}()
+    world_shape = [1] * len(shape)
+    world_shape[long_axes[0] if long_axes else 0] = {dist}.get_world_size()
+    return init_device_mesh({device_type}, tuple(world_shape),
+                            mesh_dim_names=tuple(axis_names) if axis_names is not None else None)
+'''
+
+
+def device_mesh(sc: StatementContext) -> str:
+    return helper(sc, "_device_mesh", for_target(sc, DEVICE_MESH), join_world=join_world(sc))
+
+
+@transform("use_spmd", form=STATEMENT, emits=("TPU170",))
+def use_spmd(call, qualname, sc: StatementContext, rule, plans):
+    """`xr.use_spmd()` goes, with a TODO saying what one process per device changes;
+    `xr.is_spmd()` stays for a human."""
+    if qualname != USE_SPMD or call.args:
+        sc.needs_manual(rule.code, rule.summary, qualname)
+        return None
+    where = sc.fixed(rule.code, qualname)
+    sc.needs_manual(rule.code, PROCESS_MODEL, where=where)
+    return []
+
+
+@transform("use_spmd", form=CALL)
+def use_spmd_value(call, qualname, sc: StatementContext, rule):
+    """`xr.is_spmd()` (or `use_spmd()` used as a value): for a human."""
+    sc.needs_manual(rule.code, rule.summary, qualname)
+    return call
+
+
+def _mesh_arguments(call: cst.Call, qualname: str) -> list[cst.Arg] | None:
+    """The helper's (mesh_shape, axis_names) for `xs.Mesh(ids, shape, names)` or
+    `xs.get_1d_mesh(name)`, else None."""
+    if qualname == MESH:
+        bound = bind(call, ["device_ids", "mesh_shape", "axis_names"])
+        if bound is None or set(bound) - {"device_ids", "mesh_shape", "axis_names"} or "mesh_shape" not in bound \
+                or "device_ids" not in bound:
+            return None
+        args = [cst.Arg(bound["mesh_shape"].value)]
+        if given(bound, "axis_names"):
+            args.append(cst.Arg(bound["axis_names"].value))
+        return args
+    if qualname == ONE_AXIS_MESH:
+        bound = bind(call, ["axis_name"])
+        if bound is None or set(bound) - {"axis_name"}:
+            return None
+        args = [cst.Arg(cst.Tuple([cst.Element(cst.Integer("1"))]))]  # one axis; its length is the world's
+        if given(bound, "axis_name"):
+            args.append(cst.Arg(cst.Tuple([cst.Element(bound["axis_name"].value)])))
+        return args
+    return None
+
+
+@transform("spmd_mesh", form=CALL)
+def spmd_mesh(call, qualname, sc: StatementContext, rule):
+    """`xs.Mesh(ids, shape, names)` / `xs.get_1d_mesh(name)` -> `_device_mesh(shape, names)`."""
+    args = _mesh_arguments(call, qualname)
+    if args is None:
+        sc.needs_manual(rule.code, _manual_mesh(qualname), qualname)
+        return call
+    sc.fixed(rule.code, qualname)
+    return cst.Call(func=cst.Name(device_mesh(sc)), args=args)
+
+
+@transform("spmd_mesh", form=STATEMENT)
+def spmd_mesh_statement(call, qualname, sc: StatementContext, rule, plans):
+    """`xs.set_global_mesh(mesh)` goes where nothing in the file reads the global mesh back
+    (the converted SpmdFullyShardedDataParallel shards over every process without it)."""
+    if qualname == SET_GLOBAL_MESH and GET_GLOBAL_MESH not in sc.file.analysis.qualnames and len(call.args) == 1:
+        sc.fixed(rule.code, qualname)
+        return []
+    sc.needs_manual(rule.code, _manual_mesh(qualname), qualname)
+    return None
+
+
+def _manual_mesh(qualname: str) -> str:
+    if qualname in (SET_GLOBAL_MESH, GET_GLOBAL_MESH):
+        return ("the global mesh has no TorchTPU counterpart: pass the DeviceMesh where it is used "
+                "(init_device_mesh(device_type, shape, mesh_dim_names=names))")
+    return ("build the DeviceMesh by hand: init_device_mesh(\"tpu\", mesh_shape, mesh_dim_names=axis_names), "
+            "or DeviceMesh(\"tpu\", torch.tpu.distributed.topology_aware_mesh(mesh_shape, dcn_mesh_shape=...), "
+            "mesh_dim_names=axis_names) for a hybrid (ICI x DCN) mesh")
+
+
+# SpmdFullyShardedDataParallel.__init__'s parameters (torch_xla 2.9): module, then keywords.
+SPMD_FSDP_PARAMS = ["module", "mesh", "shard_output", "auto_wrap_policy", "auto_wrapper_callable",
+                    "extra_data_axis"]
+# What FSDP2 cannot do the same way: the call is left, with what to write.
+SPMD_FSDP_LEFT = {
+    "shard_output": "FSDP2 leaves a module's output on each process unsharded; port the output "
+                    "placement by hand",
+    "extra_data_axis": "a second data axis is hybrid sharding: fully_shard(m, mesh=<2-D DeviceMesh>)",
+}
+
+
+@transform("spmd_fsdp", form=CALL, emits=("TPU179",))
+def spmd_fsdp(call, qualname, sc: StatementContext, rule):
+    """`SpmdFullyShardedDataParallel(module, mesh=..., auto_wrap_policy=...)` ->
+    `_fully_shard(module, auto_wrap_policy=...)`: sharded over every process, which is the mesh's
+    `fsdp` axis once each device has a process (the converted mesh raises where it is not)."""
+    return fully_shard_call(call, qualname, sc, rule, SPMD_FSDP_PARAMS, SPMD_FSDP_LEFT, manual_code=rule.code,
+                            name="SpmdFullyShardedDataParallel")
+
+
+def sharded_loader_axis(sharding: cst.BaseExpression, sc: StatementContext) -> cst.BaseExpression | None:
+    """The mesh axis of `xs.ShardingSpec(mesh, (axis, None, ...))`: a batch sharded on its first
+    dimension over one axis, the FSDP-style input; None for any other sharding."""
+    if not (isinstance(sharding, cst.Call) and sc.resolve(sharding.func) == SHARDING_SPEC):
+        return None
+    bound = bind(sharding, ["mesh", "partition_spec", "minibatch"])
+    if bound is None or set(bound) != {"mesh", "partition_spec"}:
+        return None
+    spec = bound["partition_spec"].value
+    if not isinstance(spec, (cst.Tuple, cst.List)) or not spec.elements:
+        return None
+    first, *rest = [element.value for element in spec.elements]
+    if not isinstance(first, (cst.SimpleString, cst.Integer)):
+        return None
+    if not all(isinstance(value, cst.Name) and value.value == "None" for value in rest):
+        return None
+    return first
+
+
+def gradients_averaged(sc: StatementContext) -> bool:
+    """Whether the file wraps its model in SpmdFullyShardedDataParallel and may convert it: then
+    FSDP2 averages the processes' gradients, and each process may read a slice of the batch."""
+    if not sc.file.analysis.qualnames & SPMD_FSDP_NAMES:
+        return False
+    return sc.fix_allowed(sc.file.catalog.lookup(next(iter(SPMD_FSDP_NAMES))).code)
+
+
+def sharding_mesh(sharding: cst.Call) -> cst.BaseExpression:
+    return bind(sharding, ["mesh", "partition_spec"])["mesh"].value
+
+
+__all__ = ["use_spmd", "use_spmd_value", "spmd_mesh", "spmd_mesh_statement", "spmd_fsdp", "SPMD_FSDP_NAMES",
+           "SHARDING_SPEC", "sharded_loader_axis", "gradients_averaged", "sharding_mesh"]
