@@ -305,10 +305,14 @@ def kill_running_runs() -> None:
         process_groups.kill_group(proc)
 
 
-def run_original_mp(path: Path, args: list[str] = ()) -> Run:
-    """The torch_xla program on XLA:CPU: one process (world size 1), once per test session."""
-    return shared_runs.once(f"original-mp {shared_runs.file_key(path)} {json.dumps(list(args))}",
-                            lambda: run_bounded(path, original_mp_env(), args))
+def run_original_mp(path: Path, args: list[str] = (), devices: int | None = None) -> Run:
+    """The torch_xla program on XLA:CPU: one process (world size 1), once per test session;
+    `devices`: that many virtual CPU devices (an SPMD program drives them all)."""
+    env = original_mp_env()
+    if devices is not None:
+        env["CPU_NUM_DEVICES"] = str(devices)
+    key = f"original-mp {shared_runs.file_key(path)} {json.dumps(list(args))} {devices}"
+    return shared_runs.once(key, lambda: run_bounded(path, env, args))
 
 
 def migrate_many(paths: list[Path], workdir: Path, target: str = "portable",

@@ -5,15 +5,16 @@ a `def main(*args)` worker passed through a variable with collectives inside exp
 plain process that creates an xla:// group itself, SyncBatchNorm with a batch sliced by process
 index and count, broadcast_master_param of a BatchNorm's buffers, a library-shaped computation
 model whose collectives relied on the runtime, torch_xla's FSDP wrapped by explicit nested calls
-and by an auto-wrap policy, each with gradient checkpointing).
+and by an auto-wrap policy, each with gradient checkpointing, and SPMD in FSDP style).
 
-The original runs at world size 1 on XLA:CPU (torch_xla runs only one CPU process here); its
+The original runs at world size 1 on XLA:CPU (torch_xla runs only one CPU process here; an SPMD
+original drives 4 virtual CPU devices from that process); its
 records do not depend on the world size (see the programs' docstrings), so the migrated program
 (--target portable, torch_xla blocked, gloo on the CPU) must print the same records, each exactly
 once and with the same numbers, when it runs
 
 - `python`: plain, one process;
-- `torchrun2`: under `torchrun --nproc_per_node 2`;
+- `torchrun2`: under `torchrun --nproc_per_node 2` (`torchrun4`: 4);
 - `nprocs2`: with 2 processes it starts itself, where a flag sets the process count;
 - `fake2`: plain `python` on a host that reports 2 accelerators (torch.accelerator.device_count()
   answers 2, see differential.FAKE_ACCELERATORS), where the launcher starts one process per
@@ -45,13 +46,13 @@ pytestmark = pytest.mark.slow  # torch_xla originals and torchrun runs at world 
 class Mode:
     name: str
     args: tuple[str, ...] = ()          # added to the case's arguments
-    torchrun: bool = False
+    torchrun: int | None = None         # under torchrun with this many processes
     fake_accelerators: int | None = None
     processes: int | None = None        # `@proc` lines expected, for programs that print them
 
 
 PYTHON = Mode("python")
-TORCHRUN2 = Mode("torchrun2", torchrun=True)
+TORCHRUN2 = Mode("torchrun2", torchrun=2)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Case:
     program: str
     args: tuple[str, ...] = ()
     extra_modes: tuple[Mode, ...] = ()
+    original_devices: int | None = None  # SPMD: the original drives this many virtual devices
 
     @property
     def id(self) -> str:
@@ -90,6 +92,9 @@ CASES = [
     # With --checkpoint (the wrap policy's modules through torch_xla's example's gradient-
     # checkpointing auto_wrapper_callable): what the plain form runs and more, in one world.
     Case("m16_xla_fsdp_auto_wrap.py", args=("--checkpoint",)),
+    # SPMD in FSDP style: the original is one process driving 4 devices, the migrated program
+    # one process per device, at 1, 2 and 4.
+    Case("m17_spmd_fsdp_v2_sharded_loader.py", original_devices=4, extra_modes=(Mode("torchrun4", torchrun=4),)),
 ]
 PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
 PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]
@@ -115,7 +120,7 @@ class Runs:
 
     def original(self, case: Case) -> Future:
         return self._submit(("original", case), harness.run_original_mp, harness.MP_PROGRAMS / case.program,
-                            list(case.args))
+                            list(case.args), case.original_devices)
 
     def migrated(self, case: Case, mode: Mode, copy: Path | None = None) -> Future:
         copy = copy or self.copies[case.program]
@@ -126,7 +131,7 @@ class Runs:
             self.serial += 1
             run_dir = self.workdir / "runs" / f"{self.serial}-{case.id}-{mode.name}"
         run_dir.mkdir(parents=True)
-        launcher = harness.torchrun(2) if mode.torchrun else None
+        launcher = harness.torchrun(mode.torchrun) if mode.torchrun else None
         return harness.run_migrated_mp(copy, run_dir, [*case.args, *mode.args], launcher=launcher,
                                        fake_accelerators=mode.fake_accelerators)
 
@@ -338,3 +343,22 @@ def test_a_second_gradient_average_after_fsdp_is_caught(runs, tmp_path):
     assert broken.returncode == 0, broken.output[-3000:]
     assert not result.ok
     assert any(": loss " in p for p in result.problems), result.problems
+
+
+def test_every_process_reading_the_same_slice_of_the_batch_is_caught(runs, tmp_path):
+    """The SPMD loader's conversion (TPU040 with FSDP-style input_sharding) with a wrong slice:
+    every process keeps the first part of each global batch, so the processes average the
+    gradients of one part, not of the whole batch. At one process the slice is the whole batch;
+    at 2 the held-out losses must differ from the SPMD original's."""
+    case = next(c for c in CASES if c.program == "m17_spmd_fsdp_v2_sharded_loader.py")
+    text = runs.copies[case.program].read_text()
+    index = "[self._index]"
+    assert text.count(index) == 1, "the converted loader changed: update this test"
+    copy = tmp_path / case.program
+    copy.write_text(text.replace(index, "[0]"))
+    original = runs.original(case).result()
+    broken = runs.migrated(case, TORCHRUN2, copy=copy).result()
+    result = harness.compare_exactly_once(case.program, original, broken)
+    assert broken.returncode == 0, broken.output[-3000:]
+    assert not result.ok
+    assert any(": held_out_loss " in p for p in result.problems), result.problems
