@@ -132,8 +132,9 @@ print(json.dumps(results))
 
 
 def helper_source(target: str) -> str:
+    """The helpers the rewrite wrote into the file: `_join_world` and `_fully_shard`."""
     output = rewrite(SOURCE, target).output.decode()
-    start = output.index("def _fully_shard(")
+    start = output.index("def _join_world(")
     return output[start:output.index("\ndef wrap(", start)]
 
 
