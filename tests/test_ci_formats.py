@@ -20,6 +20,11 @@ MANUAL = FIXTURES / "TPU099-unconverted-api" / "basic.in.py"
 FIXABLE = FIXTURES / "TPU001-xla-device" / "basic.in.py"
 
 
+def in_repository(path) -> str:
+    """How GitHub names a file of this repository: relative to its root, `/`-separated."""
+    return path.relative_to(ROOT).as_posix()
+
+
 def test_rewrite_sarif_is_valid_and_complete(cli, tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("import torch_xla\ndef (:\n")
@@ -45,8 +50,9 @@ def test_rewrite_sarif_is_valid_and_complete(cli, tmp_path):
 def test_rewrite_github_annotations(cli):
     result = cli("rewrite", "--check", "--format", "github", str(MANUAL), str(FIXABLE))
     lines = result.stdout.decode().splitlines()
-    assert f"::warning file={MANUAL},line=7,col=15,title=TPU099::`xu.TimedScope`" in lines[0]
-    assert any(l.startswith(f"::notice file={FIXABLE},line=5,col=10,title=TPU001::fixable") for l in lines)
+    assert f"::warning file={in_repository(MANUAL)},line=7,col=15,title=TPU099::`xu.TimedScope`" in lines[0]
+    assert any(l.startswith(f"::notice file={in_repository(FIXABLE)},line=5,col=10,title=TPU001::fixable")
+               for l in lines)
     assert all(l.startswith("::") for l in lines)
 
 
@@ -72,7 +78,7 @@ def test_notebook_findings_name_the_cell_not_a_line_of_the_ipynb(cli, tmp_path):
     jsonschema.validate(sarif, SCHEMA)
     [finding] = [r for r in sarif["runs"][0]["results"] if r["ruleId"] == "TPU099"]
     location = finding["locations"][0]
-    assert location["physicalLocation"]["artifactLocation"]["uri"] == str(path)
+    assert location["physicalLocation"]["artifactLocation"] == {"uri": path.as_uri()}  # outside the repository
     assert location["physicalLocation"]["region"] == {"startLine": 1}  # the notebook, not line 2 of its JSON
     assert location["logicalLocations"][0]["name"] == "cell 1"
     assert location["properties"] == {"cell": 1, "cellLine": 2, "cellColumn": 5}
@@ -106,7 +112,9 @@ def test_diagnose_sarif_and_github(tmp_path):
     assert result["locations"][0]["physicalLocation"]["region"]["startLine"] == 15
     github = subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", "--format", "github", str(program)],
                             capture_output=True, text=True, env=env, timeout=600)
-    assert github.stdout.startswith(f"::warning file={program},line=15,title=tpu-migrate sync::")
+    assert github.stdout.startswith(f"::warning file={in_repository(program)},line=15,title=tpu-migrate sync::")
+    location = result["locations"][0]["physicalLocation"]["artifactLocation"]
+    assert location == {"uri": in_repository(program), "uriBaseId": "SRCROOT"}
 
 
 def test_diagnose_sarif_declares_every_finding_kind():
@@ -119,3 +127,46 @@ def test_diagnose_sarif_declares_every_finding_kind():
     jsonschema.validate(doc, SCHEMA)
     declared = {rule["id"] for rule in doc["runs"][0]["tool"]["driver"]["rules"]}
     assert declared == set(KINDS)
+
+
+def git_repository(tmp_path):
+    """A repository with a torch_xla file two directories down, and the directory above it."""
+    repo = tmp_path / "repo"
+    (repo / "src" / "pkg").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "src" / "pkg" / "train.py").write_text(
+        "import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()\nt = xm.unlazy([])\n")
+    return repo
+
+
+@pytest.mark.parametrize("cwd, spelled", [
+    ("", "."),                      # `--format github .` at the root
+    ("", "./src/pkg/train.py"),     # ./ in front
+    ("src", "pkg"),                 # from a subdirectory
+    ("src/pkg", "ABSOLUTE"),        # an absolute path
+])
+def test_annotations_and_sarif_name_files_relative_to_the_repository(cli, tmp_path, cwd, spelled):
+    """GitHub matches annotations and code-scanning alerts to files by their path relative to
+    the repository root, wherever the tool runs and however the file was named."""
+    repo = git_repository(tmp_path)
+    where = repo / cwd
+    target = str(repo / "src" / "pkg" / "train.py") if spelled == "ABSOLUTE" else spelled
+    github = cli("rewrite", "--check", "--format", "github", target, cwd=where).stdout.decode()
+    files = {line.split("file=", 1)[1].split(",", 1)[0] for line in github.splitlines()}
+    assert files == {"src/pkg/train.py"}, github
+    sarif = json.loads(cli("rewrite", "--check", "--format", "sarif", target, cwd=where).stdout)
+    jsonschema.validate(sarif, SCHEMA)
+    run = sarif["runs"][0]
+    assert {json.dumps(r["locations"][0]["physicalLocation"]["artifactLocation"], sort_keys=True)
+            for r in run["results"]} == {json.dumps({"uri": "src/pkg/train.py", "uriBaseId": "SRCROOT"}, sort_keys=True)}
+    assert run["originalUriBaseIds"] == {"SRCROOT": {"uri": repo.as_uri() + "/"}}
+
+
+def test_without_a_repository_files_are_named_from_the_working_directory(cli, tmp_path):
+    (tmp_path / "work" / "src").mkdir(parents=True)
+    (tmp_path / "work" / "src" / "train.py").write_text("import torch_xla.core.xla_model as xm\nd = xm.xla_device()\n")
+    (tmp_path / "elsewhere.py").write_text("import torch_xla.core.xla_model as xm\nd = xm.xla_device()\n")
+    github = cli("rewrite", "--check", "--format", "github", "src", str(tmp_path / "elsewhere.py"),
+                 cwd=tmp_path / "work").stdout.decode()
+    files = {line.split("file=", 1)[1].split(",", 1)[0] for line in github.splitlines()}
+    assert files == {"src/train.py", (tmp_path / "elsewhere.py").as_posix()}  # outside it: absolute
