@@ -194,5 +194,62 @@ def sharding_mesh(sharding: cst.Call) -> cst.BaseExpression:
     return bind(sharding, ["mesh", "partition_spec"])["mesh"].value
 
 
-__all__ = ["use_spmd", "use_spmd_value", "spmd_mesh", "spmd_mesh_statement", "spmd_fsdp", "SPMD_FSDP_NAMES",
-           "SHARDING_SPEC", "sharded_loader_axis", "gradients_averaged", "sharding_mesh"]
+
+
+# -- TPU172: the SPMD annotations that stay, each TODO saying what to write ----------------------
+
+MARK_SHARDING = "torch_xla.distributed.spmd.mark_sharding"
+_ANNOTATIONS = {
+    "torch_xla.distributed.spmd.enable_manual_sharding":
+        "manual sharding: under torch.distributed each process holds its own shard; take it with "
+        "DTensor.to_local() (and back with DTensor.from_local(t, mesh, placements))",
+    "torch_xla.distributed.spmd.disable_manual_sharding":
+        "back from manual sharding: DTensor.from_local(t, mesh, placements) makes the global tensor of "
+        "the processes' shards",
+    "torch_xla.distributed.spmd.clear_sharding":
+        "a replicated copy: t.full_tensor() (or t.redistribute(mesh, [Replicate()] * mesh.ndim))",
+    "torch_xla.distributed.spmd.shard_as":
+        "the same layout for both: distribute_tensor (or redistribute) each with the other's placements",
+}
+
+
+def _placements(spec: cst.BaseExpression) -> str | None:
+    """What `xs.mark_sharding`'s written-out partition spec means as DTensor placements, one
+    clause per sharded tensor dimension (`mesh axis 'model' -> Shard(1)`), or None."""
+    if not isinstance(spec, (cst.Tuple, cst.List)):
+        return None
+    clauses = []
+    for dim, element in enumerate(spec.elements):
+        value = element.value
+        axes = value.elements if isinstance(value, cst.Tuple) else [cst.Element(value)]
+        for axis in axes:
+            axis = axis.value
+            if isinstance(axis, cst.Name) and axis.value == "None":
+                continue
+            if not isinstance(axis, (cst.SimpleString, cst.Integer)):
+                return None
+            name = f"mesh axis {axis.value}" if isinstance(axis, cst.SimpleString) else f"mesh dimension {axis.value}"
+            clauses.append(f"{name} -> Shard({dim})")
+    return ", ".join(clauses) or "nothing sharded"
+
+
+@transform("spmd_sharding", form=CALL)
+def spmd_sharding(call, qualname, sc: StatementContext, rule):
+    """An SPMD annotation left for a human, with the DTensor call that replaces it."""
+    if qualname == MARK_SHARDING:
+        bound = bind(call, ["t", "mesh", "partition_spec"])
+        placements = _placements(bound["partition_spec"].value) if bound and "partition_spec" in bound else None
+        if placements is not None:
+            sc.needs_manual(rule.code, (
+                "`xs.mark_sharding` becomes a DTensor placement: torch.distributed.tensor.distribute_tensor(t, "
+                f"mesh, placements), one placement per mesh axis: {placements}, Replicate() for every other axis; a parameter: "
+                "shard its module instead (fully_shard, or parallelize_module with ColwiseParallel / "
+                "RowwiseParallel on a tensor-parallel axis); an activation: DTensor.redistribute"), qualname)
+            return call
+    what = _ANNOTATIONS.get(qualname)
+    sc.needs_manual(rule.code, f"`xs.{qualname.rsplit('.', 1)[1]}`: {what}" if what else rule.summary, qualname)
+    return call
+
+
+__all__ = ["use_spmd", "use_spmd_value", "spmd_mesh", "spmd_mesh_statement", "spmd_fsdp", "spmd_sharding",
+           "SPMD_FSDP_NAMES", "SHARDING_SPEC", "sharded_loader_axis", "gradients_averaged", "sharding_mesh"]
