@@ -155,6 +155,9 @@ class FileContext:
     # Module-level helper functions the new code calls, by name (transforms/steps.py CPU_COPIES).
     helpers: dict[str, str] = field(default_factory=dict)
     helper_code: dict[str, str] = field(default_factory=dict)  # name -> its `def`
+    # Whole-file scans a rule needs at many statements, made once per file (by the rule's key):
+    # a scan per statement would make the rewrite quadratic in the file's size.
+    memo: dict[str, object] = field(default_factory=dict)
 
     def mark(self, node: cst.CSTNode, kind: str, condition: str | None = None) -> None:
         self.generated[id(node)] = (node, kind, condition)

@@ -218,15 +218,20 @@ def _ddp_on_every_path(sc: StatementContext) -> bool:
     own function (or module), in its top-level body rather than in a branch: every path to the
     step wrapped the model, and the wrapper averages the gradients itself (under FSDP, an
     all-reduce of the sharded gradients would also add up different shards)."""
-    analysis = sc.file.analysis
+    scopes = sc.file.memo.get("wrapping_scopes")
+    if scopes is None:
+        scopes = sc.file.memo["wrapping_scopes"] = _wrapping_scopes(sc.file.analysis)
+    return id(sc.info.scope) in scopes
+
+
+def _wrapping_scopes(analysis) -> frozenset[int]:
+    """The scopes (ids) with a DDP / FSDP wrapper statement in their top-level body."""
     bodies = [analysis.tree.body] + [node.body for node in analysis.nodes
                                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    for info in analysis.infos.values():
-        if info.scope is sc.info.scope and any(ref.qualname in DDP_NAMES or ref.qualname in FSDP_NAMES
-                                               for ref in info.refs):
-            if any(any(stmt is info.node for stmt in body) for body in bodies):
-                return True
-    return False
+    top_level = {id(stmt) for body in bodies for stmt in body}
+    return frozenset(id(info.scope) for info in analysis.infos.values()
+                     if id(info.node) in top_level
+                     and any(ref.qualname in DDP_NAMES or ref.qualname in FSDP_NAMES for ref in info.refs))
 
 
 @transform("xla_save", form=STATEMENT)
