@@ -397,3 +397,45 @@ def test_worker_deaths_cost_only_the_files_that_cause_them():
     assert [r.path for r in results] == [t[0] for t in tasks]  # every file, in order
     assert [r.path for r in results if r.error] == ["poison0", "poison7", "poison8", "poison150", "poison199"]
     assert all("killed by SIGKILL" in r.error for r in results if r.error)
+
+
+def test_workers_end_with_a_killed_parent(tmp_path):
+    """SIGKILL (or the OOM killer) gives the tool no chance to stop its pool: its workers must
+    notice and end, not finish their files for nobody and then wait forever on the task queue."""
+    import process_groups
+
+    function = ("\n\ndef train_{n}(opt, loader, device):\n    for x in pl.MpDeviceLoader(loader, device):\n"
+                "        xm.optimizer_step(opt)\n        xm.master_print(xr.global_ordinal())\n")
+    header = ("import torch_xla.core.xla_model as xm\nimport torch_xla.distributed.parallel_loader as pl\n"
+              "import torch_xla.runtime as xr\n")
+    for index in range(4):  # several seconds of work each
+        (tmp_path / f"big_{index}.py").write_text(header + "".join(function.format(n=n) for n in range(1500)))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TPU_MIGRATE_CACHE_DIR": str(tmp_path / "cache")}
+    tool = subprocess.Popen([sys.executable, "-m", "tpu_migrate", "rewrite", "--check", "--jobs", "2",
+                             "--max-file-size", "0", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[int] = []
+        while len(workers) < 2 and time.monotonic() < deadline and tool.poll() is None:
+            time.sleep(0.2)
+            workers = [pid for pid in process_groups.group_members(tool.pid) if pid != tool.pid]
+        assert len(workers) >= 2, "the pool's workers never started"
+        time.sleep(1.0)  # inside their first files
+        tool.kill()
+        tool.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+            time.sleep(0.1)
+        assert not [pid for pid in workers if _alive(pid)], "workers outlived their killed parent"
+    finally:
+        process_groups.kill_group(tool)
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (a worker whose parent died is reaped by init, not left)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False

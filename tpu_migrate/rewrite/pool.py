@@ -7,12 +7,20 @@ again: the first of them in a process of its own, so that a file that kills ever
 rewrites it is named in a one-line error and the others are still rewritten, then the rest in a
 fresh pool. Workers only compute: the writing happens in the parent, so a dead worker leaves
 every file untouched.
+
+The other way round, a parent killed without a chance to stop its pool (SIGKILL, the OOM killer)
+would leave its workers computing for nobody, then waiting forever on a queue whose other end
+they hold themselves: each worker watches its parent and ends the moment the parent does
+(`_die_with_parent`).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
+import os
 import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -29,7 +37,7 @@ def run_tasks(work: Callable[[Task], FileResult], tasks: Sequence[Task], jobs: i
     while remaining:
         done = 0
         try:
-            with ProcessPoolExecutor(max_workers=min(jobs, len(remaining))) as pool:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(remaining)), initializer=_die_with_parent) as pool:
                 for result in pool.map(work, remaining, chunksize=chunk):
                     done += 1
                     yield result
@@ -59,7 +67,22 @@ def _in_own_process(work: Callable[[Task], FileResult], task: Task) -> FileResul
                                      "the file is unchanged")
 
 
+def _die_with_parent() -> None:
+    """In a worker: a thread that waits for the parent's end (multiprocessing's sentinel for it,
+    whatever the start method) and then ends this process at once."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tpu-migrate-parent-watch", daemon=True).start()
+
+
 def _send(work: Callable[[Task], FileResult], task: Task, connection) -> None:
+    _die_with_parent()
     connection.send(work(task))
     connection.close()
 
