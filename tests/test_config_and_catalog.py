@@ -218,3 +218,30 @@ def test_wheel_carries_rules_and_examples(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "tpu_migrate/_rules/core.toml" in names
     assert any(n.startswith("tpu_migrate/_fixtures/rewrite/TPU001-xla-device/") for n in names)
+
+
+def test_settings_above_the_project_root_never_apply(cli, tmp_path):
+    """A parent directory's pyproject.toml is not the project's: its exclude (which would turn
+    every check green) and its broken TOML (which would fail every run) are never read, whether
+    the project's root is marked by its own pyproject.toml or by .git."""
+    (tmp_path / "pyproject.toml").write_text('[tool.tpu-migrate]\nexclude = ["*.py"]\n')
+    for marker in ("pyproject.toml", ".git"):
+        project = tmp_path / f"project-{marker.strip('.')}"
+        (project / "src").mkdir(parents=True)
+        (project / "src" / "train.py").write_text(SOURCE)
+        if marker == ".git":
+            (project / ".git").mkdir()
+        else:
+            (project / "pyproject.toml").write_text('[project]\nname = "demo"\n')
+        result = cli("rewrite", "--check", "-v", "src", cwd=project)
+        assert result.returncode == 1, result.stderr  # train.py is checked: it has fixes
+        assert f"configuration: none (no [tool.tpu-migrate] in the project, {project})" in result.stderr.decode()
+    (tmp_path / "pyproject.toml").write_text("[tool.tpu-migrate\n")  # broken, above the root
+    result = cli("rewrite", "--check", "src", cwd=tmp_path / "project-git")
+    assert result.returncode == 1, result.stderr
+
+
+def test_verbose_names_the_configuration_in_use(cli, project):
+    write_config(project, 'ignore = ["TPU001"]\n')
+    result = cli("rewrite", "--check", "-v", "src", cwd=project)
+    assert f"configuration: {project / 'pyproject.toml'}: [tool.tpu-migrate]" in result.stderr.decode()

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from tpu_migrate import __version__
 from tpu_migrate.findings import FileResult
-from tpu_migrate.config import ConfigError, load_config
+from tpu_migrate.config import ConfigError, load_config, project_root
 from tpu_migrate.diagnose.kinds import BY_NAME as DIAGNOSE_KINDS
 from tpu_migrate.diagnose.kinds import FAIL_KINDS
 from tpu_migrate.report import ci_formats
@@ -196,6 +196,9 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
     if cache is not None:
         cache.save()
     if verbose:
+        stderr.print(f"configuration: {config.path}: [tool.tpu-migrate]" if config.path else
+                     f"configuration: none (no [tool.tpu-migrate] in the project, {project_root(list(paths))})",
+                     markup=False)
         stderr.print(f"{len(files)} file(s), {cache.hits} from the cache {cache.path}" if cache
                      else f"{len(files)} file(s), cache off", markup=False)
 

@@ -9,8 +9,11 @@
     cache = true              # false: never read or write the result cache (like --no-cache)
     max-file-size = "4M"      # or bytes; 0: no limit (like --max-file-size)
 
-The nearest pyproject.toml with a `[tool.tpu-migrate]` table above the first path (or the
-current directory) is used, as ruff does. Unknown keys and bad values are errors naming them.
+The search starts at the first path (or the current directory) and goes up to the project's
+root, as ruff's does: the first directory holding a pyproject.toml (its `[tool.tpu-migrate]`
+table, if it has one, is the configuration), or else holding `.git`. It never reads above that:
+a parent directory's settings (an `exclude` that matches everything, a broken file) are not the
+project's. Unknown keys and bad values are errors naming them.
 """
 
 from __future__ import annotations
@@ -40,14 +43,22 @@ class Config:
     max_file_size: int | None = None  # bytes; None: not set
 
 
-def find_config(paths: list[str]) -> Path | None:
+def project_root(paths: list[str]) -> Path:
+    """Where the configuration search stops: the first directory at or above the first path
+    holding a pyproject.toml or `.git`; the file system's root if none does."""
     start = Path(paths[0]) if paths else Path.cwd()
     start = start.resolve() if start.exists() else Path.cwd().resolve()
     directory = start if start.is_dir() else start.parent
     for candidate in (directory, *directory.parents):
-        pyproject = candidate / "pyproject.toml"
-        if pyproject.is_file() and "tpu-migrate" in _tool_tables(pyproject):
-            return pyproject
+        if (candidate / "pyproject.toml").is_file() or (candidate / ".git").exists():
+            return candidate
+    return Path(directory.anchor)
+
+
+def find_config(paths: list[str]) -> Path | None:
+    pyproject = project_root(paths) / "pyproject.toml"
+    if pyproject.is_file() and "tpu-migrate" in _tool_tables(pyproject):
+        return pyproject
     return None
 
 
