@@ -195,3 +195,74 @@ def test_max_file_size_bad_in_pyproject(cli, tmp_path, value):
     assert result.returncode == 2
     assert b"'max-file-size' must be a size" in result.stderr
     assert path.read_text() == XLA
+
+
+EVIL_NAME = "a\n::error file=evil.py,line=1::injected.py"
+EVIL_TEXT = ("import torch_xla.core.xla_model as xm\nd = xm.xla_device()\n"
+             "# TODO(tpu-migrate): TPU099 look \x1b]0;title\x07 \x1b[31mred\x1b[0m\n")
+
+
+def _no_raw_control(text: str) -> None:
+    """Nothing a terminal obeys, and no line a CI log reads as a workflow command."""
+    assert "\x1b" not in text and "\x07" not in text
+    assert not [line for line in text.splitlines() if line.startswith("::")], text
+
+
+@pytest.mark.parametrize("mode", ["--check", "--diff"])
+def test_names_and_comments_cannot_inject_commands_or_escapes(cli, tmp_path, mode):
+    """A file name with a line break and a workflow command, a TODO comment with OSC and colour
+    sequences: every line of the text output shows them escaped; the diff still applies with
+    git, and the suggested command names the file."""
+    import subprocess
+
+    (tmp_path / EVIL_NAME).write_text(EVIL_TEXT)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    result = cli("rewrite", mode, ".", cwd=tmp_path)
+    out, err = result.stdout.decode(), result.stderr.decode()
+    _no_raw_control(err)
+    if mode == "--diff":  # the file's own lines stay as they are (git apply needs them so), the rest not
+        _no_raw_control("\n".join(line for line in out.splitlines() if not line.startswith((" ", "-", "+"))
+                                  or line.startswith(("--- ", "+++ "))))
+        assert not [line for line in out.splitlines() if line.startswith("::")]
+    else:
+        _no_raw_control(out)
+    if mode == "--check":
+        assert "./a\\n::error file=evil.py,line=1::injected.py:3:1 TPU099 look \\x1b]0;title\\x07" in out
+        command = next(line for line in out.splitlines() if line.startswith("run: "))[len("run: "):]
+        listed = subprocess.run(["bash", "-c", command.replace("tpu-migrate rewrite", "ls", 1)], cwd=tmp_path,
+                                capture_output=True, text=True)
+        assert listed.returncode == 0 and EVIL_NAME in listed.stdout, (command, listed.stderr)
+    else:
+        (tmp_path / "x.diff").write_text(out)
+        applied = subprocess.run(["git", "apply", "x.diff"], cwd=tmp_path, capture_output=True, text=True)
+        assert applied.returncode == 0, applied.stderr
+        assert "xla_device" not in (tmp_path / EVIL_NAME).read_text()
+
+
+@pytest.mark.slow  # a traced run
+def test_diagnose_names_and_source_lines_cannot_inject(tmp_path):
+    """diagnose's report on stderr: the script's name and the source lines it quotes, escaped."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    script = tmp_path / "train\n::error file=evil.py,line=1::x.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(4, 1)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(6):\n"
+        "    loss = model(torch.randn(8, 4)).pow(2).mean()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+        "    optimizer.zero_grad()\n"
+        "    print(loss.item())  # \x1b]0;title\x07 read every step\n")
+    result = subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", "--backend", "native", str(script)],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = result.stderr[result.stderr.index("tpu-migrate diagnose:"):]
+    _no_raw_control(report)
+    assert "train\\n::error file=evil.py,line=1::x.py" in report
+    assert "\\x1b]0;title\\x07 read every step" in report

@@ -21,6 +21,7 @@ from tpu_migrate.diagnose.kinds import BY_NAME as DIAGNOSE_KINDS
 from tpu_migrate.diagnose.kinds import FAIL_KINDS
 from tpu_migrate.report import ci_formats
 from tpu_migrate.report import render
+from tpu_migrate.report.printable import printable
 from tpu_migrate.report.migration import Migration
 from tpu_migrate.rewrite import cache as result_cache
 from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE, Excluder, discover, parse_size, write_atomic
@@ -162,7 +163,7 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
 
     def excluded(path: str) -> None:  # pre-commit names every staged file: only when asked
         if verbose:
-            stderr.print(f"{path}: skipped: it matches an exclude pattern ({where})", markup=False)
+            stderr.print(printable(f"{path}: skipped: it matches an exclude pattern ({where})"), markup=False)
 
     for path, error in discover(paths, excluder, clean_temp_files=mode == "write", on_excluded=excluded):
         if error is not None:

@@ -10,6 +10,7 @@ from rich.table import Table
 from tpu_migrate.diagnose.analysis import Finding
 from tpu_migrate.diagnose.kinds import KINDS
 from tpu_migrate.diagnose.locations import relative, source_line, via_text
+from tpu_migrate.report.printable import printable
 
 JSON_VERSION = 1
 
@@ -40,8 +41,8 @@ def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
 def print_report(console: Console, script: str, steps: int, warmup_steps: int,
                  findings: list[Finding], timeline: str = "", backend: str = "xla",
                  device: str | None = None, notes: list[str] | None = None, costs=None) -> None:
-    console.print(f"tpu-migrate diagnose: {relative(script)} (backend {backend}, {steps} steps, "
-                  f"{warmup_steps} warm-up)", style="bold", markup=False, highlight=False)
+    console.print(printable(f"tpu-migrate diagnose: {relative(script)} (backend {backend}, {steps} steps, "
+                            f"{warmup_steps} warm-up)"), style="bold", markup=False, highlight=False)
     if backend == "native" and device == "cpu":
         console.print("device: cpu - no accelerator here, so the CPU stands in for the TPU: the "
                       "findings are what would wait for, recompile on or fail on a TPU",
@@ -53,9 +54,9 @@ def print_report(console: Console, script: str, steps: int, warmup_steps: int,
         console.print(f"steps: {shown}   (C compile, d dynamic shape, f fallback, s host sync; "
                       "warm-up before |)", markup=False, highlight=False)
     for note in notes or ():
-        console.print(f"note: {note}", markup=False, highlight=False)
+        console.print(printable(f"note: {note}"), markup=False, highlight=False)
     for line in costs.lines() if costs is not None else ():
-        console.print(line, markup=False, highlight=False)
+        console.print(printable(line), markup=False, highlight=False)
     if not findings:
         if steps == 0:  # never "no problems" for a program whose steps were not found
             console.print("nothing repeated: no recompilation, repeated host read, dynamic shape "
@@ -68,12 +69,13 @@ def print_report(console: Console, script: str, steps: int, warmup_steps: int,
     if not console.is_terminal:
         for f in findings:
             rank = f" rank {f.rank}" if f.rank is not None else ""
-            console.print(f"{relative(f.file)}:{f.line}: {f.kind}{rank}: {f.message}", markup=False, highlight=False)
+            console.print(printable(f"{relative(f.file)}:{f.line}: {f.kind}{rank}: {f.message}"), markup=False,
+                          highlight=False)
             code = source_line(f.file, f.line)
             if code:
-                console.print(f"    > {code}", markup=False, highlight=False)
+                console.print(printable(f"    > {code}"), markup=False, highlight=False)
             if f.via:
-                console.print(f"    {via_text(f.via)}", markup=False, highlight=False)
+                console.print(printable(f"    {via_text(f.via)}"), markup=False, highlight=False)
             if f.explanation:
                 console.print(f"    {f.explanation}", markup=False, highlight=False)
         return
@@ -112,8 +114,8 @@ def merge_documents(documents: list[dict]) -> dict:
 
 
 def print_merged(console: Console, document: dict) -> None:
-    console.print(f"tpu-migrate diagnose (merged, ranks {document['ranks']}): {document['script']}",
+    console.print(printable(f"tpu-migrate diagnose (merged, ranks {document['ranks']}): {document['script']}"),
                   style="bold", markup=False, highlight=False)
     for f in document["findings"]:
-        console.print(f"{f['file']}:{f['line']}: {f['kind']} rank {f['rank']}: {f['message']}",
+        console.print(printable(f"{f['file']}:{f['line']}: {f['kind']} rank {f['rank']}: {f['message']}"),
                       markup=False, highlight=False)

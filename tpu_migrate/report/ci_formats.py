@@ -19,6 +19,7 @@ from pathlib import Path
 from tpu_migrate import __version__
 from tpu_migrate.diagnose import kinds
 from tpu_migrate.findings import FileResult
+from tpu_migrate.report.printable import printable
 from tpu_migrate.rules import Catalog
 
 HOME = "https://github.com/tpu-migrate/tpu-migrate"
@@ -172,7 +173,7 @@ def _annotation(level: str, path: str, line: int | None, col: int | None, title:
     if line is not None and col:
         props += f",col={col}"
     props += f",title={_escape(title, True)}"
-    return f"::{level} {props}::{_escape(message)}"
+    return f"::{level} {props}::{_escape(printable(message))}"
 
 
 def rewrite_github(results: list[FileResult], catalog: Catalog) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import shlex
 import sys
 from collections import Counter
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tpu_migrate.findings import FileResult
+from tpu_migrate.report.printable import git_quote, printable, shell_quote
 from tpu_migrate.rules import Catalog
 
 JSON_VERSION = 1
@@ -71,7 +71,9 @@ def _diff_names(path: str) -> tuple[str, str]:
     take from the working directory; a path outside it stays absolute (`patch -p0`)."""
     spelled = path.split(":cell ", 1)  # a notebook's cell: `nb.ipynb:cell 3`
     name = ":cell ".join([diff_path(spelled[0]), *spelled[1:]])
-    return (name, name) if os.path.isabs(name) else (f"a/{name}", f"b/{name}")
+    if os.path.isabs(name):
+        return git_quote(name), git_quote(name)
+    return git_quote(f"a/{name}"), git_quote(f"b/{name}")
 
 
 def diff_path(path: str) -> str:
@@ -89,7 +91,7 @@ def _decode_for_diff(data: bytes) -> str:
 
 def finding_lines(result: FileResult) -> list[str]:
     return [
-        f"{result.path}:{'' if m.cell is None else f'cell {m.cell}:'}{m.line}:{m.col} {m.code} {m.message}"
+        printable(f"{result.path}:{'' if m.cell is None else f'cell {m.cell}:'}{m.line}:{m.col} {m.code} {m.message}")
         for m in result.manual
     ]
 
@@ -98,8 +100,8 @@ def fix_lines(result: FileResult, catalog: Catalog) -> list[str]:
     """--check: where each pending fix is, as findings are shown (`path:line:col CODE ...`), so
     that a failing hook points at lines, not only at counts."""
     return [
-        f"{result.path}:{'' if f.cell is None else f'cell {f.cell}:'}{f.line}:{f.col} {f.code} fixable: "
-        f"{catalog.by_code(f.code).summary}"
+        printable(f"{result.path}:{'' if f.cell is None else f'cell {f.cell}:'}{f.line}:{f.col} {f.code} fixable: "
+                  f"{catalog.by_code(f.code).summary}")
         for f in result.fixes
     ]
 
@@ -115,11 +117,11 @@ def next_command_line(results: list[FileResult], mode: str, options: list[str], 
     if mode == "write" or not changed:
         return None
     targets = changed if len(changed) <= NEXT_COMMAND_FILES else paths
-    return "run: " + shlex.join(["tpu-migrate", "rewrite", *options, *map(str, targets)])
+    return "run: " + " ".join(shell_quote(part) for part in ["tpu-migrate", "rewrite", *options, *map(str, targets)])
 
 
 def error_line(result: FileResult) -> str:
-    return f"{result.path}: error: {result.error}"
+    return printable(f"{result.path}: error: {result.error}")
 
 
 def json_document(results: list[FileResult], summary: Summary, target: str, diffs: bool,
@@ -141,12 +143,12 @@ def json_document(results: list[FileResult], summary: Summary, target: str, diff
 def changed_file_lines(results: list[FileResult], mode: str) -> list[str]:
     """One line per file written (`Rewrote: path`) or that would be (`Would rewrite: path`)."""
     label = "Rewrote" if mode == "write" else "Would rewrite"
-    return [f"{label}: {result.path}" for result in results if result.changed]
+    return [printable(f"{label}: {result.path}") for result in results if result.changed]
 
 
 def note_lines(result: FileResult) -> list[str]:
     """Warnings about the input (stderr): `path:line: warning: message`."""
-    return [f"{result.path}:{'' if n.cell is None else f'cell {n.cell}:'}{n.line}: warning: {n.message}"
+    return [printable(f"{result.path}:{'' if n.cell is None else f'cell {n.cell}:'}{n.line}: warning: {n.message}")
             for n in result.notes]
 
 
