@@ -75,7 +75,9 @@ def from_cache(result) -> int:
 
 
 def without_verbose_line(stderr: bytes) -> bytes:
-    return b"".join(line for line in stderr.splitlines(keepends=True) if b"from the cache" not in line)
+    """stderr without what -v adds: the configuration in use and the cache's line."""
+    return b"".join(line for line in stderr.splitlines(keepends=True)
+                    if b"from the cache" not in line and not line.startswith(b"configuration: "))
 
 
 def test_a_second_run_takes_every_file_from_the_cache(cli, project):

@@ -439,3 +439,66 @@ def _alive(pid: int) -> bool:
             return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
     except OSError:
         return False
+
+
+def test_a_file_with_hard_links_is_refused_not_split(cli, tmp_path):
+    """A new file under one name would leave the other names with the old text."""
+    path, other = tmp_path / "a.py", tmp_path / "b.py"
+    path.write_text(XLA)
+    os.link(path, other)
+    result = cli("rewrite", str(path))
+    assert result.returncode == 2
+    assert f"{path}: error: cannot write: it has 2 hard links" in result.stderr.decode()
+    assert path.read_text() == other.read_text() == XLA and path.stat().st_ino == other.stat().st_ino
+
+
+def test_extended_attributes_are_kept(cli, tmp_path):
+    path = tmp_path / "a.py"
+    path.write_text(XLA)
+    os.setxattr(path, "user.origin", b"vendored")
+    assert cli("rewrite", str(path)).returncode == 0
+    assert path.read_text() == XLA_REWRITTEN
+    assert os.getxattr(path, "user.origin") == b"vendored"
+
+
+def test_a_path_swapped_for_a_link_just_before_the_rename_is_not_written(tmp_path, monkeypatch):
+    """The file is replaced by a link to a file outside the tree with the same bytes (so the
+    content check passes) after the new text is on disk: the rename must not land outside."""
+    from tpu_migrate.rewrite import files
+
+    path, outside = tmp_path / "tree" / "a.py", tmp_path / "outside.py"
+    path.parent.mkdir()
+    path.write_text(XLA)
+    outside.write_text(XLA)
+    real_fsync = os.fsync
+
+    def swap_then_sync(fd):
+        real_fsync(fd)
+        path.rename(path.with_suffix(".moved"))
+        path.symlink_to(outside)
+
+    monkeypatch.setattr(files.os, "fsync", swap_then_sync)
+    with pytest.raises(files.ChangedOnDisk, match="the path was replaced"):
+        files.write_atomic(str(path), XLA_REWRITTEN.encode(), expected=XLA.encode())
+    assert outside.read_text() == XLA and path.with_suffix(".moved").read_text() == XLA
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(files.TEMP_SUFFIX)]
+
+
+def test_a_file_swapped_for_a_link_after_it_was_read_is_not_written(tmp_path):
+    """Between the read and the write the file is replaced by a link to a file outside the tree
+    with the same bytes: the write would land outside. It lands nowhere."""
+    from tpu_migrate.rewrite import files
+    from tpu_migrate.rewrite.context import Options
+    from tpu_migrate.rewrite.paths import rewrite_path
+
+    path, outside = tmp_path / "tree" / "a.py", tmp_path / "outside.py"
+    path.parent.mkdir()
+    path.write_text(XLA)
+    outside.write_text(XLA)
+    result = rewrite_path(str(path), Options())
+    assert result.changed and result.inode == path.stat().st_ino
+    path.unlink()
+    path.symlink_to(outside)
+    with pytest.raises(files.ChangedOnDisk, match="another file than the one read"):
+        files.write_atomic(str(path), result.output, expected=result.original, inode=result.inode)
+    assert outside.read_text() == XLA

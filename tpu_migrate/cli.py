@@ -188,7 +188,7 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
         for result in outcomes:
             if result.changed and mode == "write":
                 try:
-                    write_atomic(result.path, result.output, expected=result.original)
+                    write_atomic(result.path, result.output, expected=result.original, inode=result.inode)
                 except OSError as exc:
                     result.error = f"cannot write: {exc.strerror or exc}"
                     result.changed = False

@@ -68,6 +68,8 @@ class FileResult:
     # Set when `changed`; never serialised (the CLI writes or diffs it).
     original: bytes | None = None
     output: bytes | None = None
+    # The inode of the file `original` was read from: a write goes to that file or nowhere.
+    inode: int | None = field(default=None, compare=False)
     # Notebooks: cell index -> (old source, new source) of the cells that changed.
     cell_diffs: dict[int, tuple[str, str]] | None = None
 

@@ -344,6 +344,8 @@ def cached_results(
     todo.sort(key=lambda i: -len(sources.get(files[i], b"")))
     for index, result in zip(todo, process([files[i] for i in todo], sources) if todo else ()):
         slots[index] = result
+        if index in fingerprints:
+            result.inode = fingerprints[index].inode
         if index in fingerprints and (store_changed or not result.changed):
             cache.store(files[index], fingerprints[index], result)
         while done < len(files) and slots[done] is not None:

@@ -321,19 +321,29 @@ class ChangedOnDisk(OSError):
     """The file is no longer the bytes the new content was computed from."""
 
 
-def write_atomic(path: str, data: bytes, expected: bytes | None = None) -> None:
+def write_atomic(path: str, data: bytes, expected: bytes | None = None, inode: int | None = None) -> None:
     """Replace `path` with `data` through a temporary file in the same directory.
 
     Readers see the old bytes or the new bytes, never a mix, and a crash at any point leaves the
     old file whole (at worst with a stale temporary file beside it, which `discover` removes on
     the next writing run). A symlink is written through (the link stays a link). Mode, owner and
-    group are kept (owner: when allowed, i.e. as root; group: when a member). `expected`: the
-    bytes the new content was computed from; if the file no longer holds them (edited meanwhile),
-    nothing is written and ChangedOnDisk is raised.
+    group are kept (owner: when allowed, i.e. as root; group: when a member), and so are its
+    extended attributes (ACLs among them), or nothing is written. A file with several hard
+    links is refused: a new file under one name would leave the others with the old text.
+    `expected`: the bytes the new content was computed from, `inode`: the file they were read
+    from; if the file no longer holds them (edited meanwhile), or the path no longer leads to
+    that file (swapped for a link to another, say), nothing is written and ChangedOnDisk is
+    raised.
     """
     target = os.path.realpath(path)
     st = os.stat(target)
+    if inode is not None and st.st_ino != inode:
+        raise ChangedOnDisk(errno.EAGAIN, "the path leads to another file than the one read (replaced "
+                                          "meanwhile); not written")
     _refuse_read_only(target, st)
+    if st.st_nlink > 1:
+        raise OSError(errno.EMLINK, f"it has {st.st_nlink} hard links, and a rewrite would leave the other "
+                                    "names with the old text; not written (copy it to break the link)")
     directory, name = os.path.split(target)
     while len(os.fsencode(name)) > 200:  # names are 255 bytes at most; the end keeps the suffix
         name = name[1:]                   # `is_stale_temp` looks for
@@ -342,6 +352,7 @@ def write_atomic(path: str, data: bytes, expected: bytes | None = None) -> None:
         with os.fdopen(fd, "wb") as handle:
             _keep_owner(handle.fileno(), st)
             os.fchmod(handle.fileno(), stat.S_IMODE(st.st_mode))  # after chown, which drops setuid
+            _keep_extended_attributes(handle.fileno(), target)
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())  # data and metadata on disk before the rename
@@ -349,6 +360,11 @@ def write_atomic(path: str, data: bytes, expected: bytes | None = None) -> None:
             with open(target, "rb") as current:
                 if current.read() != expected:
                     raise ChangedOnDisk(errno.EAGAIN, "the file changed on disk while it was being rewritten; run again")
+        # The last moment before the rename: the path must still lead to the file read.
+        now = os.stat(target)
+        if os.path.realpath(path) != target or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise ChangedOnDisk(errno.EAGAIN, "the path was replaced while the file was being rewritten; "
+                                              "not written")
         os.replace(tmp, target)
     except BaseException:
         remove_quietly(tmp)
@@ -361,6 +377,25 @@ def _refuse_read_only(target: str, st: os.stat_result) -> None:
     root's open() would ignore."""
     if not st.st_mode & 0o222 or not os.access(target, os.W_OK):
         raise PermissionError(errno.EACCES, "Permission denied (the file is read-only)", target)
+
+
+def _keep_extended_attributes(fd: int, target: str) -> None:
+    """Copy `target`'s extended attributes (user metadata, POSIX ACLs, SELinux labels) to the new
+    file; one that cannot be copied stops the write rather than be dropped."""
+    if not hasattr(os, "listxattr"):
+        return
+    try:
+        names = os.listxattr(target)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return
+        raise
+    for name in names:
+        try:
+            os.setxattr(fd, name, os.getxattr(target, name))
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot keep its extended attribute {name} "
+                                     f"({exc.strerror or exc}); not written") from None
 
 
 def _keep_owner(fd: int, st: os.stat_result) -> None:

@@ -17,29 +17,35 @@ from tpu_migrate.rewrite.context import Options
 from tpu_migrate.rewrite.dependencies import CODE as DEPENDENCY_CODE
 from tpu_migrate.rewrite.dependencies import is_dependency_file, scan_dependency_file
 from tpu_migrate.rewrite.engine import rewrite_bytes
-from tpu_migrate.rewrite.files import read_source
+from tpu_migrate.rewrite.files import read_regular
 from tpu_migrate.rewrite.notebooks import rewrite_notebook
 from tpu_migrate.rewrite.pool import run_tasks
 
 
 def rewrite_path(path: str, options: Options, data: bytes | None = None) -> FileResult:
-    """`data`: the file's bytes, when the caller has read them (the result cache)."""
+    """`data`: the file's bytes, when the caller has read them (the result cache, which then
+    sets the result's inode)."""
+    inode = None
     try:
         if data is None:
-            data = read_source(path)  # a FIFO or device is refused, not waited on
+            data, st = read_regular(path)  # a FIFO or device is refused, not waited on
+            inode = st.st_ino
     except IsADirectoryError:
         return FileResult(path, error="is a directory")
     except OSError as exc:
         return FileResult(path, error=f"cannot read: {exc.strerror or exc}")
     try:
         if path.endswith(".ipynb"):
-            return rewrite_notebook(data, path, options)
-        if is_dependency_file(path):  # requirements*.txt, pyproject.toml: reported, never written
+            result = rewrite_notebook(data, path, options)
+        elif is_dependency_file(path):  # requirements*.txt, pyproject.toml: reported, never written
             manual = scan_dependency_file(path, data) if options.enabled(DEPENDENCY_CODE) else []
-            return FileResult(path, manual=manual)
-        return _named_foreign_file(rewrite_bytes(data, path, options))
+            result = FileResult(path, manual=manual)
+        else:
+            result = _named_foreign_file(rewrite_bytes(data, path, options))
     except Exception as exc:  # noqa: BLE001 - one file's bug must not stop the run
         return FileResult(path, error=f"internal error: {type(exc).__name__}: {exc}")
+    result.inode = inode
+    return result
 
 
 PYTHON_SUFFIXES = ("", ".py", ".pyw", ".pyi")
