@@ -52,7 +52,7 @@ def test_notebook_is_rewritten_across_cells(cli, tmp_path):
 def test_findings_and_diffs_name_the_cell(cli, tmp_path):
     notebook = tmp_path / "train.ipynb"
     shutil.copyfile(NOTEBOOKS / "train_xla.ipynb", notebook)
-    result = cli("rewrite", "--diff", str(notebook))
+    result = cli("rewrite", "--diff", "--notebook-diff", "cells", str(notebook))
     out = result.stdout.decode()
     assert f"--- {notebook}:cell 2\n+++ {notebook}:cell 2\n" in out
     assert f"{notebook}:cell 5:2:7 TPU099" in out
@@ -132,3 +132,28 @@ def test_a_rewritten_notebook_reports_its_todo_once(cli, tmp_path):
     # and the notebook's `!pip install` of torch_xla (TPU098), which no comment can mark
     assert again.stdout.decode().count("TPU098") == 2
     assert b"2 manual finding(s)" in again.stdout
+
+
+@pytest.mark.parametrize("tool", ["git apply", "patch -p1"])
+def test_the_diff_of_a_tree_with_a_notebook_applies_as_it_is(cli, tmp_path, tool):
+    """`--diff . > x.diff && git apply x.diff` (or `patch -p1`) gives what a write run gives:
+    the notebook's diff is its .ipynb file's, not per-cell sections whose headers are no paths."""
+    import subprocess
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    shutil.copyfile(NOTEBOOKS / "train_xla.ipynb", tree / "train.ipynb")
+    (tree / "train.py").write_text("import torch_xla.core.xla_model as xm\n\ndevice = xm.xla_device()\n")
+    written = tmp_path / "written"
+    shutil.copytree(tree, written)
+    cli("rewrite", ".", cwd=written)
+    diff = cli("rewrite", "--diff", ".", cwd=tree).stdout
+    headers = [line for line in diff.decode().splitlines() if line.startswith(("--- ", "+++ "))]
+    assert headers == ["--- a/train.ipynb", "+++ b/train.ipynb", "--- a/train.py", "+++ b/train.py"]
+    (tmp_path / "x.diff").write_bytes(diff)
+    command = ["git", "apply", str(tmp_path / "x.diff")] if tool == "git apply" else \
+        ["patch", "-p1", "-s", "-i", str(tmp_path / "x.diff")]
+    applied = subprocess.run(command, cwd=tree, capture_output=True, text=True)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    for name in ("train.ipynb", "train.py"):
+        assert (tree / name).read_bytes() == (written / name).read_bytes(), name

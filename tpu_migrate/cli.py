@@ -88,6 +88,9 @@ def main() -> None:
 @main.command(short_help="Convert torch_xla idioms in files or directories to TorchTPU.")
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--diff", "mode", flag_value="diff", help="Print a unified diff; write nothing.")
+@click.option("--notebook-diff", type=click.Choice(["file", "cells"]), default="file", show_default=True,
+              help="With --diff, a notebook's diff: of its .ipynb file (git apply and patch -p1 take it), "
+                   "or one per changed code cell, for reading.")
 @click.option("--check", "mode", flag_value="check",
               help="Write nothing; exit 1 if anything would change or needs manual work.")
 @click.option("--target", type=click.Choice(["tpu", "portable"]), default=None,
@@ -118,7 +121,7 @@ def main() -> None:
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True),
               help="Write the migration report here: a self-contained HTML page of what converts, what "
                    "is manual and which files still need torch_xla (with --check: writes no source file).")
-def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs, exclude, exit_zero,
+def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, output_format, jobs, exclude, exit_zero,
             exit_non_zero_on_fix, max_file_size, no_cache, verbose, html_file) -> None:
     """Convert torch_xla idioms in PATHS (files or directories) to TorchTPU.
 
@@ -216,7 +219,8 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
             _configuration_error(f"cannot write {html_file}: {exc.strerror or exc}")
     if output_format == "json":
         sys.stdout.write(render.json_document(results, summary, target, diffs=mode == "diff",
-                                              migration=migration.to_json()) + "\n")
+                                              migration=migration.to_json(),
+                                              notebook_cells=notebook_diff == "cells") + "\n")
     elif output_format == "sarif":
         sys.stdout.write(ci_formats.rewrite_sarif(results, catalog) + "\n")
     elif output_format == "github":
@@ -224,7 +228,7 @@ def rewrite(paths, mode, target, select, ignore, fix_level, output_format, jobs,
     else:
         for result in results:
             if result.changed and mode == "diff":
-                sys.stdout.write(render.unified_diff(result))
+                sys.stdout.write(render.unified_diff(result, notebook_diff == "cells"))
             for line in render.finding_lines(result):
                 sys.stdout.write(line + "\n")
         if mode == "check":

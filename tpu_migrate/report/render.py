@@ -46,11 +46,12 @@ class Summary:
         }
 
 
-def unified_diff(result: FileResult) -> str:
-    """The diff of one changed file; line endings are shown as they are in the file. For a
-    notebook, one diff per changed code cell, named `path:cell N`."""
+def unified_diff(result: FileResult, notebook_cells: bool = False) -> str:
+    """The diff of one changed file; line endings are shown as they are in the file. A notebook's
+    is the diff of its .ipynb file, which `git apply` and `patch -p1` take like any other;
+    `notebook_cells`: one diff per changed code cell instead, named `path:cell N`, for reading."""
     assert result.original is not None and result.output is not None
-    if result.cell_diffs is not None:
+    if result.cell_diffs is not None and notebook_cells:
         return "".join(
             "".join(difflib.unified_diff(
                 (old + "\n").splitlines(keepends=True), (new + "\n").splitlines(keepends=True),
@@ -125,13 +126,13 @@ def error_line(result: FileResult) -> str:
 
 
 def json_document(results: list[FileResult], summary: Summary, target: str, diffs: bool,
-                  migration: dict | None = None) -> str:
+                  migration: dict | None = None, notebook_cells: bool = False) -> str:
     """`migration`: the migration report's object (report/migration.py), under that key."""
     files = []
     for result in results:
         entry = result.to_json()
         if diffs:
-            entry["diff"] = unified_diff(result) if result.changed else None
+            entry["diff"] = unified_diff(result, notebook_cells) if result.changed else None
         files.append(entry)
     return json.dumps(
         {"version": JSON_VERSION, "target": target, "files": files, "summary": summary.to_json(),
