@@ -49,6 +49,17 @@ def test_setup_cfg_and_environment_yml():
     assert found("environment.yml", "dependencies:\n  - python=3.11\n  - pip:\n    - torch_xla==2.5\n") == [(4, 7)]
 
 
+def test_requirement_directories_and_container_files():
+    assert is_dependency_file("requirements/tpu.txt") and is_dependency_file("requirements-ci/base.in")
+    assert is_dependency_file("environment-tpu.yml") and is_dependency_file("docker/Dockerfile.tpu")
+    assert is_dependency_file("Dockerfile") and is_dependency_file("tpu.dockerfile")
+    assert not is_dependency_file("docs/notes.txt")  # a .txt outside a requirements directory
+    dockerfile = ("FROM python:3.11\nRUN pip install torch torch_xla[tpu] -f https://x  # runtime\n"
+                  "RUN python -m pip install numpy \\\n    optimum-tpu==0.2 \\\n    rich\n"
+                  "RUN echo torch_xla\n# RUN pip install torch_xla\n")
+    assert found("Dockerfile", dockerfile) == [(2, 23), (4, 5)]
+
+
 def test_other_files_and_names():
     assert is_dependency_file("a/requirements.txt") and is_dependency_file("requirements-dev.txt")
     assert is_dependency_file("pyproject.toml") and is_dependency_file("setup.cfg")
@@ -91,3 +102,25 @@ def test_the_cli_reports_dependency_files_found_or_named(cli, tmp_path):
     ignored = cli("rewrite", "--check", "--no-cache", "--ignore", "TPU098", ".", cwd=tmp_path)
     assert ignored.returncode == 0, ignored.stdout.decode()
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.slow
+def test_dependency_files_are_found_wherever_a_team_keeps_them(cli, tmp_path):
+    """`rewrite --check requirements/` scanned nothing and exited 0 with requirements/tpu.txt
+    pinning torch_xla[tpu]; naming the file said "not a Python file". Requirement directories,
+    environment-*.yml and Dockerfiles are found in a tree and scanned when named."""
+    (tmp_path / "requirements").mkdir()
+    (tmp_path / "requirements" / "tpu.txt").write_text("numpy\ntorch_xla[tpu]~=2.5\n")
+    (tmp_path / "requirements" / "base.in").write_text("torch\n")
+    (tmp_path / "docker").mkdir()
+    (tmp_path / "docker" / "Dockerfile.tpu").write_text("FROM python:3.11\nRUN pip install torch_xla[tpu]\n")
+    (tmp_path / "environment-tpu.yml").write_text("dependencies:\n  - pip:\n    - torch-xla\n")
+    (tmp_path / "notes.txt").write_text("torch_xla[tpu]\n")  # not a dependency file
+    result = cli("rewrite", "--check", "--no-cache", "requirements/", cwd=tmp_path)
+    assert result.returncode == 1, result.stdout.decode() + result.stderr.decode()
+    assert b"requirements/tpu.txt:2:1 TPU098" in result.stdout and b"2 file(s) scanned" in result.stdout
+    named = cli("rewrite", "--check", "--no-cache", "requirements/tpu.txt", cwd=tmp_path)
+    assert named.returncode == 1 and b"not a Python file" not in named.stdout + named.stderr
+    tree = cli("rewrite", "--check", "--no-cache", ".", cwd=tmp_path).stdout.decode()
+    assert "docker/Dockerfile.tpu:2:17 TPU098" in tree and "environment-tpu.yml:3:7 TPU098" in tree
+    assert "notes.txt" not in tree and "4 file(s) scanned" in tree

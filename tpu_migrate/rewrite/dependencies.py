@@ -4,7 +4,7 @@ notebook install lines.
 A migrated project must not keep installing torch_xla silently. Python code (a `setup.py`'s
 `install_requires`, a `pip install` argument list) is covered by the rewriter, which marks the
 strings with a TODO; the files that are not Python, `requirements*.txt` and `pyproject.toml`,
-get a report line from `scan_dependency_file`, and notebooks' `!pip install torch_xla` lines
+get a report line from `scan_dependency_file` (requirement directories and Dockerfiles too), and notebooks' `!pip install torch_xla` lines
 from notebooks.py. Nothing here rewrites anything: which TorchTPU package and version to
 depend on is the project's decision.
 """
@@ -39,7 +39,12 @@ INSTALL = re.compile(rf"\b(?:pip3?|conda|mamba|uv)\b.*\binstall\b.*?(?<![\w.-])(
 REQUIREMENT_KEYWORDS = frozenset({"install_requires", "setup_requires", "tests_require", "extras_require"})
 
 DEPENDENCY_FILES = ("requirements*.txt", "requirements*.in", "constraints*.txt", "pyproject.toml",
-                    "setup.cfg", "environment.yml", "environment.yaml", "Pipfile")
+                    "setup.cfg", "environment*.yml", "environment*.yaml", "Pipfile")
+# Requirement files kept in a directory of their own (`requirements/tpu.txt`, `reqs/dev.in`).
+REQUIREMENT_DIRECTORIES = ("requirements", "requirements*", "reqs", "deps")
+REQUIREMENT_SUFFIXES = (".txt", ".in")
+# Container recipes: their `pip install` lines (`Dockerfile`, `Dockerfile.tpu`, `tpu.dockerfile`).
+CONTAINER_FILES = ("Dockerfile", "Dockerfile.*", "*.dockerfile", "Containerfile")
 
 
 def message(requirement: str) -> str:
@@ -48,9 +53,18 @@ def message(requirement: str) -> str:
 
 
 def is_dependency_file(path: str) -> bool:
-    """Whether `scan_dependency_file` reads this file (by its name)."""
+    """Whether `scan_dependency_file` reads this file (by its name, or its directory's)."""
     name = os.path.basename(path)
-    return any(fnmatch.fnmatch(name, pattern) for pattern in DEPENDENCY_FILES)
+    if any(fnmatch.fnmatch(name, pattern) for pattern in DEPENDENCY_FILES + CONTAINER_FILES):
+        return True
+    directory = os.path.basename(os.path.dirname(os.path.abspath(path)))
+    return name.endswith(REQUIREMENT_SUFFIXES) and any(
+        fnmatch.fnmatch(directory, pattern) for pattern in REQUIREMENT_DIRECTORIES)
+
+
+def _is_container_file(path: str) -> bool:
+    name = os.path.basename(path)
+    return any(fnmatch.fnmatch(name, pattern) for pattern in CONTAINER_FILES)
 
 
 def scan_dependency_file(path: str, data: bytes) -> list[Manual]:
@@ -63,6 +77,13 @@ def scan_dependency_file(path: str, data: bytes) -> list[Manual]:
         text = data.decode("latin-1")
     toml = path.endswith((".toml", "Pipfile"))
     findings = []
+    if _is_container_file(path):  # `RUN pip install ... torch_xla[tpu] ...`, continued lines too
+        for number, line in enumerate(text.splitlines(), start=1):
+            match = INSTALL.search(line.split("#", 1)[0]) or (
+                _continued_install(text.splitlines(), number - 1))
+            if match is not None:
+                findings.append(Manual(CODE, number, match.start(1) + 1, message(match.group(1))))
+        return findings
     for number, line in enumerate(text.splitlines(), start=1):
         code = line.split("#", 1)[0] if not toml else _toml_code(line)
         match = _requirement_in(code, toml)
@@ -70,6 +91,16 @@ def scan_dependency_file(path: str, data: bytes) -> list[Manual]:
             column, requirement = match
             findings.append(Manual(CODE, number, column + 1, message(requirement)))
     return findings
+
+
+def _continued_install(lines: list[str], index: int):
+    """A torch_xla requirement on a continuation line of a `pip install ... \\` command."""
+    start = index
+    while start > 0 and lines[start - 1].rstrip().endswith("\\"):
+        start -= 1
+    if start == index or not re.search(r"\b(?:pip3?|conda|mamba|uv)\b.*\binstall\b", lines[start]):
+        return None
+    return re.search(rf"(?<![\w.-])({_NAME})(?![\w-])", lines[index].split("#", 1)[0], re.IGNORECASE)
 
 
 def _requirement_in(code: str, toml: bool) -> tuple[int, str] | None:

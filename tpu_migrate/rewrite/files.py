@@ -231,7 +231,7 @@ def discover(
                     if name not in SKIP_DIRS and not name.endswith(".egg-info") and not excluded(entry.path):
                         subdirs.append((entry.path, os.path.join(real_dir, name)))
                     continue
-                if not (name.endswith((".py", ".ipynb")) or is_dependency_file(name)) or excluded(entry.path):
+                if not (name.endswith((".py", ".ipynb")) or is_dependency_file(entry.path)) or excluded(entry.path):
                     continue
                 if link:
                     real = os.path.realpath(entry.path)
