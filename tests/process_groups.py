@@ -56,6 +56,15 @@ def kill_group(process: subprocess.Popen) -> None:
             pass
 
 
+def alive(pid: int) -> bool:
+    """Running, not a zombie (from /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False
+
+
 def group_members(pgid: int) -> list[int]:
     """The processes whose process group is `pgid` (from /proc)."""
     members = []

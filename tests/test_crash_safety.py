@@ -425,20 +425,12 @@ def test_workers_end_with_a_killed_parent(tmp_path):
         tool.kill()
         tool.wait()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(pid) for pid in workers):
+        # (A worker whose parent died is reaped by init: gone, not a zombie.)
+        while time.monotonic() < deadline and any(process_groups.alive(pid) for pid in workers):
             time.sleep(0.1)
-        assert not [pid for pid in workers if _alive(pid)], "workers outlived their killed parent"
+        assert not [pid for pid in workers if process_groups.alive(pid)], "workers outlived their killed parent"
     finally:
         process_groups.kill_group(tool)
-
-
-def _alive(pid: int) -> bool:
-    """Running and not a zombie (a worker whose parent died is reaped by init, not left)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def test_a_file_with_hard_links_is_refused_not_split(cli, tmp_path):

@@ -244,8 +244,8 @@ def test_a_graph_break_inside_library_code_is_placed_at_the_users_call():
 
 
 def test_a_relative_script_path_is_run_as_python_runs_it(tmp_path):
-    """`python train.py` gives the program an absolute __file__ and code file name: a program that
-    changes directory must still find itself, and diagnose its lines."""
+    """`python train.py` gives the program an absolute __file__ and code file name (and argv[0] as
+    typed): a program that changes directory must still find itself, and diagnose its lines."""
     (tmp_path / "train.py").write_text(
         "import os, sys\n"
         "import torch\n"
@@ -264,6 +264,6 @@ def test_a_relative_script_path_is_run_as_python_runs_it(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     script = str(tmp_path / "train.py")
-    assert f"{script} {script} {script}" in result.stderr  # the program's stdout
+    assert f"{script} {script} train.py" in result.stderr  # the program's stdout; argv[0] as typed
     [finding] = json.loads(result.stdout)["findings"]
     assert (finding["kind"], finding["file"], finding["line"]) == ("sync", script, 12)

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, default_sigint
+from process_groups import alive
 
 pytestmark = pytest.mark.slow  # programs that exit, crash or get killed under diagnose
 
@@ -42,14 +43,6 @@ def diagnose(tmp_path: Path, *args: str, input: bytes | None = None) -> subproce
 
 def findings(document: dict) -> list[tuple]:
     return [(f["kind"], Path(f["file"]).name, f["line"], f["count"]) for f in document["findings"]]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return handle.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def assert_cleaned_up(tmp_path: Path, pids_file: Path | None = None) -> None:
@@ -249,3 +242,50 @@ def test_only_dead_and_quiet_run_directories_are_removed(tmp_path, monkeypatch):
     assert rundir.remove_stale() == [str(tmp_path / names["dead-old"])]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         names[k] for k in ("dead-new", "live-old", "other"))
+
+
+PROBE = '''import json, os, sys
+import helper
+print("PROBE " + json.dumps({
+    "argv0": sys.argv[0], "file": __file__, "path0": sys.path[0], "helper": helper.VALUE,
+    "loader": [type(__loader__).__name__, getattr(__loader__, "name", None)], "package": __package__,
+    "spec": repr(__spec__), "cached": globals().get("__cached__"), "site": os.environ.get("USER_SITE_RAN"),
+}), flush=True)
+if len(sys.argv) > 1:
+    sys.excepthook = lambda kind, value, tb: print("HOOKED", kind.__name__, value, flush=True)
+    raise KeyboardInterrupt("stop") if sys.argv[1] == "interrupt" else ValueError("bad")
+'''
+
+
+def _probe(output: str) -> dict:
+    return json.loads(next(line for line in output.splitlines() if line.startswith("PROBE "))[len("PROBE "):])
+
+
+@pytest.mark.parametrize("ending", ["", "raise", "interrupt"])
+def test_the_program_cannot_tell_it_is_traced(tmp_path, ending):
+    """What python gives a script reached through a symlink, with a sitecustomize of the user's on
+    the path, and what an uncaught exception does: the same under diagnose (argv[0] as typed, the
+    real directory first on sys.path, python's __loader__ / __package__, the user's
+    sitecustomize run, sys.excepthook called, a KeyboardInterrupt ending the process by SIGINT)."""
+    real, links, site = tmp_path / "real", tmp_path / "links", tmp_path / "site"
+    for directory in (real, links, site):
+        directory.mkdir()
+    (real / "helper.py").write_text("VALUE = 7\n")
+    (real / "probe.py").write_text(PROBE)
+    (links / "probe.py").symlink_to(real / "probe.py")
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+    args = [ending] if ending else []
+    plain = subprocess.run([sys.executable, "links/probe.py", *args], cwd=tmp_path, capture_output=True,
+                           text=True, env=env, timeout=120)
+    traced = subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", "--backend", "native",
+                             "links/probe.py", *args], cwd=tmp_path, capture_output=True, text=True, env=env,
+                            timeout=300)
+    expected = _probe(plain.stdout)
+    assert expected["helper"] == 7 and expected["site"] == "1" and expected["argv0"] == "links/probe.py"
+    assert _probe(traced.stdout + traced.stderr) == expected
+    if ending:
+        hooked = "HOOKED KeyboardInterrupt stop" if ending == "interrupt" else "HOOKED ValueError bad"
+        assert hooked in plain.stdout and hooked in traced.stdout + traced.stderr
+        assert "Traceback" not in traced.stdout + traced.stderr
+        assert plain.returncode == (-signal.SIGINT if ending == "interrupt" else 1)

@@ -1,6 +1,9 @@
 """Runs the user's program as `python SCRIPT ARGS` (or `python -m MODULE ARGS`) would, with the
-tracer installed: same arguments, `__main__`, absolute `__file__`, sys.path[0], cwd, stdio and exit
-status.
+tracer installed: same arguments (`sys.argv[0]` as typed), `__main__` with python's `__file__`
+(absolute), `__loader__`, `__package__` and `__spec__`, sys.path[0] (the script's real directory,
+a symlink resolved; none under PYTHONSAFEPATH), cwd, stdio, `sys.excepthook` for an uncaught
+exception, and exit status (an uncaught KeyboardInterrupt ends the process by SIGINT, as python's
+does).
 
     python -m tpu_migrate.diagnose.bootstrap script PATH [ARGS...]
     python -m tpu_migrate.diagnose.bootstrap module NAME [ARGS...]
@@ -8,11 +11,14 @@ status.
 
 from __future__ import annotations
 
+import builtins
+import importlib.machinery
+import io
 import os
 import runpy
 import signal
 import sys
-import traceback
+import types
 
 from tpu_migrate.diagnose import recording, tracer
 
@@ -50,30 +56,50 @@ def main() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {int(s) for s in unblock.split(",")})
     _end_with_the_tool()
     tracer.install()
+    sys.argv = [target, *args]
     if mode == "script":
-        sys.argv = [target, *args]
-        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        if not sys.flags.safe_path:  # python puts the script's real directory first
+            sys.path[0] = os.path.dirname(os.path.realpath(target))
         # As python does, __file__ and the code's file name are absolute: a program that changes
-        # directory must still find itself, and we its lines. (runpy makes argv[0] the same
-        # absolute path; python keeps it as typed. Either is the script.)
+        # directory must still find itself, and we its lines.
         path = os.path.abspath(target)
-        runner = lambda: runpy.run_path(path, run_name="__main__")  # noqa: E731
+        runner = (lambda: _run_file(path)) if os.path.isfile(path) else (  # noqa: E731
+            lambda: runpy.run_path(path, run_name="__main__"))  # a directory or zip with __main__.py
     else:
-        sys.argv = [target, *args]
-        sys.path[0] = os.getcwd()
+        if not sys.flags.safe_path:
+            sys.path[0] = os.getcwd()
         runner = lambda: runpy.run_module(target, run_name="__main__", alter_sys=True)  # noqa: E731
     try:
         runner()
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # print it as Python would, without the bootstrap's frames
+    except BaseException as exc:  # as python reports it: sys.excepthook, without our frames
         tb = exc.__traceback__
         while tb is not None and recording.is_library(tb.tb_frame.f_code.co_filename):
             tb = tb.tb_next
-        traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+        # The hook prints the exception's own traceback (the argument only where it has none).
+        exc.__traceback__ = tb or exc.__traceback__
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        if isinstance(exc, KeyboardInterrupt):  # python then ends by SIGINT, for its parent to see
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
         sys.exit(1)
+
+
+def _run_file(path: str) -> None:
+    """`python PATH`'s `__main__`: a fresh module with python's attributes, the code compiled
+    under the absolute path (runpy's run_path would make argv[0] absolute and give another
+    `__loader__` and `__package__`)."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __package__=None, __spec__=None,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+                         __builtins__=builtins)
+    sys.modules["__main__"] = main
+    with io.open_code(path) as handle:
+        code = compile(handle.read(), path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,30 @@ try:
     _tpu_migrate_tracer.install()
 except Exception:  # never break the program being diagnosed
     pass
+
+
+def _tpu_migrate_user_sitecustomize():
+    """This file shadows the program's own sitecustomize (further on sys.path): run it, as site
+    would have, with site's message if it fails."""
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\\n{type(exc).__name__}: {exc}\\n")
+
+
+_tpu_migrate_user_sitecustomize()
 '''
 
 
