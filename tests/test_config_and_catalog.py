@@ -245,3 +245,12 @@ def test_verbose_names_the_configuration_in_use(cli, project):
     write_config(project, 'ignore = ["TPU001"]\n')
     result = cli("rewrite", "--check", "-v", "src", cwd=project)
     assert f"configuration: {project / 'pyproject.toml'}: [tool.tpu-migrate]" in result.stderr.decode()
+
+
+def test_every_bad_key_of_the_config_is_named_in_one_line(cli, project):
+    write_config(project, 'target = "x"\nselect = 3\nspeed = "fast"\n')
+    result = cli("rewrite", "--check", "src", cwd=project)
+    assert result.returncode == 2
+    [line] = result.stderr.decode().splitlines()
+    assert "unknown key 'speed'" in line and "'target' must be one of tpu, portable, not 'x'" in line
+    assert "'select' must be a list of strings" in line

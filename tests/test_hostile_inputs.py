@@ -266,3 +266,20 @@ def test_diagnose_names_and_source_lines_cannot_inject(tmp_path):
     _no_raw_control(report)
     assert "train\\n::error file=evil.py,line=1::x.py" in report
     assert "\\x1b]0;title\\x07 read every step" in report
+
+
+def test_small_first_day_frictions(cli, tmp_path):
+    """A missing path is an error, not a file scanned; a named notes.txt that happens to parse is
+    not rewritten as Python; a binary .py says it is binary, not that its encoding declaration
+    is wrong."""
+    (tmp_path / "good.py").write_text("import torch_xla.core.xla_model as xm\nd = xm.xla_device()\n")
+    (tmp_path / "notes.txt").write_text("import torch_xla.core.xla_model as xm\nd = xm.xla_device()\n")
+    (tmp_path / "blob.py").write_bytes(b"\x00\xff\xfeimport torch_xla\n")
+    missing = cli("rewrite", "--check", "nope/", "good.py", cwd=tmp_path)
+    assert b"1 file(s) scanned" in missing.stdout and b"nope/: error: no such file or directory" in missing.stderr
+    named = cli("rewrite", "notes.txt", "blob.py", cwd=tmp_path)
+    assert named.returncode == 2
+    err = named.stderr.decode()
+    assert "notes.txt: error: not a Python file or notebook (.txt file); nothing to rewrite" in err
+    assert "blob.py: error: a binary file (it holds NUL bytes), not Python source" in err
+    assert (tmp_path / "notes.txt").read_text().startswith("import torch_xla")

@@ -81,23 +81,37 @@ def load_config(paths: list[str]) -> Config:
     where = f"{pyproject}: [tool.tpu-migrate]"
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
-    for key in table:
-        if key not in KEYS:
-            raise ConfigError(f"{where}: unknown key '{key}' (known: {', '.join(KEYS)})")
+    # Every problem of the table in one line, not the first one per run.
+    problems = [f"unknown key '{key}' (known: {', '.join(KEYS)})" for key in table if key not in KEYS]
     config = Config(path=pyproject)
-    config.target = _choice(table, "target", TARGETS, where)
-    config.fix_level = _choice(table, "fix-level", FIX_LEVELS, where)
-    config.select = _strings(table, "select", where)
-    config.ignore = _strings(table, "ignore", where)
-    config.exclude = _strings(table, "exclude", where) or []
-    config.cache = table.get("cache", True)
-    if not isinstance(config.cache, bool):
-        raise ConfigError(f"{where}: 'cache' must be true or false, not {config.cache!r}")
-    config.max_file_size = _size(table, "max-file-size", where)
+
+    def take(attribute: str, read, *args) -> None:
+        try:
+            setattr(config, attribute, read(table, *args))
+        except ConfigError as exc:
+            problems.append(str(exc))
+
+    take("target", _choice, "target", TARGETS)
+    take("fix_level", _choice, "fix-level", FIX_LEVELS)
+    take("select", _strings, "select")
+    take("ignore", _strings, "ignore")
+    take("exclude", _strings, "exclude")
+    take("cache", _flag, "cache")
+    take("max_file_size", _size, "max-file-size")
+    if problems:
+        raise ConfigError(f"{where}: " + "; ".join(problems))
+    config.exclude = config.exclude or []
     return config
 
 
-def _size(table: dict, key: str, where: str) -> int | None:
+def _flag(table: dict, key: str) -> bool:
+    value = table.get(key, True)
+    if not isinstance(value, bool):
+        raise ConfigError(f"'{key}' must be true or false, not {value!r}")
+    return value
+
+
+def _size(table: dict, key: str) -> int | None:
     from tpu_migrate.rewrite.files import parse_size
 
     value = table.get(key)
@@ -110,21 +124,21 @@ def _size(table: dict, key: str, where: str) -> int | None:
             return parse_size(value)
     except ValueError:
         pass
-    raise ConfigError(f"{where}: '{key}' must be a size such as \"4M\", \"500K\" or a number of bytes, "
+    raise ConfigError(f"'{key}' must be a size such as \"4M\", \"500K\" or a number of bytes, "
                       f"not {value!r}")
 
 
-def _choice(table: dict, key: str, choices: tuple[str, ...], where: str) -> str | None:
+def _choice(table: dict, key: str, choices: tuple[str, ...]) -> str | None:
     value = table.get(key)
     if value is not None and value not in choices:
-        raise ConfigError(f"{where}: '{key}' must be one of {', '.join(choices)}, not {value!r}")
+        raise ConfigError(f"'{key}' must be one of {', '.join(choices)}, not {value!r}")
     return value
 
 
-def _strings(table: dict, key: str, where: str) -> list[str] | None:
+def _strings(table: dict, key: str) -> list[str] | None:
     value = table.get(key)
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{where}: '{key}' must be a list of strings")
+        raise ConfigError(f"'{key}' must be a list of strings")
     return value

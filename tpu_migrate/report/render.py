@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tpu_migrate.findings import FileResult
+from tpu_migrate.rewrite.files import MISSING
 from tpu_migrate.report.printable import git_quote, printable, shell_quote
 from tpu_migrate.rules import Catalog
 
@@ -28,7 +29,7 @@ class Summary:
     manual: Counter = field(default_factory=Counter)
 
     def add(self, result: FileResult) -> None:
-        self.files += 1
+        self.files += result.error != MISSING  # a path that does not exist was not scanned
         self.changed += result.changed
         self.errors += result.error is not None
         self.fixes.update(f.code for f in result.fixes)

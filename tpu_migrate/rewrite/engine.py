@@ -41,7 +41,9 @@ def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | N
     try:
         source = decode(data)
     except DecodeError as exc:
-        result.error = str(exc)
+        # A NUL byte: not text at all, whatever the decoder's complaint (an encoding declaration).
+        result.error = "a binary file (it holds NUL bytes), not Python source; left unchanged" \
+            if b"\x00" in data else str(exc)
         return result
     # Classic-Mac files (CR only): libcst drops a final lone "\r", so rewrite with "\n" and
     # put the CRs back.

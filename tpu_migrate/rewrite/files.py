@@ -147,6 +147,23 @@ class Excluder:
         return False
 
 
+# Suffixes of the Python files a named path may be (a script without one included).
+PYTHON_SUFFIXES = ("", ".py", ".pyw", ".pyi")
+
+
+def _not_python(path: str) -> str | None:
+    """The error of a file named on the command line that is no Python file, notebook or
+    dependency file (`notes.txt`): reported, not parsed, even where its text happens to parse."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix in PYTHON_SUFFIXES or suffix == ".ipynb" or is_dependency_file(path):
+        return None
+    return f"not a Python file or notebook ({suffix} file); nothing to rewrite"
+
+
+# The error of a path named on the command line that does not exist: reported, not scanned.
+MISSING = "no such file or directory"
+
+
 def discover(
     paths: Iterable[str], exclude: Excluder | Iterable[str] = (), clean_temp_files: bool = False,
     on_excluded: Callable[[str], None] | None = None,
@@ -182,7 +199,7 @@ def discover(
 
     for raw in paths:
         if not os.path.lexists(raw):
-            yield raw, "no such file or directory"
+            yield raw, MISSING
             continue
         if not os.path.isdir(raw):
             real = os.path.realpath(raw)
@@ -198,7 +215,7 @@ def discover(
                     on_excluded(raw)
             elif real not in seen:
                 seen.add(real)
-                yield raw, None
+                yield raw, _not_python(raw)
             continue
         if exclude.matches_named(raw):
             if on_excluded is not None:
@@ -411,6 +428,6 @@ def _keep_owner(fd: int, st: os.stat_result) -> None:
             pass
 
 
-__all__ = ["prefilter", "discover", "Excluder", "decode", "encode", "write_atomic", "read_source", "read_regular",
+__all__ = ["MISSING", "prefilter", "discover", "Excluder", "decode", "encode", "write_atomic", "read_source", "read_regular",
            "remove_quietly", "parse_size",
            "format_size", "is_stale_temp", "DecodeError", "ChangedOnDisk"]

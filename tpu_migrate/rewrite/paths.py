@@ -41,24 +41,10 @@ def rewrite_path(path: str, options: Options, data: bytes | None = None) -> File
             manual = scan_dependency_file(path, data) if options.enabled(DEPENDENCY_CODE) else []
             result = FileResult(path, manual=manual)
         else:
-            result = _named_foreign_file(rewrite_bytes(data, path, options))
+            result = rewrite_bytes(data, path, options)
     except Exception as exc:  # noqa: BLE001 - one file's bug must not stop the run
         return FileResult(path, error=f"internal error: {type(exc).__name__}: {exc}")
     result.inode = inode
-    return result
-
-
-PYTHON_SUFFIXES = ("", ".py", ".pyw", ".pyi")
-
-
-def _named_foreign_file(result: FileResult) -> FileResult:
-    """A file named on the command line with another suffix (`requirements.txt`) that is not
-    Python either: say so, rather than report its syntax. Suffix-less scripts stay Python."""
-    suffix = os.path.splitext(result.path)[1].lower()
-    if suffix not in PYTHON_SUFFIXES and result.error is not None and result.error.startswith(
-            ("syntax error", "cannot parse", "cannot decode")):
-        result.error = f"not a Python file or notebook ({suffix} file); nothing to rewrite"
-        result.error_line = None
     return result
 
 
