@@ -276,10 +276,14 @@ def _sharded_loader(call, bound, qualname, sc: StatementContext, rule):
     else the call is kept with what to write."""
     sharding = bound["input_sharding"].value
     axis = spmd.sharded_loader_axis(sharding, sc)
-    unknown = set(bound) - {"loader", "device", "input_sharding"} - _TUNING_KEYWORDS
-    if axis is None or unknown or _reads_loader_internals(sc):
+    unknown = sorted(set(bound) - {"loader", "device", "input_sharding"} - _TUNING_KEYWORDS)
+    if axis is None:
         problem = ("`input_sharding=` shards each batch over the SPMD mesh other than on its first "
                    "dimension over one mesh axis (FSDP style): place the batch with DTensor by hand")
+    elif unknown:
+        problem = f"unknown argument `{unknown[0]}=` beside an FSDP-style `input_sharding=`"
+    elif _reads_loader_internals(sc):
+        problem = "the file reads MpDeviceLoader's `_parallel_loader` state, which a plain loader lacks"
     elif not spmd.gradients_averaged(sc):
         problem = ("`input_sharding=` shards each batch over the SPMD mesh, and the file has no "
                    "SpmdFullyShardedDataParallel to convert: with one process per device, each process "
