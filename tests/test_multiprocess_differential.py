@@ -53,6 +53,7 @@ class Mode:
 
 PYTHON = Mode("python")
 TORCHRUN2 = Mode("torchrun2", torchrun=2)
+TORCHRUN4 = Mode("torchrun4", torchrun=4)
 
 
 @dataclass(frozen=True)
@@ -88,13 +89,14 @@ CASES = [
     Case("m12_sync_batch_norm_process_index.py"),
     Case("m13_broadcast_master_param_buffers.py"),
     Case("m14_library_comp_model.py"),
-    Case("m15_xla_fsdp_root.py"),
+    # The FSDP programs also at 4 processes: a 1-D mesh of 4 shards each parameter 4 ways.
+    Case("m15_xla_fsdp_root.py", extra_modes=(TORCHRUN4,)),
     # With --checkpoint (the wrap policy's modules through torch_xla's example's gradient-
     # checkpointing auto_wrapper_callable): what the plain form runs and more, in one world.
-    Case("m16_xla_fsdp_auto_wrap.py", args=("--checkpoint",)),
+    Case("m16_xla_fsdp_auto_wrap.py", args=("--checkpoint",), extra_modes=(TORCHRUN4,)),
     # SPMD in FSDP style: the original is one process driving 4 devices, the migrated program
     # one process per device, at 1, 2 and 4.
-    Case("m17_spmd_fsdp_v2_sharded_loader.py", original_devices=4, extra_modes=(Mode("torchrun4", torchrun=4),)),
+    Case("m17_spmd_fsdp_v2_sharded_loader.py", original_devices=4, extra_modes=(TORCHRUN4,)),
 ]
 PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
 PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]
