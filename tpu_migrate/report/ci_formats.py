@@ -20,6 +20,7 @@ from tpu_migrate import __version__
 from tpu_migrate.diagnose import kinds
 from tpu_migrate.findings import FileResult
 from tpu_migrate.report.printable import printable
+from tpu_migrate.report.render import relative_inside
 from tpu_migrate.rules import Catalog
 
 HOME = "https://github.com/tpu-migrate/tpu-migrate"
@@ -50,10 +51,7 @@ class RepositoryPaths:
 
     def relative(self, path: str) -> str | None:
         """`path` relative to the root, or None if it lies outside."""
-        relative = os.path.relpath(os.path.abspath(path), self.root)
-        if relative == os.pardir or relative.startswith(os.pardir + os.sep):
-            return None
-        return relative.replace(os.sep, "/")
+        return relative_inside(path, self.root)
 
     def name(self, path: str) -> str:
         """The name an annotation gives: relative where it can be, else absolute."""

@@ -80,10 +80,15 @@ def _diff_names(path: str) -> tuple[str, str]:
 
 def diff_path(path: str) -> str:
     """`path` relative to the working directory, in `/` form, or absolute when outside it."""
-    absolute = os.path.abspath(path)
-    relative = os.path.relpath(absolute, os.getcwd())
+    relative = relative_inside(path, os.getcwd())
+    return os.path.abspath(path) if relative is None else relative
+
+
+def relative_inside(path: str, base: str) -> str | None:
+    """`path` relative to the directory `base`, in `/` form, or None when it lies outside."""
+    relative = os.path.relpath(os.path.abspath(path), base)
     if relative == os.pardir or relative.startswith(os.pardir + os.sep):
-        return absolute
+        return None
     return relative.replace(os.sep, "/")
 
 

@@ -3,10 +3,10 @@ notebook install lines.
 
 A migrated project must not keep installing torch_xla silently. Python code (a `setup.py`'s
 `install_requires`, a `pip install` argument list) is covered by the rewriter, which marks the
-strings with a TODO; the files that are not Python, `requirements*.txt` and `pyproject.toml`,
-get a report line from `scan_dependency_file` (requirement directories and Dockerfiles too), and notebooks' `!pip install torch_xla` lines
-from notebooks.py. Nothing here rewrites anything: which TorchTPU package and version to
-depend on is the project's decision.
+strings with a TODO; the files that are not Python (`requirements*.txt`, `pyproject.toml`,
+requirement directories, Dockerfiles) get a report line from `scan_dependency_file`, and
+notebooks' `!pip install torch_xla` lines from notebooks.py. Nothing here rewrites anything:
+which TorchTPU package and version to depend on is the project's decision.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ DISTRIBUTION = re.compile(
 REQUIREMENT = re.compile(rf"^\s*{_NAME}\s*(?:$|[\[<>=!~@;,\s])", re.IGNORECASE)
 # `pip install ... torch_xla[tpu]` / `pip3 install` / `python -m pip install` / `uv pip install`
 # / `conda install` (notebook shell lines and magics).
-INSTALL = re.compile(rf"\b(?:pip3?|conda|mamba|uv)\b.*\binstall\b.*?(?<![\w.-])({_NAME})(?![\w-])",
-                     re.IGNORECASE)
+_INSTALLER = r"\b(?:pip3?|conda|mamba|uv)\b.*\binstall\b"
+_PACKAGE = rf"(?<![\w.-])({_NAME})(?![\w-])"  # the distribution, not part of a longer name
+INSTALL = re.compile(rf"{_INSTALLER}.*?{_PACKAGE}", re.IGNORECASE)
 # setup() / setuptools keywords whose strings are requirements.
 REQUIREMENT_KEYWORDS = frozenset({"install_requires", "setup_requires", "tests_require", "extras_require"})
 
@@ -55,16 +56,14 @@ def message(requirement: str) -> str:
 def is_dependency_file(path: str) -> bool:
     """Whether `scan_dependency_file` reads this file (by its name, or its directory's)."""
     name = os.path.basename(path)
-    if any(fnmatch.fnmatch(name, pattern) for pattern in DEPENDENCY_FILES + CONTAINER_FILES):
+    if _matches(name, DEPENDENCY_FILES + CONTAINER_FILES):
         return True
     directory = os.path.basename(os.path.dirname(os.path.abspath(path)))
-    return name.endswith(REQUIREMENT_SUFFIXES) and any(
-        fnmatch.fnmatch(directory, pattern) for pattern in REQUIREMENT_DIRECTORIES)
+    return name.endswith(REQUIREMENT_SUFFIXES) and _matches(directory, REQUIREMENT_DIRECTORIES)
 
 
-def _is_container_file(path: str) -> bool:
-    name = os.path.basename(path)
-    return any(fnmatch.fnmatch(name, pattern) for pattern in CONTAINER_FILES)
+def _matches(name: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
 
 
 def scan_dependency_file(path: str, data: bytes) -> list[Manual]:
@@ -77,10 +76,10 @@ def scan_dependency_file(path: str, data: bytes) -> list[Manual]:
         text = data.decode("latin-1")
     toml = path.endswith((".toml", "Pipfile"))
     findings = []
-    if _is_container_file(path):  # `RUN pip install ... torch_xla[tpu] ...`, continued lines too
-        for number, line in enumerate(text.splitlines(), start=1):
-            match = INSTALL.search(line.split("#", 1)[0]) or (
-                _continued_install(text.splitlines(), number - 1))
+    if _matches(os.path.basename(path), CONTAINER_FILES):  # `RUN pip install ... torch_xla[tpu]`
+        lines = text.splitlines()
+        for number, line in enumerate(lines, start=1):
+            match = INSTALL.search(line.split("#", 1)[0]) or _continued_install(lines, number - 1)
             if match is not None:
                 findings.append(Manual(CODE, number, match.start(1) + 1, message(match.group(1))))
         return findings
@@ -98,9 +97,9 @@ def _continued_install(lines: list[str], index: int):
     start = index
     while start > 0 and lines[start - 1].rstrip().endswith("\\"):
         start -= 1
-    if start == index or not re.search(r"\b(?:pip3?|conda|mamba|uv)\b.*\binstall\b", lines[start]):
+    if start == index or not re.search(_INSTALLER, lines[start]):
         return None
-    return re.search(rf"(?<![\w.-])({_NAME})(?![\w-])", lines[index].split("#", 1)[0], re.IGNORECASE)
+    return re.search(_PACKAGE, lines[index].split("#", 1)[0], re.IGNORECASE)
 
 
 def _requirement_in(code: str, toml: bool) -> tuple[int, str] | None:

@@ -157,7 +157,7 @@ def xla_fsdp(call, qualname, sc: StatementContext, rule):
 
 
 def fully_shard_call(call, qualname, sc: StatementContext, rule, params: list[str], left: dict,
-                     *, manual_code: str, name: str, dropped_silently: tuple[str, ...] = ()):
+                     *, manual_code: str, name: str):
     """A torch_xla FSDP wrapper call (its parameters `params`) -> `_fully_shard(module, ...)`
     with the arguments FSDP2 keeps. `left`: arguments that leave the call for a human, with what
     to write (None: said by another). A call left for a human is returned as it came (the walker
@@ -202,7 +202,7 @@ def fully_shard_call(call, qualname, sc: StatementContext, rule, params: list[st
         sc.needs_manual(manual_code, f"{name} -> fully_shard: " + "; ".join(notes), where=where)
     args = [cst.Arg(bound["module"].value)]
     for arg in KEPT:
-        if arg in bound and arg not in dropped_silently:
+        if arg in bound:
             args.append(cst.Arg(bound[arg].value, keyword=cst.Name(arg),
                                 equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                       whitespace_after=cst.SimpleWhitespace(""))))
@@ -261,14 +261,16 @@ def checkpoint_module_reference(node, qualname, sc: StatementContext, rule):
     return cst.Name(helper(sc, "_checkpoint_module", CHECKPOINT_MODULE))
 
 
+# SPMD's FSDP wrapper (FSDPv2), converted with the same helper (spmd.py).
+SPMD_FSDP = "torch_xla.experimental.spmd_fully_sharded_data_parallel.SpmdFullyShardedDataParallel"
 # The names whose presence in a function means its optimizer steps an FSDP model (steps.py).
 FSDP_NAMES = frozenset({
     "torch_xla.distributed.fsdp.XlaFullyShardedDataParallel",
     "torch_xla.distributed.fsdp.xla_fully_sharded_data_parallel.XlaFullyShardedDataParallel",
     "torch.distributed.fsdp.fully_shard",
     "torch.distributed.fsdp.FullyShardedDataParallel",
-    "torch_xla.experimental.spmd_fully_sharded_data_parallel.SpmdFullyShardedDataParallel",
+    SPMD_FSDP,
 })
 
 __all__ = ["xla_fsdp", "xla_fsdp_reference", "checkpoint_module", "checkpoint_module_reference", "FSDP_NAMES",
-           "fully_shard_call", "join_world", "for_target"]
+           "SPMD_FSDP", "fully_shard_call", "join_world", "for_target"]

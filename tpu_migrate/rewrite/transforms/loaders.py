@@ -248,9 +248,8 @@ def _wrapped_loader(call, qualname, sc: StatementContext, rule):
         problem = "cannot read the loader and device arguments"
     elif given(bound, "input_sharding"):
         return _sharded_loader(call, bound, qualname, sc, rule)
-    elif set(bound) - {"loader", "device", "input_sharding"} - _TUNING_KEYWORDS:
-        unknown = sorted(set(bound) - {"loader", "device", "input_sharding"} - _TUNING_KEYWORDS)
-        problem = f"unknown argument `{unknown[0]}=`"
+    elif _unknown_arguments(bound):
+        problem = f"unknown argument `{_unknown_arguments(bound)[0]}=`"
     elif _reads_loader_internals(sc):
         problem = "the file reads MpDeviceLoader's `_parallel_loader` state, which a plain loader lacks"
     else:
@@ -276,7 +275,7 @@ def _sharded_loader(call, bound, qualname, sc: StatementContext, rule):
     else the call is kept with what to write."""
     sharding = bound["input_sharding"].value
     axis = spmd.sharded_loader_axis(sharding, sc)
-    unknown = sorted(set(bound) - {"loader", "device", "input_sharding"} - _TUNING_KEYWORDS)
+    unknown = _unknown_arguments(bound)
     if axis is None:
         problem = ("`input_sharding=` shards each batch over the SPMD mesh other than on its first "
                    "dimension over one mesh axis (FSDP style): place the batch with DTensor by hand")
@@ -298,6 +297,11 @@ def _sharded_loader(call, bound, qualname, sc: StatementContext, rule):
             cst.Arg(spmd.sharding_mesh(sharding)), cst.Arg(axis)])
     sc.needs_manual(rule.code, f"{problem}; replace the device loader by hand", qualname)
     return call
+
+
+def _unknown_arguments(bound: dict) -> list[str]:
+    """MpDeviceLoader's arguments that neither the loader classes keep nor only tune threads."""
+    return sorted(set(bound) - {"loader", "device", "input_sharding"} - _TUNING_KEYWORDS)
 
 
 def _reads_loader_internals(sc: StatementContext) -> bool:

@@ -21,19 +21,17 @@ from __future__ import annotations
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext
-from tpu_migrate.rewrite.registry import CALL, STATEMENT, transform
+from tpu_migrate.rewrite.registry import CALL, STATEMENT, rule_code, transform
 from tpu_migrate.rewrite.transforms.common import bind, given, helper
-from tpu_migrate.rewrite.transforms.fsdp import for_target, fully_shard_call, join_world
+from tpu_migrate.rewrite.transforms.fsdp import SPMD_FSDP, for_target, fully_shard_call, join_world
 
 USE_SPMD = "torch_xla.runtime.use_spmd"
+SPMD_FSDP_CODE = rule_code("TPU179")
 MESH = "torch_xla.distributed.spmd.Mesh"
 ONE_AXIS_MESH = "torch_xla.distributed.spmd.get_1d_mesh"
 SET_GLOBAL_MESH = "torch_xla.distributed.spmd.set_global_mesh"
 GET_GLOBAL_MESH = "torch_xla.distributed.spmd.get_global_mesh"
 SHARDING_SPEC = "torch_xla.distributed.spmd.ShardingSpec"
-SPMD_FSDP_NAMES = frozenset({
-    "torch_xla.experimental.spmd_fully_sharded_data_parallel.SpmdFullyShardedDataParallel",
-})
 
 PROCESS_MODEL = (
     "SPMD ran this program once, driving every device; it now runs once per device: launch it with "
@@ -185,9 +183,7 @@ def sharded_loader_axis(sharding: cst.BaseExpression, sc: StatementContext) -> c
 def gradients_averaged(sc: StatementContext) -> bool:
     """Whether the file wraps its model in SpmdFullyShardedDataParallel and may convert it: then
     FSDP2 averages the processes' gradients, and each process may read a slice of the batch."""
-    if not sc.file.analysis.qualnames & SPMD_FSDP_NAMES:
-        return False
-    return sc.fix_allowed(sc.file.catalog.lookup(next(iter(SPMD_FSDP_NAMES))).code)
+    return SPMD_FSDP in sc.file.analysis.qualnames and sc.fix_allowed(SPMD_FSDP_CODE)
 
 
 def sharding_mesh(sharding: cst.Call) -> cst.BaseExpression:
@@ -252,4 +248,4 @@ def spmd_sharding(call, qualname, sc: StatementContext, rule):
 
 
 __all__ = ["use_spmd", "use_spmd_value", "spmd_mesh", "spmd_mesh_statement", "spmd_fsdp", "spmd_sharding",
-           "SPMD_FSDP_NAMES", "SHARDING_SPEC", "sharded_loader_axis", "gradients_averaged", "sharding_mesh"]
+           "SHARDING_SPEC", "sharded_loader_axis", "gradients_averaged", "sharding_mesh"]

@@ -210,6 +210,9 @@ def process_query(call, qualname, sc: StatementContext, rule):
 def _uses_spmd(sc: StatementContext) -> bool:
     """SPMD names in the file, or the TODO that `xr.use_spmd()` left where it went (TPU170): the
     process queries keep their SPMD meaning on a second run too."""
-    return any(
-        name in _SPMD_NAMES or name.startswith(_SPMD_MODULES) for name in sc.file.analysis.qualnames
-    ) or any(_SPMD_TODO in line for line in sc.file.source_lines)
+    uses = sc.file.memo.get("uses_spmd")
+    if uses is None:  # once per file: a scan per query would grow with the square of its size
+        uses = sc.file.memo["uses_spmd"] = any(
+            name in _SPMD_NAMES or name.startswith(_SPMD_MODULES) for name in sc.file.analysis.qualnames
+        ) or any(_SPMD_TODO in line for line in sc.file.source_lines)
+    return uses
