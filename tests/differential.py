@@ -157,11 +157,11 @@ def blocker_dir(workdir: Path) -> Path:
     return blocked
 
 
-def migrate(path: Path, workdir: Path, target: str = "portable") -> Path:
+def migrate(path: Path, workdir: Path, target: str = "portable", options: tuple[str, ...] = ()) -> Path:
     copy = workdir / path.name
     shutil.copyfile(path, copy)
     proc = subprocess.run(
-        [sys.executable, "-m", "tpu_migrate", "rewrite", "--target", target, str(copy)],
+        [sys.executable, "-m", "tpu_migrate", "rewrite", "--target", target, *options, str(copy)],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=TIMEOUT,
     )
     if proc.returncode not in (0, 1):

@@ -43,12 +43,14 @@ def test_config_sets_target_select_exclude_and_fix_level(cli, project):
     assert doc["target"] == "portable"
     assert [f["path"] for f in doc["files"]] == ["src/train.py"]
     train = doc["files"][0]
-    # TPU040 is unsafe: not applied; and the device it is given waits with it (TPU001 is
-    # selected, but a tpu device in torch_xla's MpDeviceLoader runs on neither stack).
+    # TPU040 is unsafe: not applied; and the device waits with it (TPU001 is selected, but a
+    # tpu device beside torch_xla's MpDeviceLoader runs on neither stack).
     assert [f["code"] for f in train["fixes"]] == []
-    assert [(m["code"], m["message"].split(":")[0]) for m in train["manual"]] == [
-        ("TPU001", "`device` is passed to `pl.MpDeviceLoader`, which this run does not convert (TPU040)"),
-        ("TPU040", "unsafe fix not applied at --fix-level safe"),
+    assert [(m["code"], m["message"]) for m in train["manual"]] == [
+        ("TPU001", "not applied at --fix-level safe: it goes with TPU040 (line 5), an unsafe fix held back, "
+                   "and this file runs on torch_xla until both convert"),
+        ("TPU040", "unsafe fix not applied at --fix-level safe: `pl.MpDeviceLoader` / "
+                   "`ParallelLoader(...).per_device_loader` become the plain loader plus `.to(device)`"),
     ]
 
 
@@ -178,7 +180,7 @@ def test_every_rule_is_explained_with_its_own_fixture(cli):
         cases = rule_examples(rule)
         assert cases, rule.code
         out = explain_in_process(rule.code.lower())
-        assert out.startswith(f"{rule.code} {rule.name} ({rule.safety})")
+        assert out.startswith(f"{rule.code} {rule.name} ({rule.safety}" + (", also on torch_xla)" if rule.also_on_torch_xla else ")"))
         assert rule.explanation.splitlines()[0] in out
         for target in TARGETS:
             assert f"Example, --target {target}:" in out

@@ -75,6 +75,26 @@ def test_launch_program_under_torchrun_with_two_processes(tmp_path):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)  # the all-reduced mean
 
 
+def test_fix_level_safe_output_still_runs_on_torch_xla(tmp_path):
+    """`--fix-level safe` holds p13's unsafe fixes (xp.Trace, add_step_closure, the metrics
+    report): the file keeps torch_xla's runtime, so what assumes TorchTPU's waits with them (the
+    device, mark_step, optimizer_step, master_print) and only what runs on both converts
+    (RateTracker). The output, --target tpu, runs under torch_xla and computes what the original
+    did; before, its device became "tpu" beside torch_xla's calls and it ran on neither stack."""
+    program = harness.PROGRAMS / "p13_progress_helpers.py"
+    copy = harness.migrate(program, tmp_path, target="tpu", options=("--fix-level", "safe"))
+    text = copy.read_text()
+    assert "_RateTracker()" in text and "xm.RateTracker()" not in text
+    assert "xm.xla_device()" in text and "xm.optimizer_step(" in text and "TODO" not in text
+    safe = harness.run_program(copy, harness.original_env(harness._env({})))
+    result = harness.compare(program.name, harness.run_original(program), safe)
+    assert result.ok, "\n".join(result.problems)
+    # The default level converts the rest, together.
+    (tmp_path / "unsafe").mkdir()
+    converted = harness.migrate(copy, tmp_path / "unsafe", target="tpu").read_text()
+    assert 'torch.device("tpu")' in converted and "xm.optimizer_step(" not in converted
+
+
 FORBIDDEN = re.compile(
     r"torch\.tpu\.(is_available|device_count|current_device|set_device|synchronize)\b|[\"']tpu:\d"
 )

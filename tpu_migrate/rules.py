@@ -41,6 +41,10 @@ class Rule:
     # The converted value is a plain number or bool with torch_xla's meaning (a rank, a count):
     # a name bound to it may go to calls left to torch_xla (rewrite/flows.py).
     plain_value: bool = False
+    # The converted code also runs, with the same meaning, in a program still on torch_xla's
+    # runtime (a torch.optim optimizer, a pure-Python helper): `--fix-level safe` applies it in a
+    # file whose unsafe fixes wait. Every other conversion goes with them (engine.py).
+    also_on_torch_xla: bool = False
     source: str = ""
 
 
@@ -157,8 +161,9 @@ def _rule_from_table(table: dict, path: Path) -> Rule:
             raise RuleError(f"{where}: unknown target(s) {sorted(unknown_targets)}")
         if templates and set(templates) != set(TARGETS):
             raise RuleError(f"{where}: templates must cover every target ({', '.join(TARGETS)})")
-    if not isinstance(table.get("plain_value", False), bool):
-        raise RuleError(f"{where}: plain_value must be true or false")
+    for flag in ("plain_value", "also_on_torch_xla"):
+        if not isinstance(table.get(flag, False), bool):
+            raise RuleError(f"{where}: {flag} must be true or false")
     if sum(bool(x) for x in (replace, rename, table.get("transform"))) > 1:
         raise RuleError(f"{where}: give one of 'replace', 'rename' or 'transform'")
     return Rule(
@@ -174,5 +179,6 @@ def _rule_from_table(table: dict, path: Path) -> Rule:
         params=tuple(table.get("params", ())),
         transform=table.get("transform"),
         plain_value=table.get("plain_value", False),
+        also_on_torch_xla=table.get("also_on_torch_xla", False),
         source=path.name,
     )

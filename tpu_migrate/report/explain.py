@@ -72,7 +72,9 @@ def _print_heading_and_text(console: Console, heading: str, summary: str, explan
 
 
 def print_explanation(rule: Rule, console: Console) -> None:
-    _print_heading_and_text(console, f"{rule.code} {rule.name} ({rule.safety})", rule.summary, rule.explanation)
+    # Whether `--fix-level safe` applies it in a file whose unsafe fixes wait (README).
+    safety = f"{rule.safety}, also on torch_xla" if rule.also_on_torch_xla else rule.safety
+    _print_heading_and_text(console, f"{rule.code} {rule.name} ({safety})", rule.summary, rule.explanation)
     for title, diff in example_diffs(rule):
         console.print()
         console.print(f"Example, {title}:", style="bold", markup=False)

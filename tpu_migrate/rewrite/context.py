@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import libcst as cst
@@ -132,6 +132,10 @@ class FileContext:
     # goes into a call left to torch_xla, kept as they are (flows.py; the engine fills this and
     # rewrites again).
     held: dict[int, tuple[str, bool]] = field(default_factory=dict)
+    # (code, line) of an unsafe fix `--fix-level safe` holds back in this file: the file keeps
+    # torch_xla's runtime until it converts, so every conversion that assumes TorchTPU's runtime
+    # waits with it (the engine fills this and rewrites again; Rule.also_on_torch_xla).
+    waiting_for: tuple[str, int] | None = None
     guards_converted: bool = False
     # The torch_xla / optimum.tpu imports the rewritten file keeps.
     kept_xla_imports: list[ImportBinding] = field(default_factory=list)
@@ -170,6 +174,14 @@ class FileContext:
     def target(self) -> str:
         return self.options.target
 
+    def waits(self, code: str) -> bool:
+        """Whether `code` is a fix that waits for the unsafe fix `waiting_for`: off in this pass
+        (the engine reports what it would have fixed)."""
+        if self.waiting_for is None:
+            return False
+        rule = self.catalog.by_code(code)
+        return rule.safety == "safe" and not rule.also_on_torch_xla
+
     def rule(self, code: str) -> Rule:
         return self.catalog.by_code(code)
 
@@ -184,6 +196,8 @@ class StatementContext:
         self._unconsumed: list[Ref] = list(info.refs)
         self._strings = list(info.xla_strings)
         self.todos: list[Manual] = []
+        # An unsafe fix in this statement waits for a later run (`--fix-level safe`).
+        self.deferred = False
         # ids of call nodes a statement-level rule already dealt with (fixed or reported).
         self.handled: set[int] = set()
         # Statements a rule needs run just before this one (simple statements only: see
@@ -203,7 +217,7 @@ class StatementContext:
     # -- rules ------------------------------------------------------------------------------
 
     def enabled(self, code: str) -> bool:
-        if not self.file.options.enabled(code):
+        if not self.file.options.enabled(code) or self.file.waits(code):
             return False
         for line in range(self.info.first_line, self.info.header_end_line + 1):
             codes = self.file.suppressions.get(line)
@@ -230,8 +244,21 @@ class StatementContext:
                 rule.code, f"unsafe fix not applied at --fix-level safe: {rule.summary}",
                 qualname, todo=False,
             )
+            self.deferred = True
             return False
         return True
+
+    def todos_to_write(self) -> list[Manual]:
+        """The TODO comments this statement gets: none while an unsafe fix in it waits, since
+        the run that applies it may remove or rebuild the statement (TPU157 deletes a print of
+        the metrics report) and a comment written now would go stale. Still reported."""
+        if not self.deferred:
+            return self.todos
+        for finding in self.todos:
+            index = next(i for i, m in enumerate(self.file.manual) if m is finding)
+            self.file.manual[index] = replace(finding, todo=False)
+        self.todos = []
+        return []
 
     def resolve(self, node: cst.BaseExpression) -> str | None:
         dotted = cst_dotted(node)

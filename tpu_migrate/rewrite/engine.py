@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import libcst as cst
 
-from tpu_migrate.findings import FileResult, KeptImport, Note
+from tpu_migrate.findings import FileResult, Fix, KeptImport, Manual, Note
 from tpu_migrate.rewrite import imports, registry, todos, transforms
 from tpu_migrate.rewrite import skeleton as skeletons
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
@@ -145,6 +145,17 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
             raise Unreproducible("libcst does not print this file back exactly (a form feed before a "
                                  "statement, or mixed line endings)")
     new_module = _rewrite_module(module, tree, file)
+    waiting_for = _held_unsafe_fix(result, options, catalog)
+    wanted = list(result.fixes)
+    if waiting_for is not None:
+        # An unsafe fix `--fix-level safe` held back keeps torch_xla's runtime in this file (its
+        # launch, its loader): a rank query or a device converted beside it would run on neither
+        # stack. Anew, with every conversion that assumes TorchTPU's runtime waiting too.
+        result.fixes.clear()
+        result.manual.clear()
+        fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
+        file = _file_context(text, options, catalog, result, True, fresh, waiting_for)
+        new_module = _rewrite_module(module, tree, file)
     if file.guards_converted and file.kept_xla_imports:
         # Availability guards mean "a TPU is here" only once nothing in the file needs torch_xla
         # any more; while some use remains (a manual TODO), they keep testing for torch_xla.
@@ -152,7 +163,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         result.manual.clear()
         # Anew: plans marked the first analysis.
         fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
-        file = _file_context(text, options, catalog, result, False, fresh)
+        file = _file_context(text, options, catalog, result, False, fresh, file.waiting_for)
         new_module = _rewrite_module(module, tree, file)
     for _ in range(3):
         # Assignments whose converted value would go to a call left to torch_xla: kept (flows.py).
@@ -162,10 +173,12 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         result.fixes.clear()
         result.manual.clear()
         fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
-        again = _file_context(text, options, catalog, result, file.convert_guards, fresh)
+        again = _file_context(text, options, catalog, result, file.convert_guards, fresh, file.waiting_for)
         again.held = {**file.held, **held}  # keyed by the statements of `tree`, which both walk
         file = again
         new_module = _rewrite_module(module, tree, file)
+    if waiting_for is not None:
+        _report_waiting(result, wanted, waiting_for)
     result.fixes.sort(key=lambda f: (f.line, f.col, f.code))
     result.manual.sort(key=lambda m: (m.line, m.col, m.code))
     # Here, in the worker, so that the cache holds it (the migration report's blocked files).
@@ -334,7 +347,7 @@ def _span_at_most(node: ast.AST, line_starts: list[int]) -> int:
     return line_starts[end_line - 1] - line_starts[first - 1] + node.end_col_offset
 
 
-def _file_context(text, options, catalog, result, convert_guards, analysis) -> FileContext:
+def _file_context(text, options, catalog, result, convert_guards, analysis, waiting_for=None) -> FileContext:
     """What the walk knows about the file, the cross-statement plans included."""
     file = FileContext(
         catalog=catalog,
@@ -349,6 +362,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis) -> F
         fixes=result.fixes,
         manual=result.manual,
         convert_guards=convert_guards,
+        waiting_for=waiting_for,
     )
     file.plans = make_plans(
         analysis, catalog.canonical, lambda code, info: StatementContext(file, info).fix_allowed(code)
@@ -356,12 +370,40 @@ def _file_context(text, options, catalog, result, convert_guards, analysis) -> F
     return file
 
 
+def _held_unsafe_fix(result: FileResult, options: Options, catalog: Catalog) -> tuple[str, int] | None:
+    """(code, line) of the first unsafe fix `--fix-level safe` held back in the file, if any."""
+    if options.fix_level != "safe":
+        return None
+    held = sorted((m.line, m.code) for m in result.manual
+                  if not m.todo and catalog.by_code(m.code).safety == "unsafe")
+    if not held:
+        return None
+    line, code = held[0]
+    return code, line
+
+
+def _report_waiting(result: FileResult, wanted: list[Fix], waiting_for: tuple[str, int]) -> None:
+    """A finding (no TODO comment) for each fix the first pass made that waits with the held
+    unsafe fix: what the run that converts them together will do."""
+    code, line = waiting_for
+    done = {(f.code, f.line, f.col) for f in result.fixes}
+    reported = {(m.code, m.line, m.col) for m in result.manual}
+    for fix in dict.fromkeys(wanted):
+        key = (fix.code, fix.line, fix.col)
+        if key in done or key in reported:
+            continue
+        result.manual.append(Manual(
+            fix.code, fix.line, fix.col, f"not applied at --fix-level safe: it goes with {code} (line {line}), "
+            "an unsafe fix held back, and this file runs on torch_xla until both convert", todo=False))
+
+
 def _holds(catalog: Catalog):
     """flows.held_assignments' `holds`: a value torch_xla's calls cannot take, unless the rule
-    says it is plain, or a statement rule converted the call (the collectives: a tensor)."""
+    says it is plain or runs on torch_xla too, or a statement rule converted the call (the
+    collectives: a tensor)."""
     def holds(qualname: str, called: bool) -> bool:
         rule = catalog.lookup(qualname)
-        if rule is None or rule.plain_value:
+        if rule is None or rule.plain_value or rule.also_on_torch_xla:
             return False
         return not (called and rule.transform in transforms.STATEMENT)
     return holds

@@ -28,7 +28,10 @@ SIDE_EFFECT_BACKEND = "torch_xla.distributed.xla_backend"
 
 def removable(qualname: str, file: FileContext) -> bool:
     """Imports the tool may delete once unused: torch_xla / optimum.tpu, and the availability
-    checks (`is_torch_xla_available`) that TPU190 replaced."""
+    checks (`is_torch_xla_available`) that TPU190 replaced. Not the import that registers the
+    "xla" process-group backend while TPU070 waits (`--fix-level safe`): the group needs it."""
+    if qualname == SIDE_EFFECT_BACKEND:
+        return not file.waits("TPU070")
     if is_xla_name(qualname):
         return True
     rule = file.catalog.by_qualname.get(qualname)

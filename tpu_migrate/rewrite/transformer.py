@@ -194,7 +194,7 @@ class ModuleRewriter:
             if sc.before:
                 statements = result if isinstance(result, list) else [cst.SimpleStatementLine(body=[result])]
                 result = [*sc.before, *statements]
-            todos.extend(sc.todos)
+            todos.extend(sc.todos_to_write())
             pieces.append(result)
         if not todos and all(p is small for p, small in zip(pieces, line.body)):
             return [line], []
@@ -335,7 +335,7 @@ class ModuleRewriter:
 
         if sc is not None:
             self.report_leftovers(sc)
-            if sc.todos:
+            if sc.todos_to_write():
                 stmt = add_todos(stmt, sc.todos, self.comments_above(info))
         if not elif_ and self._emptied_if(stmt, sc):
             return [], comments_of_removed_if(stmt)
@@ -358,7 +358,7 @@ class ModuleRewriter:
         """`with torch_xla.step():` is gone: its body takes its place in the enclosing block."""
         body, carry = self.block(statements, node.body)
         self.report_leftovers(sc)
-        if body and sc.todos:
+        if body and sc.todos_to_write():
             body[0] = add_todos(body[0], sc.todos, self.comments_above(info))
         return body, carry
 
