@@ -133,7 +133,8 @@ def start_waiting_program(tmp_path: Path, pids: Path, **popen) -> subprocess.Pop
 @pytest.mark.parametrize("name", ["TERM", "INT"])
 def test_the_tool_itself_signalled(tmp_path, name, reap):
     """`kill -TERM TOOL` is relayed at once (the program does not handle SIGTERM); `kill -INT
-    TOOL` after the grace period (Python handles SIGINT), and the program gets it once."""
+    TOOL` once the program has not reported getting it itself (Python handles SIGINT), and the
+    program gets it once."""
     pids = tmp_path / "pids"
     number = getattr(signal, "SIG" + name)
     tool = start_waiting_program(tmp_path, pids, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -151,6 +152,27 @@ def test_the_tool_itself_signalled(tmp_path, name, reap):
     assert sync_count(document, "killed.py", 21) >= 2
     assert err.count(b"KeyboardInterrupt") == (1 if name == "INT" else 0)
     assert_cleaned_up(tmp_path, pids)
+
+
+@pytest.mark.parametrize("name, busy, code", [("TERM", 5.5, 5), ("INT", 0.2, 11)])
+def test_a_signal_to_the_whole_process_group_reaches_the_program_once(tmp_path, reap, name, busy, code):
+    """`kill -TERM -PGID` (a job scheduler) reaches the tool and the program: the program's own
+    handler decides how it ends, and runs once, even while it is still busy when the tool would
+    have relayed the signal (it did after 5 s: the handler ran twice)."""
+    tool = subprocess.Popen(command(str(STRESS / "handled.py"), str(busy), str(code)),
+                            env=environment(tmp_path), start_new_session=True, preexec_fn=default_sigint,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    reap(tool)
+    output = b""
+    while b"ready" not in output:
+        line = tool.stdout.readline()
+        assert line, output.decode()[-3000:]
+        output += line
+    os.killpg(tool.pid, getattr(signal, "SIG" + name))
+    output += tool.communicate(timeout=120)[0]
+    assert tool.returncode == code, output.decode()[-3000:]
+    assert output.count(b"handler ") == 1, output.decode()[-3000:]
+    assert_cleaned_up(tmp_path)
 
 
 def test_ctrl_c_at_a_terminal(tmp_path, reap):

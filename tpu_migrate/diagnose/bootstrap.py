@@ -20,7 +20,7 @@ import signal
 import sys
 import types
 
-from tpu_migrate.diagnose import recording, tracer
+from tpu_migrate.diagnose import recording, signals, tracer
 
 # The signals the tool blocked before it started this process (runner._block_signals).
 ENV_UNBLOCK = "TPU_MIGRATE_DIAGNOSE_UNBLOCK"
@@ -51,6 +51,7 @@ def main() -> None:
     mode, target, *args = sys.argv[1:]
     # The program starts with the tool's caller's signal mask; one that arrived while they were
     # blocked is delivered now.
+    signals.report_received()  # before the unblock: a signal waiting there is reported too
     unblock = os.environ.pop(ENV_UNBLOCK, "")
     if unblock:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {int(s) for s in unblock.split(",")})

@@ -32,6 +32,7 @@ from tpu_migrate.diagnose import rundir
 from tpu_migrate.diagnose.events import Event, read_events
 from tpu_migrate.diagnose.bootstrap import ENV_TOOL, ENV_UNBLOCK
 from tpu_migrate.diagnose.recording import ENV_BACKEND, ENV_DEBUG_FILE, ENV_DIR, ENV_WARMUP
+from tpu_migrate.diagnose.signals import ENV_SIGNALS, HEARD_WINDOW_S, SignalsHeard
 
 # Signals the tool takes while the program runs (blocked, then read with sigtimedwait), and how
 # long one that some process sent to the tool waits before it is relayed to a program that
@@ -94,6 +95,7 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
     # Signals wait in line from here on, so the temporary directory is always removed. The
     # program unblocks them in its bootstrap: it starts with the caller's signal mask.
     waited = _block_signals()
+    heard = SignalsHeard(None)
     subreaper = _set_subreaper(True)
     workdir = rundir.make()
     process = None
@@ -124,8 +126,15 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
                    "module" if module else "script", target, *args]
         if waited:
             env[ENV_UNBLOCK] = ",".join(str(int(s)) for s in waited)
-        process = subprocess.Popen(command, env=env, stdout=stdout)
-        exit_code = _wait(process, waited, subreaper) if waited is not None else _wait_plain(process)
+            heard_fd, env[ENV_SIGNALS] = _signal_pipe()
+            heard = SignalsHeard(heard_fd)
+        try:
+            process = subprocess.Popen(command, env=env, stdout=stdout,
+                                       pass_fds=(int(env[ENV_SIGNALS]),) if waited else ())
+        finally:
+            if waited:
+                os.close(int(env[ENV_SIGNALS]))  # the program holds the write end now
+        exit_code = _wait(process, waited, subreaper, heard) if waited is not None else _wait_plain(process)
         stopped = _stop_leftovers() if subreaper else 0
         if stopped:
             sys.stderr.write(f"tpu-migrate diagnose: stopped {stopped} process(es) that the program "
@@ -148,6 +157,7 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
         if subreaper:
             _stop_leftovers()
         shutil.rmtree(workdir, ignore_errors=True)
+        heard.close()
         if subreaper:
             _set_subreaper(False)
         if waited:  # what arrived after the program ended was for it: taken, not delivered
@@ -166,31 +176,53 @@ def _block_signals() -> set | None:
     return wanted - signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
 
 
-def _wait(process: subprocess.Popen, waited: set, subreaper: bool) -> int:
-    """Wait for the program while taking the tool's signals (RELAYED).
+def _signal_pipe() -> tuple[int, str]:
+    """The pipe the program reports its signals through (signals.py): our read end, and the
+    number of the write end it inherits."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    return read_fd, str(write_fd)
+
+
+def _wait(process: subprocess.Popen, waited: set, subreaper: bool, heard: SignalsHeard) -> int:
+    """Wait for the program while taking the tool's signals (RELAYED); each reaches the program
+    once, and its handlers decide how it ends.
 
     A signal the terminal sent (Ctrl-C, Ctrl-\\, hang-up) went to the whole foreground process
     group, the program included: it is not relayed. A signal a process sent (`kill TOOL`,
-    `timeout`, a job scheduler, or `kill -INT -PGID`, which cannot be told apart from `kill -INT
-    TOOL`) is relayed: at once where the program does not handle it (a second SIGTERM to a dying
-    program changes nothing), else if the program is still running RELAY_GRACE_S later, so that
-    a program that got the signal itself is not interrupted again while it acts on it
-    (KeyboardInterrupt, a checkpoint on SIGTERM). The tool then reports, and exits with the
-    program's status.
+    `timeout`, or a job scheduler's `kill -TERM -PGID`, which reached the program too) is relayed
+    at once where the program does not handle it (a second SIGTERM to a dying program changes
+    nothing). Where it does, the program reports what it received (signals.py): the signal is
+    relayed only if the program did not get it itself, HEARD_WINDOW_S later; a program that took
+    that channel over gets it if still running RELAY_GRACE_S later, so that a program that got
+    the signal is not interrupted again while it acts on it (KeyboardInterrupt, a checkpoint on
+    SIGTERM). The tool then reports, and exits with the program's status.
     """
-    relay: list[tuple[float, int]] = []  # (when, signal)
+    relay: list[tuple[float, int, float]] = []  # (when to decide, signal, when taken)
     while process.poll() is None:
-        info = signal.sigtimedwait(waited, 0.25)
+        due = min((r[0] for r in relay), default=None)
+        timeout = 0.25 if due is None else min(0.25, max(0.0, due - time.monotonic()))
+        info = signal.sigtimedwait(waited, timeout)
+        heard.read()
         now = time.monotonic()
         if info is not None and info.si_signo != signal.SIGCHLD and info.si_code != SI_KERNEL:
-            grace = RELAY_GRACE_S if _handles(process.pid, info.si_signo) else 0.0
-            relay.append((now + grace, info.si_signo))
+            if not _handles(process.pid, info.si_signo):
+                wait = 0.0
+            else:
+                wait = HEARD_WINDOW_S if heard.live else RELAY_GRACE_S
+            relay.append((now + wait, info.si_signo, now))
         elif info is not None and info.si_signo == signal.SIGCHLD and subreaper:
             _reap_orphans(process.pid)
         for entry in [r for r in relay if r[0] <= now]:
             relay.remove(entry)
+            _, signum, taken = entry
+            if heard.received(signum, taken):
+                continue  # the program got it itself
+            if not heard.live and now < taken + RELAY_GRACE_S and _handles(process.pid, signum):
+                relay.append((taken + RELAY_GRACE_S, signum, taken))  # the channel was taken over
+                continue
             if process.poll() is None:
-                process.send_signal(entry[1])
+                process.send_signal(signum)
     return process.returncode
 
 
