@@ -254,14 +254,15 @@ def test_an_unwritable_report_path_is_refused_before_the_program_runs(tmp_path):
 
 
 def test_a_report_file_that_cannot_be_written_at_the_end_loses_nothing_else(tmp_path):
-    """The program removes the report's directory while it runs: one error line, exit 2, and the
-    report still on stdout (JSON) and stderr."""
+    """The program removes the report's directory while it runs: one error line, the program's
+    exit status (a report that cannot be written never changes it), and the report still on
+    stdout (JSON) and stderr."""
     out = tmp_path / "out"
     out.mkdir()
     script = tmp_path / "train.py"
     script.write_text(f"import shutil\nshutil.rmtree({str(out)!r})\n")
     result = diagnose("--format", "json", "--output", str(out / "report.json"), str(script))
-    assert result.returncode == 2
+    assert result.returncode == 0
     assert f"tpu-migrate diagnose: cannot write {out / 'report.json'}: No such file or directory" in result.stderr
     assert json.loads(result.stdout)["exit_code"] == 0
     assert "Traceback" not in result.stderr

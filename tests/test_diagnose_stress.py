@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -172,6 +173,59 @@ def test_a_signal_to_the_whole_process_group_reaches_the_program_once(tmp_path, 
     output += tool.communicate(timeout=120)[0]
     assert tool.returncode == code, output.decode()[-3000:]
     assert output.count(b"handler ") == 1, output.decode()[-3000:]
+    assert_cleaned_up(tmp_path)
+
+
+FAULTS = {
+    # Lines that are not events, and the report files on a full device (stdout, --html).
+    "garbage": ({}, ["3 recorded line(s) could not be read (cut short or damaged) and were skipped"]),
+    # Every write after step 4 fails; the user's own compile-analysis settings are kept.
+    "full": ({"PT_XLA_DEBUG_LEVEL": "2", "PT_XLA_DEBUG_FILE": "{tmp}/user-debug.txt"},
+             ["1 process(es) could not write what they recorded (File too large, in {run}): steps, "
+              "counts and findings stop where writing failed"]),
+    "deleted": ({"PT_XLA_DEBUG_LEVEL": "0"},
+                ["your PT_XLA_DEBUG_LEVEL=0 turns torch_xla's compile analysis off: recompiles are counted "
+                 "per step, without the line that triggered each (unset it, or set it to 1 or more)",
+                 "the run's directory {run} was deleted while the program ran: what it recorded is lost, "
+                 "and nothing below is measured"]),
+}
+
+
+@pytest.mark.parametrize("mode", FAULTS)
+def test_faults_in_what_the_tracer_records_cost_the_report_never_the_run(tmp_path, mode):
+    """The program's exit status (3) stands whatever happens to the evidence or the report, and
+    the report says what evidence was lost (before: a traceback and exit 1, or "0 steps" as if
+    measured). The user's PT_XLA_DEBUG_* are theirs: kept, read where they allow it, else said."""
+    extra, expected = FAULTS[mode]
+    env = {**environment(tmp_path), **{k: v.format(tmp=tmp_path) for k, v in extra.items()}}
+    user_log = tmp_path / "user-debug.txt"
+    user_log.write_text("the user's own earlier lines\n")
+    report_file = tmp_path / "report.json"
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run(command("--format", "json", "--output", str(report_file), "--html", "/dev/full",
+                                        str(STRESS / "faults.py"), mode),
+                                stdout=full, stderr=subprocess.PIPE, env=env, timeout=300)
+    stderr = result.stderr.decode()
+    assert result.returncode == 3, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert "cannot write /dev/full: No space left on device" in stderr
+    assert "cannot write the report to stdout: No space left on device" in stderr
+    document = json.loads(report_file.read_text())
+    [run_dir] = {m for m in re.findall(r"/\S*tpu-migrate-diagnose-[\w-]+", stderr)} or [None]
+    assert document["notes"][:len(expected)] == [e.format(run=run_dir) for e in expected]
+    for note in document["notes"][:len(expected)]:
+        assert f"note: {note}" in stderr
+    syncs = sum(f[3] for f in findings(document) if f[:3] == ("sync", "faults.py", 33))
+    if mode == "garbage":
+        assert syncs == 6
+    elif mode == "full":  # written at the step boundaries before the damage
+        assert 1 <= syncs < 6
+        log = user_log.read_text()
+        assert log.startswith("the user's own earlier lines\n") and "Compilation Analysis" in log
+        assert "Post Compilation Analysis" in log  # level 2, as the user set it
+    else:
+        assert syncs == 0 and document["steps"] == 0
+        assert user_log.read_text() == "the user's own earlier lines\n"
     assert_cleaned_up(tmp_path)
 
 

@@ -341,15 +341,29 @@ def diagnose(module, warmup_steps, fail_on, backend, output_format, output, expl
                                                   output_format, output, explain, html_file, backend)
     except DiagnoseError as exc:
         raise click.UsageError(str(exc)) from None
-    if output_format == "json":
-        sys.stdout.write(document + "\n")
+    if document is None:  # no report (said on stderr): nothing to print
+        pass
+    elif output_format == "json":
+        _write_stdout(document + "\n")
     elif output_format == "sarif":
-        sys.stdout.write(ci_formats.diagnose_sarif([f.to_json() for f in findings]) + "\n")
+        _write_stdout(ci_formats.diagnose_sarif([f.to_json() for f in findings]) + "\n")
     elif output_format == "github":
-        sys.stdout.write(ci_formats.diagnose_github([f.to_json() for f in findings]))
+        _write_stdout(ci_formats.diagnose_github([f.to_json() for f in findings]))
     if fail_on and any(f.kind in fail_on for f in findings):
         sys.exit(1)
     sys.exit(status)
+
+
+def _write_stdout(text: str) -> None:
+    """diagnose's machine output: one that cannot be written (`> /dev/full`, a closed pipe) is
+    a line on stderr, and the exit status stays the program's (Python would end with 120)."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        sys.stderr.write(f"tpu-migrate diagnose: cannot write the report to stdout: {exc.strerror or exc}\n")
+        # What is still buffered would fail again at exit: it goes nowhere instead.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 @main.group()

@@ -91,8 +91,9 @@ class Finding:
         return document
 
 
-def parse_compiles(log: bytes) -> list[Compile]:
-    """The "Compilation Analysis" blocks of PT_XLA_DEBUG_FILE, with their byte offsets."""
+def parse_compiles(log: bytes, base: int = 0) -> list[Compile]:
+    """The "Compilation Analysis" blocks of PT_XLA_DEBUG_FILE, with their byte offsets in the
+    file (`log` starts at `base` there)."""
     compiles = []
     marker = b"Compilation Analysis: Compilation Cause"
     start = log.find(marker)
@@ -113,7 +114,7 @@ def parse_compiles(log: bytes) -> list[Compile]:
                 if match and not is_library(match["file"]):
                     file, line = os.path.abspath(match["file"]), int(match["line"])
                     break
-        compiles.append(Compile(start, cause, graph_hash, file, line, origin=origin))
+        compiles.append(Compile(base + start, cause, graph_hash, file, line, origin=origin))
         start = end
     return compiles
 
@@ -121,8 +122,9 @@ def parse_compiles(log: bytes) -> list[Compile]:
 FALLBACK_OP = re.compile(rb"at::_ops::(\w+?)(?:_out)?::")
 
 
-def parse_fallbacks(log: bytes) -> list[tuple[int, str, str, int]]:
-    """(offset, aten op, file, line) per CPU-fallback call in an XLA_FNTRACKER_FILE (--explain).
+def parse_fallbacks(log: bytes, base: int = 0) -> list[tuple[int, str, str, int]]:
+    """(offset in the file, aten op, file, line) per CPU-fallback call in an XLA_FNTRACKER_FILE
+    (--explain; `log` starts at `base` there).
     The record's tag is always `xla_fallback`; the op is in its C++ frames."""
     calls = []
     marker = b"[TAG xla_fallback"
@@ -136,7 +138,7 @@ def parse_fallbacks(log: bytes) -> list[tuple[int, str, str, int]]:
             match = FRAME.match(text)
             if match and not is_library(match["file"]):
                 if op not in EXPECTED_ATEN:
-                    calls.append((start, op, os.path.abspath(match["file"]), int(match["line"])))
+                    calls.append((base + start, op, os.path.abspath(match["file"]), int(match["line"])))
                 break
         start = end
     return calls
@@ -266,7 +268,7 @@ def step_records(evidence: Evidence) -> list[StepRecord]:
             elif event["kind"] == Kind.COMPILE_TIME:
                 records[step].compile_seconds += event["seconds"]
     offsets = [b.get("debug_offset", 0) for b in boundaries]
-    for compile_ in parse_compiles(evidence.debug_log) if evidence.debug_log else []:
+    for compile_ in parse_compiles(evidence.debug_log, evidence.debug_base) if evidence.debug_log else []:
         step = bisect.bisect_right(offsets, compile_.offset)
         if step < len(records):
             records[step].compiles += 1
@@ -344,14 +346,14 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
         # torch_xla writes its compile analysis from one process (the local master).
         rank, boundaries, steps, changes, end = compile_process if compile_process else (None, [], 0, {}, warmup_steps)
         graphs = parse_graphs(evidence.graphs) if evidence.graphs else {}
-        _add_compiles(findings, parse_compiles(evidence.debug_log), boundaries, steps, end,
+        _add_compiles(findings, parse_compiles(evidence.debug_log, evidence.debug_base), boundaries, steps, end,
                       graphs, rank if multi else None, changes, stepless)
     if exact_fallbacks:
         boundaries = sorted((e for events in evidence.events.values() for e in events
                              if e["kind"] in (Kind.STEP, Kind.OPT_STEP) and e.get("fallback_offset")),
                             key=lambda e: e["fallback_offset"])
         step_at = _step_finder(boundaries, "fallback_offset", main_steps)
-        for offset, op, file, line in parse_fallbacks(evidence.fallback_log):
+        for offset, op, file, line in parse_fallbacks(evidence.fallback_log, evidence.fallback_base):
             step = step_at(offset)
             _add(findings, "fallback", file, line, op, step, None).exact = True
     for finding in findings.values():

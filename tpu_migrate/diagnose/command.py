@@ -45,6 +45,20 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
     stdout = sys.stderr if output_format != "text" else None  # machine output owns stdout
     evidence = runner.run(target, list(args), module is not None, stdout=stdout, explain=explain,
                           backend=backend, warmup_steps=warmup_steps)
+    # A program killed by a signal reports -N; the shell convention is 128 + N.
+    status = evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code
+    try:
+        document, findings = _report(evidence, target, module, warmup_steps, output, html_file)
+    except Exception as exc:  # noqa: BLE001 - a fault of ours costs the report, never the run's status
+        sys.stderr.write(f"tpu-migrate diagnose: no report: {type(exc).__name__}: {exc} (a bug in "
+                         "tpu-migrate; the exit status is the program's)\n")
+        return status, None, []
+    return status, document, findings
+
+
+def _report(evidence, target, module, warmup_steps, output, html_file) -> tuple[str, list[analysis.Finding]]:
+    """Analyse the evidence, write the report files and print the text report; the JSON
+    document and the findings. A report file that cannot be written is a line on stderr."""
     backend, device = analysis.backend(evidence)
     summary = analysis.summarize(evidence, warmup_steps)
     findings, steps = summary.findings, summary.steps
@@ -57,19 +71,18 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
         output = f"{root}.rank{rank}{extension or '.json'}"
     records = analysis.step_records(evidence)
     run_costs = costs.measure(summary, records, evidence.events, backend, device)
+    notes = [*evidence.notes, *summary.notes]  # what evidence was lost comes first
     document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings, rank,
-                                    backend, device, summary.notes, run_costs)
-    unwritten = _write(output, lambda: document + "\n")
+                                    backend, device, notes, run_costs)
+    _write(output, lambda: document + "\n")
     if html_file:
         from tpu_migrate.diagnose import html
 
-        unwritten += _write(html_file, lambda: html.render(script, records, summary.warmup_end, findings,
-                                                            evidence.exit_code, backend, steps, run_costs))
+        _write(html_file, lambda: html.render(script, records, summary.warmup_end, findings,
+                                              evidence.exit_code, backend, steps, run_costs))
     report.print_report(Console(stderr=True, soft_wrap=True), script, steps, summary.warmup_end,
-                        findings, analysis.timeline(records), backend, device, summary.notes, run_costs)
-    # A program killed by a signal reports -N; the shell convention is 128 + N.
-    status = evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code
-    return (2 if unwritten else status), document, findings
+                        findings, analysis.timeline(records), backend, device, notes, run_costs)
+    return document, findings
 
 
 def _check_writable(flag: str, path: str | None) -> None:
@@ -84,7 +97,8 @@ def _check_writable(flag: str, path: str | None) -> None:
 
 def _write(path: str | None, text) -> int:
     """Write a report file; a failure (the directory went away during the run, a full disk) is
-    one line on stderr, and the report still goes to the terminal and stdout. Returns 1 if so."""
+    one line on stderr, and the report still goes to the terminal and stdout. Returns 1 if so
+    (`report merge` then fails; diagnose keeps the program's exit status)."""
     if not path:
         return 0
     try:

@@ -148,21 +148,55 @@ def tally_path(directory: str, pid: int) -> str:
     return os.path.join(directory, f"tally.{pid}.json")
 
 
+def lost_path(directory: str, pid: int, error: str) -> str:
+    """The empty file a process makes when it cannot write its events (`error`: ENOSPC, ...)."""
+    return os.path.join(directory, f"lost.{pid}.{error}")
+
+
+def lost_writes(directory: str) -> dict[int, str]:
+    """pid -> the error name, for each process that could not write all its events."""
+    lost = {}
+    for path in glob.glob(os.path.join(directory, "lost.*.*")):
+        _, pid, error = os.path.basename(path).split(".", 2)
+        if pid.isdigit():
+            lost[int(pid)] = error
+    return lost
+
+
 def read_events(directory: str) -> dict[int, list[Event]]:
+    return read_events_counting(directory)[0]
+
+
+def read_events_counting(directory: str) -> tuple[dict[int, list[Event]], int]:
     """The events every traced process wrote, by process id, in order; then, for a process that
-    went on counting (recording.Recorder), a `counted` event and one event per tally entry."""
+    went on counting (recording.Recorder), a `counted` event and one event per tally entry.
+    A line that is not an event (cut short by SIGKILL or a full disk, damaged) is skipped; the
+    second value counts them."""
     events = {}
+    bad = 0
     for path in sorted(glob.glob(os.path.join(directory, "events.*.jsonl"))):
         pid = int(path.rsplit(".", 2)[1])
         events[pid] = []
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                try:
-                    events[pid].append(json.loads(line))
-                except ValueError:  # a line cut short by SIGKILL
-                    continue
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    try:
+                        event = json.loads(line)
+                    except ValueError:
+                        event = None
+                    if _is_event(event):
+                        events[pid].append(event)
+                    elif line.strip():
+                        bad += 1
+        except OSError:  # not a file any more: that process's writes failed (lost_writes says)
+            pass
         events[pid].extend(_tally_events(tally_path(directory, pid)))
-    return events
+    return events, bad
+
+
+def _is_event(event) -> bool:
+    return (isinstance(event, dict) and isinstance(event.get("kind"), str)
+            and isinstance(event.get("step"), int) and isinstance(event.get("ostep"), int))
 
 
 def _tally_events(path: str) -> list[Event]:

@@ -14,6 +14,7 @@ it is traced (tracer.install, inprocess.InProcess); the hooks pass through while
 from __future__ import annotations
 
 import functools
+import errno
 import json
 import os
 import sys
@@ -116,6 +117,7 @@ class Recorder:
         self.finished = False  # finish() ran: later events (threads still running) go out at once
         self.forked = False  # a fork() child of a traced process (see _after_fork_in_child)
         self.recorded = False  # this process emitted an event
+        self.lost = False  # a write of events failed (_mark_lost)
         self.steps = 0
         self.optimizer_steps = 0  # the step count of programs without an XLA step marker
         self.local = threading.local()
@@ -201,8 +203,8 @@ class Recorder:
             try:
                 with open(self.path, "a", encoding="utf-8") as handle:
                     handle.write("\n".join(lines) + "\n")
-            except OSError:  # the run's directory is gone (a process outliving the run): carry on
-                pass
+            except OSError as exc:  # a full disk, the run's directory gone: the program carries on
+                self._mark_lost(exc)
         if self.tally is not None and (self.finished or self.last_flush - self.tally_written >= 1.0):
             self._write_tally_locked()
 
@@ -220,7 +222,20 @@ class Recorder:
             with open(path + ".tmp", "w", encoding="utf-8") as handle:
                 json.dump(document, handle)
             os.replace(path + ".tmp", path)
-        except OSError:
+        except OSError as exc:
+            self._mark_lost(exc)
+
+    def _mark_lost(self, error: OSError) -> None:
+        """Tell the tool that events of this process were lost, and why: an empty file (on a
+        full disk a name still fits where a line does not), made once."""
+        if self.lost:
+            return
+        self.lost = True
+        name = errno.errorcode.get(error.errno or 0, "EIO")
+        try:
+            os.close(os.open(events.lost_path(os.path.dirname(self.path), os.getpid(), name),
+                             os.O_WRONLY | os.O_CREAT, 0o600))
+        except OSError:  # the directory is gone: the tool sees that itself
             pass
 
     def flush(self) -> None:

@@ -18,6 +18,7 @@ own session, and killing ours would hit the rest of a shell pipeline (`echo data
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import shutil
@@ -28,10 +29,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from tpu_migrate.diagnose import rundir
-from tpu_migrate.diagnose.events import Event, read_events
+from tpu_migrate.diagnose import debug_env, rundir
+from tpu_migrate.diagnose.events import Event, lost_writes, read_events_counting
 from tpu_migrate.diagnose.bootstrap import ENV_TOOL, ENV_UNBLOCK
-from tpu_migrate.diagnose.recording import ENV_BACKEND, ENV_DEBUG_FILE, ENV_DIR, ENV_WARMUP
+from tpu_migrate.diagnose.recording import ENV_BACKEND, ENV_DIR, ENV_WARMUP
 from tpu_migrate.diagnose.signals import ENV_SIGNALS, HEARD_WINDOW_S, SignalsHeard
 
 # Signals the tool takes while the program runs (blocked, then read with sigtimedwait), and how
@@ -82,6 +83,12 @@ class Evidence:
     debug_log: bytes = b""  # torch_xla's PT_XLA_DEBUG_FILE (byte offsets matter)
     graphs: str = ""  # --explain: XLA_SAVE_TENSORS_FILE, every synced graph's IR
     fallback_log: bytes = b""  # --explain: XLA_FNTRACKER_FILE, one record per CPU-fallback call
+    # Where the logs read start in their files (a file of the user's, appended to by the run):
+    # the events' debug_offset / fallback_offset are positions in the whole file.
+    debug_base: int = 0
+    fallback_base: int = 0
+    # What could not be recorded or read, and why: the report says it before its findings.
+    notes: list[str] = field(default_factory=list)
 
 
 def run(target: str, args: list[str], module: bool, stdout=None, explain: bool = False,
@@ -104,51 +111,43 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
         os.mkdir(site)
         with open(os.path.join(site, "sitecustomize.py"), "w", encoding="utf-8") as handle:
             handle.write(SITECUSTOMIZE)
-        debug_file = os.path.join(workdir, "xla_debug.txt")
         python_path = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+        debug = debug_env.plan(os.environ, workdir, explain)  # the user's own settings win
         env = {
             **os.environ,
             ENV_DIR: workdir,
             ENV_BACKEND: backend,
             ENV_WARMUP: str(warmup_steps),
             ENV_TOOL: str(os.getpid()),
-            ENV_DEBUG_FILE: debug_file,
-            "PT_XLA_DEBUG_LEVEL": "1",
             "PYTHONPATH": python_path,
+            **debug.env,
         }
-        graphs_file = os.path.join(workdir, "graphs.txt")
-        fallback_file = os.path.join(workdir, "fallbacks.txt")
-        if explain:
-            env.update({"XLA_IR_DEBUG": "1", "XLA_SAVE_TENSORS_FILE": graphs_file,
-                        "XLA_SAVE_TENSORS_FMT": "text",
-                        "XLA_FNTRACKER_FILE": fallback_file, "XLA_FNTRACKER_LEVEL": "3"})
         command = [sys.executable, "-m", "tpu_migrate.diagnose.bootstrap",
                    "module" if module else "script", target, *args]
+        report_fd = None
         if waited:
             env[ENV_UNBLOCK] = ",".join(str(int(s)) for s in waited)
-            heard_fd, env[ENV_SIGNALS] = _signal_pipe()
-            heard = SignalsHeard(heard_fd)
+            heard, report_fd = _signal_pipe()
+            env[ENV_SIGNALS] = str(report_fd)
         try:
             process = subprocess.Popen(command, env=env, stdout=stdout,
-                                       pass_fds=(int(env[ENV_SIGNALS]),) if waited else ())
+                                       pass_fds=() if report_fd is None else (report_fd,))
         finally:
-            if waited:
-                os.close(int(env[ENV_SIGNALS]))  # the program holds the write end now
+            if report_fd is not None:
+                os.close(report_fd)  # the program holds the write end now
         exit_code = _wait(process, waited, subreaper, heard) if waited is not None else _wait_plain(process)
         stopped = _stop_leftovers() if subreaper else 0
         if stopped:
             sys.stderr.write(f"tpu-migrate diagnose: stopped {stopped} process(es) that the program "
                              "left running\n")
-        evidence = Evidence(exit_code=exit_code, events=read_events(workdir))
-        for path in sorted(glob.glob(graphs_file + "*")):  # torch_xla appends .<ordinal>
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                evidence.graphs += handle.read()
-        if os.path.exists(debug_file):
-            with open(debug_file, "rb") as handle:
-                evidence.debug_log = handle.read()
-        if os.path.exists(fallback_file):
-            with open(fallback_file, "rb") as handle:
-                evidence.fallback_log = handle.read()
+        found, damaged = read_events_counting(workdir)
+        evidence = Evidence(exit_code=exit_code, events=found,
+                            notes=[*debug.notes, *_lost_evidence(workdir, damaged)])
+        if debug.compiles is not None:
+            evidence.debug_log, evidence.debug_base = debug.compiles.read(), debug.compiles.base
+        if debug.fallbacks is not None:
+            evidence.fallback_log, evidence.fallback_base = debug.fallbacks.read(), debug.fallbacks.base
+        evidence.graphs = debug.read_graphs()
         return evidence
     finally:
         if process is not None and process.poll() is None:  # the tool failed while it waited
@@ -166,6 +165,23 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
             signal.pthread_sigmask(signal.SIG_UNBLOCK, waited)
 
 
+def _lost_evidence(workdir: str, damaged: int) -> list[str]:
+    """Notes on evidence lost while the program ran: the report must not pass off what is left
+    as the whole run (a full disk's "1001 steps" of 3000)."""
+    if not os.path.isdir(workdir):
+        return [f"the run's directory {workdir} was deleted while the program ran: what it recorded "
+                "is lost, and nothing below is measured"]
+    notes = []
+    lost = lost_writes(workdir)
+    if lost:
+        reasons = ", ".join(sorted({os.strerror(getattr(errno, name, errno.EIO)) for name in lost.values()}))
+        notes.append(f"{len(lost)} process(es) could not write what they recorded ({reasons}, in "
+                     f"{workdir}): steps, counts and findings stop where writing failed")
+    if damaged:
+        notes.append(f"{damaged} recorded line(s) could not be read (cut short or damaged) and were skipped")
+    return notes
+
+
 def _block_signals() -> set | None:
     """Block the relayed signals and SIGCHLD (the wake-up) in this thread; returns those this
     call blocked, or None where signals cannot be taken this way (not Linux, not the main
@@ -176,12 +192,12 @@ def _block_signals() -> set | None:
     return wanted - signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
 
 
-def _signal_pipe() -> tuple[int, str]:
-    """The pipe the program reports its signals through (signals.py): our read end, and the
-    number of the write end it inherits."""
+def _signal_pipe() -> tuple[SignalsHeard, int]:
+    """The pipe the program reports its signals through (signals.py): our reading end, and the
+    write end it inherits."""
     read_fd, write_fd = os.pipe()
     os.set_blocking(read_fd, False)
-    return read_fd, str(write_fd)
+    return SignalsHeard(read_fd), write_fd
 
 
 def _wait(process: subprocess.Popen, waited: set, subreaper: bool, heard: SignalsHeard) -> int:

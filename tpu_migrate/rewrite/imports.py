@@ -26,6 +26,7 @@ from tpu_migrate.rewrite.registry import emits
 SIDE_EFFECT_BACKEND = "torch_xla.distributed.xla_backend"
 
 
+@emits("TPU070")
 def removable(qualname: str, file: FileContext) -> bool:
     """Imports the tool may delete once unused: torch_xla / optimum.tpu, and the availability
     checks (`is_torch_xla_available`) that TPU190 replaced. Not the import that registers the
