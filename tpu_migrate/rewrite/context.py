@@ -10,6 +10,7 @@ from functools import lru_cache
 import libcst as cst
 
 from tpu_migrate.findings import Fix, Manual
+from tpu_migrate.rewrite import named_expressions
 from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE
 from tpu_migrate.rewrite.names import Analysis, ImportBinding, Ref, Scope, StmtInfo
 from tpu_migrate.rules import Catalog, Rule
@@ -93,6 +94,10 @@ class ImportPlan:
         self._used = set(used)
 
     def fill(self, template: str, **extra: str) -> str:
+        """`template` with its placeholders filled: named expressions written out
+        (named_expressions.py), then the file's names for the modules the code uses, then
+        `extra`."""
+        template = named_expressions.expand(template)
         values = dict(extra)
         for placeholder in ("torch", "dist", "transformers", "fsdp_wrap", *_STDLIB_MODULES, "loguru"):
             if "{" + placeholder + "}" in template:
@@ -116,6 +121,15 @@ class ImportPlan:
         if "loguru" in self._used and self._modules["loguru"]:
             lines.append(self._modules["loguru"])
         return lines
+
+
+def unused_name(base: str, *taken: set[str]) -> str:
+    """`base`, or `base2`, `base3`, ...: the first in none of `taken`."""
+    name, n = base, 1
+    while any(name in names for names in taken):
+        n += 1
+        name = f"{base}{n}"
+    return name
 
 
 @dataclass
@@ -174,6 +188,37 @@ class FileContext:
     def target(self) -> str:
         return self.options.target
 
+    def helper(self, base: str, template: str, **names: str) -> str:
+        """The name of a module-level helper function (or class) the file gets once (`base`, or
+        `base2`, ... where that name is bound); `names` fill the template's other placeholders
+        (the helpers it calls)."""
+        name = self.helpers.get(base)
+        if name is None:
+            template = named_expressions.with_helpers(template, self.helper)  # `_rank()` in it too
+            name = self._same_helper(base, template, names)
+            if name is not None:  # an earlier run added it: calls of it need no second copy
+                self.helpers[base] = name
+                return name
+            name = unused_name(base, self.analysis.bound_names)
+            self.helpers[base] = name
+            self.helper_code[name] = self.plan.fill(template, name=name, **names)
+        return name
+
+    def _same_helper(self, base: str, template: str, names: dict[str, str]) -> str | None:
+        """The module-level function `base` (or `base2`, ...) the file already has with exactly
+        the helper's code, if any."""
+        for name, node in self.analysis.functions.items():
+            if name.rstrip("0123456789") != base:
+                continue
+            plan = ImportPlan(self.analysis)  # a throwaway: filling must not mark modules used
+            try:
+                wanted = ast.parse(plan.fill(template, name=name, **names)).body[0]
+            except (SyntaxError, KeyError, IndexError):
+                return None
+            if ast.dump(wanted) == ast.dump(node):
+                return name
+        return None
+
     def waits(self, code: str) -> bool:
         """Whether `code` is a fix that waits for the unsafe fix `waiting_for`: off in this pass
         (the engine reports what it would have fixed)."""
@@ -208,6 +253,23 @@ class StatementContext:
         # `or`: code there may run several times or not at all, so nothing is hoisted out.
         self.hoist_blocked = 0
         self.new_names: set[str] = set()  # names fresh_name gave out in this statement
+
+    @property
+    def in_joined_worker(self) -> bool:
+        """Directly in the body of a worker that the converted launch always starts in a process
+        group (plans.Plans.joined_workers): `dist.is_initialized()` holds there."""
+        scope = self.scope
+        return (scope.kind == "function" and len(scope.path) == 1
+                and scope.path[0] in self.file.plans.joined_workers)
+
+    def fill(self, template: str, **extra: str) -> str:
+        """The file's ImportPlan.fill, with named expressions in their form for this statement:
+        short in a joined worker, else a call of their helper (named_expressions.py)."""
+        if self.in_joined_worker:
+            template = named_expressions.expand(template, in_group=True)
+        else:
+            template = named_expressions.with_helpers(template, self.file.helper)
+        return self.file.plan.fill(template, **extra)
 
     @property
     def can_hoist(self) -> bool:

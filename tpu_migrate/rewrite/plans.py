@@ -9,6 +9,7 @@ both halves are applied, or neither.
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from dataclasses import dataclass, field
 
 from tpu_migrate.rewrite.names import Analysis, Scope, StmtInfo, mark_subtrees
@@ -49,6 +50,9 @@ class Plans:
     # The backends (source text; None: the default) of the file's `init_process_group` calls
     # other than "xla" ones, which TPU070 converts: the groups the program makes itself.
     group_backends: list[str | None] = field(default_factory=list)
+    # Workers that only the converted launch runs, always in its process group: private
+    # module-level functions the file names nowhere but at the launch (named_expressions.py).
+    joined_workers: set[str] = field(default_factory=set)
 
     @property
     def workers(self) -> set[str]:
@@ -106,7 +110,25 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
         for name in plans.workers:
             if any(_starts_xla_group(stmt) for stmt in analysis.functions[name].body):
                 plans.self_initializing.add(name)
+        if plans.launcher_group:
+            launches = [info.node for info in analysis.infos.values() if id(info.node) in plans.spawn_workers]
+            plans.joined_workers = _only_launched(analysis.tree, launches, plans.workers)
     return plans
+
+
+def _only_launched(tree: ast.Module, launches: list[ast.stmt], workers: set[str]) -> set[str]:
+    """The workers that are private (`_mp_fn`), defined once, and named once in the file: in
+    their launch's statement. No other code, here or in a module importing it, calls them
+    outside the process group."""
+    private = {name for name in workers if name.startswith("_")}
+
+    def uses(nodes) -> Counter:
+        return Counter(node.id for root in nodes for node in ast.walk(root)
+                       if isinstance(node, ast.Name) and node.id in private)
+
+    everywhere, at_launch = uses([tree]), uses(launches)
+    defined = Counter(node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    return {name for name in private if everywhere[name] == at_launch[name] == 1 and defined[name] == 1}
 
 
 def _inline_loader(analysis: Analysis, assign: ast.Assign, loops: list[ast.stmt], scope: Scope) -> str | None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from tpu_migrate.rewrite import dependencies, transforms
+from tpu_migrate.rewrite import dependencies, named_expressions, transforms
 from tpu_migrate.rewrite.context import FileContext, StatementContext
 from tpu_migrate.rewrite.expressions import ExprRewriter
 from tpu_migrate.rewrite.names import is_xla_name
@@ -56,7 +56,8 @@ class ModuleRewriter:
         self.plans = plans
         self.analysis = file.analysis
         names = file.plan.names  # formatted, not filled: comparing uses no module
-        self.rank_tests = frozenset({LOCAL_MASTER.format(**names), GLOBAL_MASTER.format(**names)})
+        self.rank_tests = frozenset({LOCAL_MASTER.format(**names), *(
+            named_expressions.expand(GLOBAL_MASTER, in_group).format(**names) for in_group in (False, True))})
         # The rank test of the `if` whose body is being rewritten (only some ranks run here),
         # None outside such a body or in a nested function.
         self.rank_gate: str | None = None

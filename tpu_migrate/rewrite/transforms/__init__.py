@@ -56,7 +56,7 @@ def apply_call_rule(rule, qualname: str, call: cst.Call, sc: StatementContext):
         try:
             if values is None:
                 raise KeyError
-            expression = sc.file.plan.fill(rule.replace[sc.file.target], **values)
+            expression = sc.fill(rule.replace[sc.file.target], **values)
         except KeyError:
             sc.needs_manual(rule.code, f"cannot read the arguments: {rule.summary}", qualname)
             return call

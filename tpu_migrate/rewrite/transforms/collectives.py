@@ -56,7 +56,11 @@ def world_guard(sc: StatementContext, code_: str, where: tuple[int, int] | None,
     if plans is not None and plans.launcher_group:
         # The converted launch put every worker in the default group; elsewhere in this file
         # (the parent, a helper called before the launch) torch_xla's world was one process.
-        return f"{dist}.is_initialized()" if short else f"{dist}.is_initialized() and {dist}.get_world_size() > 1"
+        if short:
+            return f"{dist}.is_initialized()"
+        # In a worker that only the launch runs, the group is there (named_expressions.py).
+        return f"{dist}.get_world_size() > 1" if sc.in_joined_worker else \
+            f"{dist}.is_initialized() and {dist}.get_world_size() > 1"
     backend = '"tpu_dist"' if sc.file.target == "tpu" else ""
     return f"{helper(sc, '_process_group', PROCESS_GROUP.replace('{backend}', backend))}()"
 

@@ -8,7 +8,7 @@ import warnings
 
 import libcst as cst
 
-from tpu_migrate.rewrite.context import StatementContext, parse_stmt
+from tpu_migrate.rewrite.context import StatementContext, parse_stmt, unused_name
 
 
 # Expressions that need parentheses when they land inside a larger expression.
@@ -22,10 +22,8 @@ LOOSE = (
 )
 
 PORTABLE_DEVICE = '{torch}.accelerator.current_accelerator(check_available=True) or {torch}.device("cpu")'
-# torch_xla answered ranks from its runtime, with or without a process group: without one,
-# the launcher's environment answers (torchrun sets RANK; plain `python` sets nothing: rank 0).
-GLOBAL_RANK = '({dist}.get_rank() if {dist}.is_initialized() else int({os}.environ.get("RANK", 0)))'
-GLOBAL_MASTER = GLOBAL_RANK + " == 0"
+# The global rank, as torch_xla answered it (named_expressions.py).
+GLOBAL_MASTER = "{rank_atom} == 0"
 LOCAL_MASTER = 'int({os}.environ.get("LOCAL_RANK", 0)) == 0'
 # What xm.save saved: CPU copies of the tensors, however nested. torch 2.9 has no public pytree
 # module (torch.utils.pytree comes later), so a small helper is added to the file, once.
@@ -154,17 +152,8 @@ def target_name(assign: cst.Assign | None) -> str | None:
 
 def fresh_name(sc: StatementContext, base: str) -> str:
     """A name bound nowhere in the file (nor given out before in this statement)."""
-    name = _unused(base, sc.file.analysis.bound_names, sc.new_names)
+    name = unused_name(base, sc.file.analysis.bound_names, sc.new_names)
     sc.new_names.add(name)
-    return name
-
-
-def _unused(base: str, *taken: set[str]) -> str:
-    """`base`, or `base2`, `base3`, ...: the first in none of `taken`."""
-    name, n = base, 1
-    while any(name in names for names in taken):
-        n += 1
-        name = f"{base}{n}"
     return name
 
 def given(bound: dict, name: str) -> bool:
@@ -186,15 +175,8 @@ def quote_of(node: cst.BaseExpression) -> str:
 
 
 def helper(sc: StatementContext, base: str, template: str, **names: str) -> str:
-    """The name of a module-level helper function (or class) the file gets once (a name bound
-    nowhere); `names` fill the template's other placeholders (the helpers it calls)."""
-    file = sc.file
-    name = file.helpers.get(base)
-    if name is None:
-        name = _unused(base, file.analysis.bound_names)
-        file.helpers[base] = name
-        file.helper_code[name] = file.plan.fill(template, name=name, **names)
-    return name
+    """FileContext.helper: the name of a helper the file gets once."""
+    return sc.file.helper(base, template, **names)
 
 
 class _Collector(cst.CSTVisitor):

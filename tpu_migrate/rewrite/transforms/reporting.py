@@ -14,7 +14,6 @@ from tpu_migrate.rewrite.context import StatementContext, parse_expr
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
     GLOBAL_MASTER,
-    GLOBAL_RANK,
     bind,
     helper,
     if_block,
@@ -89,7 +88,7 @@ CLOSE_SUMMARY_WRITER = '''def {name}(summary_writer):
 PRINT_TRAINING_UPDATE = '''def {name}(device, step, loss, rate, global_rate, epoch=None, summary_writer=None):
     """test_utils.print_training_update: one line of training progress from this process."""
     update_data = [
-        "Training", "Device={{}}/{{}}".format(device, ''' + GLOBAL_RANK[1:-1] + '''),
+        "Training", "Device={{}}/{{}}".format(device, {rank}),
         "Epoch={{}}".format(epoch) if epoch is not None else None,
         "Step={{}}".format(step), "Loss={{:.5f}}".format(loss),
         "Rate={{:.2f}}".format(rate), "GlobalRate={{:.2f}}".format(global_rate),
@@ -103,7 +102,7 @@ PRINT_TRAINING_UPDATE = '''def {name}(device, step, loss, rate, global_rate, epo
 PRINT_TEST_UPDATE = '''def {name}(device, accuracy, epoch=None, step=None):
     """test_utils.print_test_update: one line of test metrics from this process."""
     update_data = [
-        "Test", "Device={{}}/{{}}".format(device, ''' + GLOBAL_RANK[1:-1] + '''),
+        "Test", "Device={{}}/{{}}".format(device, {rank}),
         "Step={{}}".format(step) if step is not None else None,
         "Epoch={{}}".format(epoch) if epoch is not None else None,
         "Accuracy={{:.2f}}".format(accuracy) if accuracy is not None else None,
@@ -260,7 +259,7 @@ def _logger_parts(call, qualname, sc: StatementContext, rule):
     plan = sc.file.plan
     logged = parse_expr(plan.fill("{loguru}.logger.") + level)
     message = bound["message"].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT, comma=cst.MaybeSentinel.DEFAULT)
-    return plan.fill(GLOBAL_MASTER), cst.Call(func=logged, args=[message])
+    return sc.fill(GLOBAL_MASTER), cst.Call(func=logged, args=[message])
 
 
 @transform("xla_logger", form=CALL)

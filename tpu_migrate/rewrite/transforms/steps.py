@@ -13,7 +13,6 @@ from tpu_migrate.rewrite.transforms.fsdp import FSDP_NAMES
 from tpu_migrate.rewrite.registry import CALL, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
     atom,
-    GLOBAL_RANK,
     GLOBAL_MASTER,
     LOCAL_MASTER,
     CPU_COPIES,
@@ -56,8 +55,7 @@ def is_master_ordinal(call, qualname, sc: StatementContext, rule):
         )
         return call
     sc.fixed(rule.code, qualname)
-    template = LOCAL_MASTER if local else GLOBAL_RANK + " == 0"
-    return parse_expr(sc.file.plan.fill(template))
+    return parse_expr(sc.fill(LOCAL_MASTER if local else GLOBAL_MASTER))
 
 
 # Callees that neither communicate nor change the program's state: skipping them on the ranks
@@ -110,7 +108,7 @@ def _master_print_parts(call, qualname, sc: StatementContext, rule, hoist: list 
             arg = arg.with_changes(value=cst.Name(value))
         args.append(arg)
     sc.fixed(rule.code, qualname)
-    condition = sc.file.plan.fill(LOCAL_MASTER if local else GLOBAL_MASTER)
+    condition = sc.fill(LOCAL_MASTER if local else GLOBAL_MASTER)
     return condition, cst.Call(func=cst.Name("print"), args=clean_args(args))
 
 
@@ -253,7 +251,7 @@ def xla_save_statement(call, qualname, sc: StatementContext, rule, plans):
     barrier = f"if {world_guard(sc, rule.code, where, short=True)}:\n" + plan.fill("    {dist}.barrier()\n")
     if not master_only:
         return [parse_stmt(save + "\n"), _barrier(barrier, sc)]
-    condition = plan.fill(GLOBAL_RANK + " == 0" if global_master else LOCAL_MASTER)
+    condition = sc.fill(GLOBAL_MASTER if global_master else LOCAL_MASTER)
     guard = parse_stmt(f"if {condition}:\n    {save}\n")
     sc.file.mark(guard.body, "guard", condition)
     return [guard, _barrier(barrier, sc)]

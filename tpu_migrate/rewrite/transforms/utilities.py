@@ -204,7 +204,7 @@ def process_query(call, qualname, sc: StatementContext, rule):
         return call
     sc.fixed(rule.code, qualname)
     template = sc.file.catalog.by_code(_SAME_AS[rule.name]).replace[sc.file.target]
-    return parse_expr(sc.file.plan.fill(template))
+    return parse_expr(sc.fill(template))
 
 
 def _uses_spmd(sc: StatementContext) -> bool:

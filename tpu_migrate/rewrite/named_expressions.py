@@ -1,0 +1,51 @@
+"""Named expressions that rule templates (TOML and code) write as placeholders: `{rank}` and
+`{world_size}`, and `{rank_atom}` / `{world_size_atom}` where the expression sits in a larger one
+(`{rank_atom} == 0`).
+
+torch_xla answered ranks from its runtime, with or without a process group: without one, the
+launcher's environment answers (torchrun sets RANK and WORLD_SIZE; a plain `python train.py`
+sets nothing and is one process). A statement (StatementContext.fill) gets, in a worker that
+the converted launch always starts in a process group (plans.Plans.joined_workers), what a
+reviewer would write there: `dist.get_rank()`; elsewhere a call of a small helper the file gets
+once (`_rank()`), rather than the whole expression at every use. Code written as a whole (the
+helpers themselves, ImportPlan.fill) gets the expression.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+_LONG = {
+    "rank": '{dist}.get_rank() if {dist}.is_initialized() else int({os}.environ.get("RANK", 0))',
+    "world_size": '{dist}.get_world_size() if {dist}.is_initialized() else int({os}.environ.get("WORLD_SIZE", 1))',
+}
+_IN_GROUP = {"rank": "{dist}.get_rank()", "world_size": "{dist}.get_world_size()"}
+_HELPERS = {
+    "rank": ("_rank", "The global rank, as torch_xla answered it: the process group's, else RANK"),
+    "world_size": ("_world_size", "The number of processes, as torch_xla answered it: the group's, else WORLD_SIZE"),
+}
+
+
+def _replace(template: str, name: str, value: str, atom: str) -> str:
+    return template.replace("{" + name + "_atom}", atom).replace("{" + name + "}", value)
+
+
+def expand(template: str, in_group: bool = False) -> str:
+    """`template` with its named expressions written out (still holding `{dist}` / `{os}`)."""
+    if "{" not in template:
+        return template
+    for name, long in _LONG.items():
+        short = _IN_GROUP[name]
+        template = _replace(template, name, short if in_group else long, short if in_group else f"({long})")
+    return template
+
+
+def with_helpers(template: str, helper: Callable[[str, str], str]) -> str:
+    """`template` with each named expression it uses as a call of its helper; `helper(base,
+    code)` adds the helper to the file once and returns its name."""
+    for name, (base, doc) in _HELPERS.items():
+        if "{" + name in template:
+            code = f'def {{name}}():\n    """{doc} (added by tpu-migrate)."""\n    return {_LONG[name]}\n'
+            call = f"{helper(base, code)}()"
+            template = _replace(template, name, call, call)
+    return template
