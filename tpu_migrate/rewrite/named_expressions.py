@@ -9,11 +9,16 @@ the converted launch always starts in a process group (plans.Plans.joined_worker
 reviewer would write there: `dist.get_rank()`; elsewhere a call of a small helper the file gets
 once (`_rank()`), rather than the whole expression at every use. Code written as a whole (the
 helpers themselves, ImportPlan.fill) gets the expression.
+
+Templates also name helper functions the file gets once: `{map_tensors}` (helper_code.py), so a
+TOML rule can use one without code of its own.
 """
 
 from __future__ import annotations
 
 from typing import Callable
+
+from tpu_migrate.rewrite.helper_code import MAP_TENSORS
 
 _LONG = {
     "rank": '{dist}.get_rank() if {dist}.is_initialized() else int({os}.environ.get("RANK", 0))',
@@ -40,9 +45,16 @@ def expand(template: str, in_group: bool = False) -> str:
     return template
 
 
+_FUNCTIONS = {"map_tensors": ("_map_tensors", MAP_TENSORS)}
+
+
 def with_helpers(template: str, helper: Callable[[str, str], str]) -> str:
-    """`template` with each named expression it uses as a call of its helper; `helper(base,
-    code)` adds the helper to the file once and returns its name."""
+    """`template` with each named expression it uses as a call of its helper, and each named
+    helper function as its name; `helper(base, code)` adds the helper to the file once and
+    returns its name."""
+    for name, (base, code) in _FUNCTIONS.items():
+        if "{" + name + "}" in template:
+            template = template.replace("{" + name + "}", helper(base, code))
     for name, (base, doc) in _HELPERS.items():
         if "{" + name in template:
             code = f'def {{name}}():\n    """{doc} (added by tpu-migrate)."""\n    return {_LONG[name]}\n'

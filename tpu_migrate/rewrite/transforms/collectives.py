@@ -5,10 +5,10 @@ from __future__ import annotations
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_expr
+from tpu_migrate.rewrite.helper_code import CPU_COPIES
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
     ALL_GATHER,
-    CPU_COPIES,
     helper,
     code,
     bind,

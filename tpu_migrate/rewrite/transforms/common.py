@@ -25,22 +25,8 @@ PORTABLE_DEVICE = '{torch}.accelerator.current_accelerator(check_available=True)
 # The global rank, as torch_xla answered it (named_expressions.py).
 GLOBAL_MASTER = "{rank_atom} == 0"
 LOCAL_MASTER = 'int({os}.environ.get("LOCAL_RANK", 0)) == 0'
-# What xm.save saved: CPU copies of the tensors, however nested. torch 2.9 has no public pytree
-# module (torch.utils.pytree comes later), so a small helper is added to the file, once.
-CPU_COPIES = '''def {name}(obj):
-    """`obj` with its tensors copied to the CPU, through dicts, lists and tuples (as xm.save saved)."""
-    if isinstance(obj, {torch}.Tensor):
-        return obj.cpu()
-    if isinstance(obj, dict):
-        copied = {copy}.copy(obj)  # the same type and attributes (a state dict's _metadata)
-        for key, value in obj.items():
-            copied[key] = {name}(value)
-        return copied
-    if isinstance(obj, (list, tuple)):
-        values = [{name}(value) for value in obj]
-        return type(obj)(*values) if hasattr(obj, "_fields") else type(obj)(values)
-    return obj
-'''
+
+TO_DEVICE = "{map_tensors}({obj}, lambda t: t.to({device}))"
 # What xm.all_gather returned: for a tensor, the tensors of every process concatenated along
 # `dim` (a new tensor in a world of one); for a list of tensors, that for each of them.
 ALL_GATHER = '''def {name}(value, dim=0):
@@ -53,7 +39,6 @@ ALL_GATHER = '''def {name}(value, dim=0):
     {dist}.all_gather(parts, value.contiguous())
     return {torch}.cat(parts, dim=dim)
 '''
-TO_DEVICE = "{torch}.utils._pytree.tree_map_only({torch}.Tensor, lambda t: t.to({device}), {obj})"
 
 XLA_DEVICE = re.compile(r"xla(:\d+)?\Z")
 _CODEGEN = cst.Module(body=[])

@@ -36,7 +36,7 @@ DEVICE_LOADER = '''class {name}:
 
     def __iter__(self):
         for batch in self._loader:
-            yield ''' + TO_DEVICE.replace("{device}", "self._device").replace("{obj}", "batch") + '''
+            yield {map_tensors}(batch, lambda t: t.to(self._device))
 
     def __len__(self):
         return len(self._loader)
@@ -58,20 +58,26 @@ SHARDED_DEVICE_LOADER = '''class {name}:
         self._index = mesh.get_local_rank(axis)
 
     def _slice(self, batch):
-        tensors = [t for t in {torch}.utils._pytree.tree_leaves(batch) if isinstance(t, {torch}.Tensor) and t.dim()]
-        sizes = sorted({{t.shape[0] for t in tensors}})
-        if len(sizes) > 1 or (sizes and sizes[0] % self._parts):
+        sizes = set()
+
+        def part(t):  # this process's part of a tensor's first dimension
+            if not t.dim():
+                return t
+            sizes.add(t.shape[0])
+            return t.tensor_split(self._parts)[self._index]
+
+        sliced = {map_tensors}(batch, part)
+        if len(sizes) > 1 or (sizes and min(sizes) % self._parts):
             raise ValueError(
-                f"tpu-migrate: a batch whose tensors' first dimensions are {{sizes}} does not split evenly "
-                f"over {{self._parts}} processes: give every tensor of a batch the same first dimension, "
-                "a multiple of the process count")
-        return {torch}.utils._pytree.tree_map_only(
-            {torch}.Tensor, lambda t: t.tensor_split(self._parts)[self._index] if t.dim() else t, batch)
+                f"tpu-migrate: a batch whose tensors' first dimensions are {{sorted(sizes)}} does not split "
+                f"evenly over {{self._parts}} processes: give every tensor of a batch the same first "
+                "dimension, a multiple of the process count")
+        return sliced
 
     def __iter__(self):
         for batch in self._loader:
             batch = self._slice(batch)
-            yield ''' + TO_DEVICE.replace("{device}", "self._device").replace("{obj}", "batch") + '''
+            yield {map_tensors}(batch, lambda t: t.to(self._device))
 
     def __len__(self):
         return len(self._loader)
@@ -141,10 +147,9 @@ def _move_target_ok(target: cst.BaseExpression) -> bool:
 
 
 def _move_statement(target: cst.BaseExpression, device: cst.BaseExpression, sc) -> cst.BaseStatement:
-    plan = sc.file.plan
     dev = code(device)
     if isinstance(target, cst.Name):
-        moved = plan.fill(TO_DEVICE, device=dev, obj=target.value)
+        moved = sc.fill(TO_DEVICE, device=dev, obj=target.value)
         return parse_stmt(f"{target.value} = {moved}\n")
     names = [e.value.value for e in target.elements]
     lhs = ", ".join(names)

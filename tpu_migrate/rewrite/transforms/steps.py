@@ -8,6 +8,7 @@ import keyword
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
+from tpu_migrate.rewrite.helper_code import CPU_COPIES
 from tpu_migrate.rewrite.names import DDP_NAMES
 from tpu_migrate.rewrite.transforms.fsdp import FSDP_NAMES
 from tpu_migrate.rewrite.registry import CALL, STATEMENT, transform
@@ -15,7 +16,6 @@ from tpu_migrate.rewrite.transforms.common import (
     atom,
     GLOBAL_MASTER,
     LOCAL_MASTER,
-    CPU_COPIES,
     helper,
     code,
     bind,

@@ -7,11 +7,11 @@ from __future__ import annotations
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
+from tpu_migrate.rewrite.helper_code import CPU_COPIES
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, rule_code, transform
 from tpu_migrate.rewrite.todos import TEXT_MARKER
 from tpu_migrate.rewrite.transforms.collectives import world_guard
 from tpu_migrate.rewrite.transforms.common import (
-    CPU_COPIES,
     bind,
     code,
     helper,
