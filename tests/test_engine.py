@@ -398,3 +398,17 @@ def test_whole_file_scans_run_once_per_file_not_once_per_statement(monkeypatch):
     body = "".join(f"def step_{i}(opt):\n    xm.optimizer_step(opt)\n" for i in range(50))
     result = run(("import torch_xla.core.xla_model as xm\n" + body).encode())
     assert len(result.fixes) == 50 and len(scans) == 1
+
+
+def test_a_finding_under_a_code_no_rule_declares_is_an_internal_error_for_that_file(monkeypatch):
+    """A transform's typo (or a rule deleted from its table) would print a finding with no name
+    and write it to SARIF: the file is refused instead, byte for byte as it was."""
+    from tpu_migrate.rewrite.context import StatementContext
+
+    fixed = StatementContext.fixed
+    monkeypatch.setattr(StatementContext, "fixed",
+                        lambda self, code, *args, **kw: fixed(self, "TPU999" if code == "TPU010" else code, *args, **kw))
+    result = run(SOURCE.encode())
+    assert result.error == "internal error: a rule wrote a finding under TPU999, which no rule table declares"
+    assert not result.changed and not result.fixes
+    assert run(b"import torch_xla.core.xla_model as xm\ndevice = xm.xla_device()\n").changed  # the others go on

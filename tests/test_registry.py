@@ -53,6 +53,39 @@ def test_a_misspelt_transform_is_refused_at_load(tmp_path):
         flagged_names(load_catalog(str(rules)))
 
 
+TABLE_MISTAKES = [
+    # (file, old text, new text, the one line it must give)
+    ("core.toml", "[rule.replace]\ntpu = \"{rank}\"", "[rule.replce]\ntpu = \"{rank}\"",
+     "core.toml: rule TPU021: unknown key 'replce'"),
+    ("core.toml", 'tpu = "{rank}"', 'tpu = "{rank} + {oss}"',
+     "core.toml: rule TPU021: 'replace.tpu' uses unknown placeholder(s) {oss}"),
+    ("core.toml", 'tpu = "{rank}"', 'tpu = "{rank"',
+     "core.toml: rule TPU021: 'replace.tpu' is not a valid template"),
+    ("core.toml", 'transform = "optimizer_step"\n', "",
+     "core.toml: rule TPU030: a safe rule needs 'replace', 'rename' or 'transform' to fix with"),
+    ("core.toml", 'plain_value = true\nmatches = [\n    "torch_xla.runtime.global_ordinal"',
+     'plain_value = "yes"\nmatches = [\n    "torch_xla.runtime.global_ordinal"',
+     "core.toml: rule TPU021: 'plain_value' must be bool"),
+    ("core.toml", "\n[[rule]]\ncode", "\n[defaults]\nsafety = \"safe\"\n\n[[rule]]\ncode",
+     "core.toml: unknown table(s) defaults (a rule table is [[rule]])"),
+]
+
+
+@pytest.mark.parametrize("file, old, new, message", TABLE_MISTAKES, ids=[m[3].split(": ", 2)[-1][:30] for m in TABLE_MISTAKES])
+def test_a_mistake_in_a_table_is_refused_at_load_naming_file_rule_and_key(tmp_path, file, old, new, message):
+    """A misspelt table or placeholder used to load and change what the rule does; the first
+    regenerate.py then wrote the wrong output down as the expected one."""
+    rules = copied_rules(tmp_path)
+    path = rules / file
+    text = path.read_text(encoding="utf-8")
+    assert text.count(old) >= 1, old
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    with pytest.raises(RuleError) as refused:
+        load_catalog(str(rules))
+    assert str(refused.value).startswith(message), str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
 def test_the_rewrite_command_refuses_such_tables(tmp_path):
     """Before any file: a configuration error (exit 2, one line), not a finding per file."""
     rules = copied_rules(tmp_path)

@@ -11,11 +11,15 @@ registered function (rewrite/engine.py: flagged_names); loading here stays data 
 from __future__ import annotations
 
 import os
+import string
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
+
+# Placeholders only (no libcst): `rules` and `explain` stay light.
+from tpu_migrate.rewrite.named_expressions import PLACEHOLDERS
 
 SAFETY_LEVELS = ("safe", "unsafe", "manual")
 TARGETS = ("tpu", "portable")
@@ -80,6 +84,10 @@ class Catalog:
                 return rule
         return None
 
+    @property
+    def codes(self) -> frozenset[str]:
+        return frozenset(self._by_code)
+
     def by_code(self, code: str) -> Rule:
         return self._by_code[code]  # KeyError for an unknown code
 
@@ -133,6 +141,9 @@ def load_catalog(directory: str | None = None) -> Catalog:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise RuleError(f"{path}: {exc}") from None
+        unknown = sorted(set(data) - set(_FILE_KEYS))
+        if unknown:
+            raise RuleError(f"{path.name}: unknown table(s) {', '.join(unknown)} (a rule table is [[rule]])")
         aliases.update(data.get("modules", {}))
         for table in data.get("rule", []):
             rules.append(_rule_from_table(table, path))
@@ -143,8 +154,45 @@ def load_catalog(directory: str | None = None) -> Catalog:
     return Catalog(tuple(sorted(rules, key=lambda r: r.code)), aliases)
 
 
+# Every key a rule table may have, and its type; anything else is a mistake (`[rule.replce]`)
+# that would otherwise load and quietly change what the rule does.
+_KEYS = {"code": str, "name": str, "summary": str, "safety": str, "explanation": str, "matches": list,
+         "match_prefixes": list, "replace": dict, "rename": dict, "params": list, "transform": str,
+         "plain_value": bool, "also_on_torch_xla": bool}
+_FILE_KEYS = ("rule", "modules")
+
+
+def _check_table(table: dict, where: str) -> None:
+    """One line naming the file, the rule and the key for the first thing wrong."""
+    for key, value in table.items():
+        kind = _KEYS.get(key)
+        if kind is None:
+            raise RuleError(f"{where}: unknown key '{key}' (known: {', '.join(_KEYS)})")
+        if not isinstance(value, kind) or (kind is list and not all(isinstance(v, str) for v in value)):
+            raise RuleError(f"{where}: '{key}' must be {'a list of strings' if kind is list else kind.__name__}")
+    fixes = [key for key in ("replace", "rename", "transform") if key in table]
+    if table.get("safety") in ("safe", "unsafe") and not fixes:
+        raise RuleError(f"{where}: a {table['safety']} rule needs 'replace', 'rename' or 'transform' to fix with")
+    if table.get("safety") == "manual" and ("replace" in table or "rename" in table):
+        raise RuleError(f"{where}: a manual rule fixes nothing: it cannot have '{fixes[0]}'")
+    allowed = PLACEHOLDERS | {*table.get("params", ()), *(f"{p}_atom" for p in table.get("params", ()))}
+    for key in ("replace", "rename"):
+        for target, template in table.get(key, {}).items():
+            if not isinstance(template, str):
+                raise RuleError(f"{where}: '{key}.{target}' must be a string")
+            try:
+                fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+            except ValueError as exc:
+                raise RuleError(f"{where}: '{key}.{target}' is not a valid template: {exc}") from None
+            unknown = sorted({field for field in fields if field not in allowed})
+            if unknown:
+                raise RuleError(f"{where}: '{key}.{target}' uses unknown placeholder(s) "
+                                f"{', '.join('{' + f + '}' for f in unknown)}")
+
+
 def _rule_from_table(table: dict, path: Path) -> Rule:
     where = f"{path.name}: rule {table.get('code', '?')}"
+    _check_table(table, where)
     for key in ("code", "name", "summary", "safety", "explanation"):
         if not isinstance(table.get(key), str):
             raise RuleError(f"{where}: missing string field '{key}'")

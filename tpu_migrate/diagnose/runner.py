@@ -19,7 +19,6 @@ own session, and killing ours would hit the rest of a shell pipeline (`echo data
 from __future__ import annotations
 
 import errno
-import glob
 import os
 import shutil
 import signal

@@ -17,7 +17,7 @@ from tpu_migrate.rules import Catalog, Rule
 
 ALL_CODES = "*"
 # Placeholders of rule templates for standard-library modules (in the order they are imported).
-_STDLIB_MODULES = ("copy", "functools", "os", "time")
+_STDLIB_MODULES = named_expressions.STDLIB_MODULES
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class ImportPlan:
         `extra`."""
         template = named_expressions.expand(template)
         values = dict(extra)
-        for placeholder in ("torch", "dist", "transformers", "fsdp_wrap", *_STDLIB_MODULES, "loguru"):
+        for placeholder in named_expressions.MODULES:
             if "{" + placeholder + "}" in template:
                 values[placeholder] = self.use(placeholder)
         return template.format(**values)

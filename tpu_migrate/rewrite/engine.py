@@ -65,7 +65,7 @@ def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | N
         return _failed(result, f"cannot parse: {type(exc).__name__}: {exc}".rstrip(": "))
     except Unreproducible as exc:
         return _failed(result, f"cannot rewrite: {exc}; left unchanged")
-    except WalkError as exc:
+    except (WalkError, UndeclaredCode) as exc:
         return _failed(result, f"internal error: {exc}")
     except BrokenOutput as exc:
         return _failed(result, f"internal error: the rewritten file does not parse ({exc}); left unchanged")
@@ -179,6 +179,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         new_module = _rewrite_module(module, tree, file)
     if waiting_for is not None:
         _report_waiting(result, wanted, waiting_for)
+    _check_declared(result, catalog)
     result.fixes.sort(key=lambda f: (f.line, f.col, f.code))
     result.manual.sort(key=lambda m: (m.line, m.col, m.code))
     # Here, in the worker, so that the cache holds it (the migration report's blocked files).
@@ -197,6 +198,10 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         return rewrite_text(text, path, options, catalog, result, whole=True)
     _check_parses(code, output)
     return output
+
+
+class UndeclaredCode(Exception):
+    """A finding under a code no rule table declares (a bug, reported per file)."""
 
 
 class BrokenOutput(Exception):
@@ -380,6 +385,15 @@ def _held_unsafe_fix(result: FileResult, options: Options, catalog: Catalog) -> 
         return None
     line, code = held[0]
     return code, line
+
+
+def _check_declared(result: FileResult, catalog: Catalog) -> None:
+    """Every finding's code is a rule of the tables: one that is not (a transform's typo, a rule
+    deleted from its TOML) would reach users with no name and no explanation. The file is then
+    an internal error, left unchanged (the registry's check refuses most at load already)."""
+    unknown = sorted({f.code for f in [*result.fixes, *result.manual]} - catalog.codes)
+    if unknown:
+        raise UndeclaredCode(f"a rule wrote a finding under {', '.join(unknown)}, which no rule table declares")
 
 
 def _report_waiting(result: FileResult, wanted: list[Fix], waiting_for: tuple[str, int]) -> None:

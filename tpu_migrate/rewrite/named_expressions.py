@@ -25,6 +25,7 @@ _LONG = {
     "world_size": '{dist}.get_world_size() if {dist}.is_initialized() else int({os}.environ.get("WORLD_SIZE", 1))',
 }
 _IN_GROUP = {"rank": "{dist}.get_rank()", "world_size": "{dist}.get_world_size()"}
+NAMES = (*_LONG, *(f"{name}_atom" for name in _LONG))
 _HELPERS = {
     "rank": ("_rank", "The global rank, as torch_xla answered it: the process group's, else RANK"),
     "world_size": ("_world_size", "The number of processes, as torch_xla answered it: the group's, else WORLD_SIZE"),
@@ -46,6 +47,11 @@ def expand(template: str, in_group: bool = False) -> str:
 
 
 _FUNCTIONS = {"map_tensors": ("_map_tensors", MAP_TENSORS)}
+# The modules a template may name (ImportPlan gives each the file's own name, importing it
+# where needed), then every other placeholder a rule table may use besides its `params`.
+STDLIB_MODULES = ("copy", "functools", "os", "time")
+MODULES = ("torch", "dist", "transformers", "fsdp_wrap", *STDLIB_MODULES, "loguru")
+PLACEHOLDERS = frozenset({*MODULES, *NAMES, *_FUNCTIONS, "name"})
 
 
 def with_helpers(template: str, helper: Callable[[str, str], str]) -> str:
