@@ -132,7 +132,42 @@ def test_families_follow_the_rule_files(checked):
     # The TODO of an earlier run counts in its rule's family.
     assert next(r for r in families["core"]["rules"] if r["code"] == "TPU060")["manual"] >= 1
     headers = re.findall(r'<tr class="family"><th>(.*?)</th><th class="count">(\d+)</th><th class="count">(\d+)</th>', page)
-    assert headers == [(f["family"], str(f["fixes"]), str(f["manual"])) for f in doc["migration"]["families"]]
+    assert [(unescape(h[0]), h[1], h[2]) for h in headers] == [
+        (f["label"], str(f["fixes"]), str(f["manual"])) for f in doc["migration"]["families"]]
+
+
+def _chart(page: str, chart: str) -> list[tuple[str, list[tuple[str, int]]]]:
+    """(label, [(kind, count), ...]) per bar of the inline SVG chart `chart`."""
+    svg = re.search(rf'<svg id="{chart}".*?</svg>', page, re.S)
+    assert svg, chart
+    bars = re.findall(r'<g class="bar"><title>(.*?):.*?</g>', svg.group(0), re.S)
+    segments = re.findall(r'<g class="bar">(.*?)</g>', svg.group(0), re.S)
+    return [(unescape(label), [(kind, int(n)) for kind, n in re.findall(r'<rect class="seg-(\w+)"[^>]*data-count="(\d+)"', g)])
+            for label, g in zip(bars, segments)]
+
+
+def test_the_picture_draws_the_numbers_of_the_tables(checked):
+    _, page, doc = checked
+    migration = doc["migration"]
+    families = _chart(page, "chart-families")
+    assert [label for label, _ in families] == [f["label"] for f in migration["families"]]
+    for (_, segments), family in zip(families, migration["families"]):
+        counts = dict(segments)
+        assert counts.get("auto", 0) == family["fixes"]
+        assert counts.get("manual", 0) + counts.get("design", 0) == family["manual"]
+        assert counts.get("design", 0) == family["manual_spmd_fsdp"]
+    # The files ranked by the manual work left in them, most first, as the JSON counts it.
+    manual = {f["path"]: len(f["manual"]) for f in doc["files"]}
+    files = _chart(page, "chart-files")
+    ranked = [(path, sum(n for _, n in segments)) for path, segments in files]
+    assert ranked == sorted(ranked, key=lambda item: (-item[1], item[0]))
+    assert all(manual[path] == n for path, n in ranked)
+    assert len(files) == min(12, sum(n > 0 for n in manual.values()))
+    before, after = _chart(page, "chart-before-after")
+    assert before[1] == [("before", migration["fixes"] + migration["manual"])]
+    assert after[1] == [("after", migration["manual"])]
+    # Families are named as users call them, in the chart and in the table.
+    assert "devices, SPMD / FSDP, Optimum" in page and ">devices_spmd_optimum<" not in page
 
 
 def test_each_manual_item_is_listed_under_its_file_with_what_it_needs(checked):
@@ -161,7 +196,8 @@ def test_text_from_files_is_escaped(checked):
     parser.feed(page)
     assert not {t for t, _ in parser.tags} - {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p",
                                                "table", "thead", "tbody", "tr", "th", "td", "code", "span",
-                                               "details", "summary", "div", "br"}
+                                               "details", "summary", "div", "br",
+                                               "h3", "svg", "g", "rect", "text"}  # the charts
 
 
 def test_self_contained(checked):
@@ -215,7 +251,7 @@ def test_opens_in_headless_chromium(checked, tmp_path):
              f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run(["chromium", *flags, "--dump-dom", f"file://{report}"],
                          capture_output=True, text=True, timeout=120)
-    for table in ("summary", "families", "blocked", "files"):
+    for table in ("summary", "families", "blocked", "files", "chart-families", "chart-files", "chart-before-after"):
         assert f'id="{table}"' in dom.stdout
     assert dom.stdout.count('class="blocked"') == doc["migration"]["blocked_files"]
     assert dom.stdout.count('class="manual"') == doc["migration"]["manual"]

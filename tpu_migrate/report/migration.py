@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import PurePath
 
 from tpu_migrate.findings import FileResult, with_cell
+from tpu_migrate.report import svg_charts
 from tpu_migrate.report.html_page import inline, page
 from tpu_migrate.rewrite.registry import rule_code
 from tpu_migrate.rules import Catalog
@@ -26,6 +27,15 @@ SPMD_FSDP = frozenset({rule_code("TPU170"), rule_code("TPU171"), rule_code("TPU1
                        rule_code("TPU174"), rule_code("TPU175"), rule_code("TPU176"), rule_code("TPU177"),
                        rule_code("TPU178"), rule_code("TPU179"), rule_code("TPU180")})
 OTHER_FAMILY = "other"  # codes no rule has (a TODO comment naming a retired rule)
+# What users call each family (rules/<family>.toml): the page's words, not file names.
+FAMILY_LABELS = {
+    "core": "devices, steps, launch, loaders", "collectives": "collectives",
+    "amp_rng_compile": "AMP, RNG and compile", "devices_spmd_optimum": "devices, SPMD / FSDP, Optimum",
+    "environment_debug": "environment, debugging, profiling", "utilities": "utilities",
+    "aliases": "old module names", OTHER_FAMILY: "retired rules (open TODOs)",
+}
+# The files the picture ranks by the manual work left in them.
+RANKED_FILES = 12
 
 
 @dataclass
@@ -81,7 +91,8 @@ class Migration:
             "mode": self.mode,
             **self.totals(),
             "families": [
-                {"family": family, "fixes": sum(c.fixes.values()), "manual": sum(c.manual.values()),
+                {"family": family, "label": family_label(family),
+                 "fixes": sum(c.fixes.values()), "manual": sum(c.manual.values()),
                  "manual_spmd_fsdp": sum(n for code, n in c.manual.items() if code in SPMD_FSDP),
                  "rules": [{"code": code, "name": names.get(code, ""), "fixes": c.fixes[code],
                             "manual": c.manual[code]} for code in sorted(c.fixes | c.manual)]}
@@ -115,11 +126,37 @@ class Migration:
             f"<p>target {html.escape(target)} &middot; {html.escape(' '.join(paths))} &middot; "
             f"{html.escape(self.mode)} run</p>\n"
             f'<h2>Summary</h2>\n<table id="summary" class="narrow">{summary}</table>\n'
+            f"<h2>At a glance</h2>\n{self._charts_html()}\n"
             f"<h2>By rule family</h2>\n{self._families_html()}\n"
             f"<h2>Files that block running without torch_xla</h2>\n{self._blocked_html()}\n"
             f"<h2>Files</h2>\n{self._files_html()}"
         )
         return page("tpu-migrate migration report", STYLE, body)
+
+    def _charts_html(self) -> str:
+        """Inline SVG: the work per family, the files with most manual work left, and the
+        references before and after the rewrite."""
+        if not self.families:
+            return '<p class="none">Nothing to draw: nothing to convert.</p>'
+        families = [
+            (family_label(family), [(sum(c.fixes.values()), "auto"),
+                                    (sum(n for code, n in c.manual.items() if code not in SPMD_FSDP), "manual"),
+                                    (sum(n for code, n in c.manual.items() if code in SPMD_FSDP), "design")])
+            for family, c in self.families.items()
+        ]
+        ranked = sorted((r for r in self.results if r.manual), key=lambda r: (-len(r.manual), r.path))[:RANKED_FILES]
+        files = [(r.path, [(sum(m.code not in SPMD_FSDP for m in r.manual), "manual"),
+                           (sum(m.code in SPMD_FSDP for m in r.manual), "design")]) for r in ranked]
+        totals = self.totals()
+        before_after = [("before", [(totals["fixes"] + totals["manual"], "before")]),
+                        ("after", [(totals["manual"], "after")])]
+        parts = [svg_charts.bars("chart-families", "automatic and manual work per rule family", families)]
+        if files:
+            parts.append(f"<h3>Files with the most manual work left (top {len(files)})</h3>")
+            parts.append(svg_charts.bars("chart-files", "manual items left per file", files))
+        parts.append("<h3>Before and after</h3>")
+        parts.append(svg_charts.bars("chart-before-after", "torch_xla references before and after", before_after))
+        return "\n".join(parts)
 
     def _names(self) -> dict[str, str]:
         return {rule.code: rule.name for rule in self.catalog.rules}
@@ -131,7 +168,7 @@ class Migration:
         names = self._names()
         rows = []
         for family, c in self.families.items():
-            rows.append(f'<tr class="family"><th>{html.escape(family)}</th>'
+            rows.append(f'<tr class="family"><th>{html.escape(family_label(family))}</th>'
                         f'<th class="count">{sum(c.fixes.values())}</th>'
                         f'<th class="count">{sum(c.manual.values())}</th><th></th></tr>')
             for code in sorted(c.fixes | c.manual):
@@ -191,13 +228,20 @@ class Migration:
 
 STYLE = """
 table.narrow { width: auto; } #families, #files { table-layout: fixed; }
-#families th:nth-child(1) { width: 16rem; } #families th:nth-child(2), #families th:nth-child(3) { width: 5.5rem; }
-#files > thead th:nth-child(n+2) { width: 5.5rem; } #blocked th:nth-child(1) { width: 40%; }
+#families th:nth-child(1) { width: 16rem; } #families th:nth-child(2), #families th:nth-child(3) { width: 6.5rem; }
+#files > thead th:nth-child(n+2) { width: 6.5rem; } #blocked th:nth-child(1) { width: 40%; }
 details > summary { cursor: pointer; } table.items { margin: .4rem 0; font-size: .9rem; table-layout: fixed; }
 table.items th:nth-child(1) { width: 4.5rem; } table.items th:nth-child(2) { width: 13rem; }
 tr.family th { background: #e8eef4; } .design { color: #8c564b; font-size: .85rem; }
 tr.rule td:first-child { padding-left: 1.2rem; } tr.error td:first-child { color: #d62728; }
 """
+
+
+STYLE += svg_charts.STYLE
+
+
+def family_label(family: str) -> str:
+    return FAMILY_LABELS.get(family, family.replace("_", ", "))
 
 
 # Many items share a message (every device loader's TODO): convert each once.
