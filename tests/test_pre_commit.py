@@ -86,14 +86,15 @@ def test_both_hooks_fail_on_an_open_todo_until_it_is_removed(tmp_path, pre_commi
 
 
 def _readme_local_hook_config() -> str:
-    """The first YAML block of README's pre-commit section: the snippet users paste as is."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### pre-commit"):]
+    """The first YAML block of the documentation's pre-commit section (docs/ci.md): the snippet
+    users paste as is."""
+    text = (ROOT / "docs" / "ci.md").read_text()
+    section = text[text.index("## pre-commit"):]
     return section.split("```yaml\n", 1)[1].split("```", 1)[0]
 
 
 def test_the_readme_local_hook_works_as_pasted(tmp_path, pre_commit_home):
-    """README promises a snippet without placeholders: paste it, commit, and the check runs the
+    """The documentation promises a snippet without placeholders: paste it, commit, and the check runs the
     installed tpu-migrate (on PATH, as in a project's environment)."""
     config = _readme_local_hook_config()
     assert "<" not in config and "repo: local" in config

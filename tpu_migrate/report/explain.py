@@ -72,7 +72,7 @@ def _print_heading_and_text(console: Console, heading: str, summary: str, explan
 
 
 def print_explanation(rule: Rule, console: Console) -> None:
-    # Whether `--fix-level safe` applies it in a file whose unsafe fixes wait (README).
+    # Whether `--fix-level safe` applies it in a file whose unsafe fixes wait (docs/commands/rewrite.md).
     safety = f"{rule.safety}, also on torch_xla" if rule.also_on_torch_xla else rule.safety
     _print_heading_and_text(console, f"{rule.code} {rule.name} ({safety})", rule.summary, rule.explanation)
     for title, diff in example_diffs(rule):
