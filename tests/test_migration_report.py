@@ -56,6 +56,12 @@ def make_project(root: Path) -> Path:
     (small / ODD_NAME).write_text(OPEN_TODO)
     (small / "clean.py").write_text("import torch\n")
     (small / "nb.ipynb").write_text(json.dumps(NOTEBOOK))
+    # What a directory run does not rewrite: a launch script and a config that mention torch_xla,
+    # one that does not, and a data file that is never opened.
+    (small / "launch.sh").write_text("#!/bin/sh\nset -e\nexport PJRT_DEVICE=TPU <&>\npython train.py\n")
+    (small / "train.yaml").write_text("model:\n  layers: 2\n  device: xla\n")
+    (small / "eval.yaml").write_text("model:\n  device: cuda\n")
+    (small / "weights.bin").write_bytes(b"torch_xla\0" * 100)
     return root
 
 
@@ -168,6 +174,16 @@ def test_the_picture_draws_the_numbers_of_the_tables(checked):
     assert after[1] == [("after", migration["manual"])]
     # Families are named as users call them, in the chart and in the table.
     assert "devices, SPMD / FSDP, Optimum" in page and ">devices_spmd_optimum<" not in page
+
+
+def test_scripts_and_configs_that_mention_torch_xla_are_listed_as_not_rewritten(checked):
+    _, page, doc = checked
+    assert doc["migration"]["not_rewritten"] == [
+        {"path": "small/launch.sh", "line": 3, "text": "export PJRT_DEVICE=TPU <&>"},
+        {"path": "small/train.yaml", "line": 3, "text": "device: xla"},
+    ]
+    rows = re.findall(r'<tr class="not-rewritten"><td>(.*?)</td><td class="count">(\d+)</td><td><code>(.*?)</code>', page)
+    assert rows == [("small/launch.sh", "3", "export PJRT_DEVICE=TPU &lt;&amp;&gt;"), ("small/train.yaml", "3", "device: xla")]
 
 
 def test_each_manual_item_is_listed_under_its_file_with_what_it_needs(checked):

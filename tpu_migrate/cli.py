@@ -24,6 +24,7 @@ from tpu_migrate.report import render
 from tpu_migrate.report.printable import printable
 from tpu_migrate.report.migration import Migration
 from tpu_migrate.rewrite import cache as result_cache
+from tpu_migrate.rewrite import unscanned
 from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE, Excluder, discover, parse_size, write_atomic
 from tpu_migrate.rules import RuleError, load_catalog
 
@@ -168,7 +169,14 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
         if verbose:
             stderr.print(printable(f"{path}: skipped: it matches an exclude pattern ({where})"), markup=False)
 
-    for path, error in discover(paths, excluder, clean_temp_files=mode == "write", on_excluded=excluded):
+    others: list[str] = []  # scripts and configs of the searched directories: not rewritten
+
+    def not_rewritten(path: str) -> None:
+        if unscanned.is_candidate(path):
+            others.append(path)
+
+    for path, error in discover(paths, excluder, clean_temp_files=mode == "write", on_excluded=excluded,
+                                on_unscanned=not_rewritten):
         if error is not None:
             results.append(FileResult(path, error=error))
         else:
@@ -209,8 +217,9 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
     summary = render.Summary()
     for result in results:
         summary.add(result)
+    mentions = [m for m in map(unscanned.first_mention, others) if m is not None]
 
-    migration = Migration.build(results, catalog, mode) if html_file or output_format == "json" else None
+    migration = Migration.build(results, catalog, mode, mentions) if html_file or output_format == "json" else None
     if html_file:
         try:
             with open(html_file, "w", encoding="utf-8") as handle:
@@ -238,6 +247,8 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
         for line in render.changed_file_lines(results, mode):
             sys.stdout.write(line + "\n")
         render.print_summary(summary, catalog, mode, stdout)
+        for line in render.unscanned_lines(mentions):
+            sys.stdout.write(line + "\n")
         next_command = render.next_command_line(results, mode, write_options, list(paths))
         if next_command:
             sys.stdout.write(next_command + "\n")

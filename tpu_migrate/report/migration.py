@@ -50,10 +50,12 @@ class Migration:
     catalog: Catalog
     mode: str  # write, check or diff
     families: dict[str, FamilyCounts] = field(default_factory=dict)
+    # Scripts and configs the run did not rewrite that mention torch_xla (rewrite/unscanned.py).
+    unscanned: list = field(default_factory=list)
 
     @classmethod
-    def build(cls, results: list[FileResult], catalog: Catalog, mode: str) -> Migration:
-        report = cls(results, catalog, mode)
+    def build(cls, results: list[FileResult], catalog: Catalog, mode: str, unscanned=()) -> Migration:
+        report = cls(results, catalog, mode, unscanned=list(unscanned))
         family_of = {rule.code: PurePath(rule.source).stem for rule in catalog.rules}
         order = list(dict.fromkeys(family_of.values())) + [OTHER_FAMILY]  # by their first code
         counts = {name: FamilyCounts() for name in order}
@@ -103,6 +105,7 @@ class Migration:
                                              for k in r.kept_imports]}
                 for r in self.blocked
             ],
+            "not_rewritten": [{"path": m.path, "line": m.line, "text": m.text} for m in self.unscanned],
         }
 
     def html(self, target: str, paths: list[str]) -> str:
@@ -129,6 +132,7 @@ class Migration:
             f"<h2>At a glance</h2>\n{self._charts_html()}\n"
             f"<h2>By rule family</h2>\n{self._families_html()}\n"
             f"<h2>Files that block running without torch_xla</h2>\n{self._blocked_html()}\n"
+            f"<h2>Scripts and configs not rewritten that mention torch_xla</h2>\n{self._unscanned_html()}\n"
             f"<h2>Files</h2>\n{self._files_html()}"
         )
         return page("tpu-migrate migration report", STYLE, body)
@@ -191,6 +195,16 @@ class Migration:
         )
         return ('<table id="blocked"><thead><tr><th>file</th><th>torch_xla imports left</th></tr></thead>'
                 f"<tbody>{rows}</tbody></table>")
+
+    def _unscanned_html(self) -> str:
+        if not self.unscanned:
+            return ('<p class="none" id="not-rewritten">None: no launch script or config of the '
+                    "directories searched mentions torch_xla.</p>")
+        rows = "".join(f'<tr class="not-rewritten"><td>{html.escape(m.path)}</td><td class="count">{m.line}</td>'
+                       f"<td><code>{html.escape(m.text)}</code></td></tr>" for m in self.unscanned)
+        return ('<p>The rewrite reads Python files, notebooks and dependency files; port these by hand.</p>'
+                '<table id="not-rewritten"><thead><tr><th>file</th><th>line</th><th>the first mention</th>'
+                f"</tr></thead><tbody>{rows}</tbody></table>")
 
     def _files_html(self) -> str:
         listed = [r for r in self.results if r.fixes or r.manual or r.imports_xla or r.error is not None]

@@ -189,3 +189,13 @@ def print_summary(summary: Summary, catalog: Catalog, mode: str, console: Consol
     for code, count in sorted(summary.manual.items()):
         table.add_row("manual", f"{code} {names.get(code, '')}", str(count), style="yellow")
     console.print(table)
+
+
+def unscanned_lines(mentions) -> list[str]:
+    """The scripts and configs a directory run did not rewrite that mention torch_xla (text
+    output, after the summary): information, not findings; the exit status ignores them."""
+    if not mentions:
+        return []
+    lines = [f"not rewritten: {len(mentions)} script or config file(s) mention torch_xla (port them by hand):"]
+    lines += [printable(f"  {m.path}:{m.line}: {m.text}") for m in mentions]
+    return lines

@@ -166,7 +166,7 @@ MISSING = "no such file or directory"
 
 def discover(
     paths: Iterable[str], exclude: Excluder | Iterable[str] = (), clean_temp_files: bool = False,
-    on_excluded: Callable[[str], None] | None = None,
+    on_excluded: Callable[[str], None] | None = None, on_unscanned: Callable[[str], None] | None = None,
 ) -> Iterator[tuple[str, str | None]]:
     """Yield (path, error) for every Python file under `paths`, in a stable order.
 
@@ -185,6 +185,8 @@ def discover(
     `clean_temp_files`: remove the stale temporary files of an earlier run that was killed while
     writing (see `is_stale_temp`), in the directories searched and beside the files named.
     `on_excluded(path)`: told of each path named in `paths` that `exclude` skips.
+    `on_unscanned(path)`: told of each other file a searched directory holds (not excluded, not
+    a link): what the run does not rewrite (unscanned.py looks for torch_xla in it).
     """
     if not isinstance(exclude, Excluder):
         exclude = Excluder((pattern, os.curdir) for pattern in exclude)
@@ -248,7 +250,11 @@ def discover(
                     if name not in SKIP_DIRS and not name.endswith(".egg-info") and not excluded(entry.path):
                         subdirs.append((entry.path, os.path.join(real_dir, name)))
                     continue
-                if not (name.endswith((".py", ".ipynb")) or is_dependency_file(entry.path)) or excluded(entry.path):
+                if not (name.endswith((".py", ".ipynb")) or is_dependency_file(entry.path)):
+                    if on_unscanned is not None and not link and not excluded(entry.path):
+                        on_unscanned(entry.path)
+                    continue
+                if excluded(entry.path):
                     continue
                 if link:
                     real = os.path.realpath(entry.path)
