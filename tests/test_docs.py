@@ -66,7 +66,7 @@ def test_the_site_builds_strict_and_a_broken_link_fails_it(tmp_path):
     # The same tree with one link that leads nowhere: refused, naming it.
     copy = tmp_path / "copy"
     (copy / "fixtures").mkdir(parents=True)
-    for name in ("mkdocs.yml", "docs", "rules", "fixtures/rewrite", "tpu_migrate"):
+    for name in ("mkdocs.yml", "README.md", "docs", "rules", "fixtures/rewrite", "tpu_migrate"):
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, copy / name)
     page = copy / "docs" / "limits.md"
     page.write_text(page.read_text(encoding="utf-8") + "\nSee [the FAQ](faq.md).\n", encoding="utf-8")
