@@ -18,9 +18,6 @@ from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 
-# Placeholders only (no libcst): `rules` and `explain` stay light.
-from tpu_migrate.rewrite.named_expressions import PLACEHOLDERS
-
 SAFETY_LEVELS = ("safe", "unsafe", "manual")
 TARGETS = ("tpu", "portable")
 
@@ -175,19 +172,22 @@ def _check_table(table: dict, where: str) -> None:
         raise RuleError(f"{where}: a {table['safety']} rule needs 'replace', 'rename' or 'transform' to fix with")
     if table.get("safety") == "manual" and ("replace" in table or "rename" in table):
         raise RuleError(f"{where}: a manual rule fixes nothing: it cannot have '{fixes[0]}'")
-    allowed = PLACEHOLDERS | {*table.get("params", ()), *(f"{p}_atom" for p in table.get("params", ()))}
     for key in ("replace", "rename"):
         for target, template in table.get(key, {}).items():
             if not isinstance(template, str):
                 raise RuleError(f"{where}: '{key}.{target}' must be a string")
             try:
-                fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+                list(string.Formatter().parse(template))
             except ValueError as exc:
                 raise RuleError(f"{where}: '{key}.{target}' is not a valid template: {exc}") from None
-            unknown = sorted({field for field in fields if field not in allowed})
-            if unknown:
-                raise RuleError(f"{where}: '{key}.{target}' uses unknown placeholder(s) "
-                                f"{', '.join('{' + f + '}' for f in unknown)}")
+    # Which placeholders the engine can fill is the code's knowledge: registry.check.
+
+
+def template_fields(rule: Rule) -> dict[str, set[str]]:
+    """`replace.tpu` / `rename.portable` / ... -> the placeholders its template names."""
+    return {f"{key}.{target}": {field for _, field, _, _ in string.Formatter().parse(template) if field}
+            for key, templates in (("replace", rule.replace), ("rename", rule.rename))
+            for target, template in templates.items()}
 
 
 def _rule_from_table(table: dict, path: Path) -> Rule:

@@ -34,6 +34,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable
 
+from tpu_migrate.rewrite.named_expressions import PLACEHOLDERS
+from tpu_migrate.rules import template_fields
+
 # Forms of the rules triggered by their own `matches`.
 CALL = "call"
 STATEMENT = "statement"
@@ -194,6 +197,13 @@ def check(catalog) -> list[str]:
                             "registered function (tpu_migrate/rewrite/transforms/)")
     for declared in sorted(REGISTRY.declared_codes() - codes):
         problems.append(f"the code declares rule {declared}, which rules/*.toml does not define")
+    for rule in catalog.rules:  # a misspelt placeholder ({oss}) would fill nothing, or fail per call
+        allowed = PLACEHOLDERS | {*rule.params, *(f"{p}_atom" for p in rule.params)}
+        for where, fields in template_fields(rule).items():
+            unknown = sorted(fields - allowed)
+            if unknown:
+                problems.append(f"{rule.source}: rule {rule.code}: '{where}' uses unknown placeholder(s) "
+                                + ", ".join("{" + f + "}" for f in unknown))
     return problems
 
 
