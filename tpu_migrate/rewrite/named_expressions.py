@@ -30,6 +30,12 @@ _HELPERS = {
     "rank": ("_rank", "The global rank, as torch_xla answered it: the process group's, else RANK"),
     "world_size": ("_world_size", "The number of processes, as torch_xla answered it: the group's, else WORLD_SIZE"),
 }
+_FUNCTIONS = {"map_tensors": ("_map_tensors", MAP_TENSORS)}
+# The modules a template may name (ImportPlan gives each the file's own name, importing it
+# where needed), then every other placeholder a rule table may use besides its `params`.
+STDLIB_MODULES = ("copy", "functools", "os", "time")
+MODULES = ("torch", "dist", "transformers", "fsdp_wrap", *STDLIB_MODULES, "loguru")
+PLACEHOLDERS = frozenset({*MODULES, *NAMES, *_FUNCTIONS, "name"})
 
 
 def _replace(template: str, name: str, value: str, atom: str) -> str:
@@ -44,14 +50,6 @@ def expand(template: str, in_group: bool = False) -> str:
         short = _IN_GROUP[name]
         template = _replace(template, name, short if in_group else long, short if in_group else f"({long})")
     return template
-
-
-_FUNCTIONS = {"map_tensors": ("_map_tensors", MAP_TENSORS)}
-# The modules a template may name (ImportPlan gives each the file's own name, importing it
-# where needed), then every other placeholder a rule table may use besides its `params`.
-STDLIB_MODULES = ("copy", "functools", "os", "time")
-MODULES = ("torch", "dist", "transformers", "fsdp_wrap", *STDLIB_MODULES, "loguru")
-PLACEHOLDERS = frozenset({*MODULES, *NAMES, *_FUNCTIONS, "name"})
 
 
 def with_helpers(template: str, helper: Callable[[str, str], str]) -> str:
