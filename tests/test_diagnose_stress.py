@@ -229,6 +229,26 @@ def test_faults_in_what_the_tracer_records_cost_the_report_never_the_run(tmp_pat
     assert_cleaned_up(tmp_path)
 
 
+def test_the_program_recurses_as_deep_as_under_python_however_it_is_started(tmp_path):
+    """The tool's frames (runpy, the bootstrap) sit above the program's module frame; the program
+    must still see the limit it set and reach the same depth before RecursionError (it reached
+    8 frames less), as a script, a zip with __main__.py (which did not run at all) and -m."""
+    import zipfile
+
+    program = STRESS / "recursion.py"
+    archive = tmp_path / "app.zip"
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.write(program, "__main__.py")
+    (tmp_path / "recursion_module.py").write_text(program.read_text())
+    env = {**environment(tmp_path), "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    for target in ([str(program)], [str(archive)], ["-m", "recursion_module"]):
+        plain = subprocess.run([sys.executable, *target], capture_output=True, env=env, timeout=120, cwd=tmp_path)
+        traced = subprocess.run(command("--backend", "native", *target), capture_output=True, env=env,
+                                timeout=300, cwd=tmp_path)
+        assert plain.returncode == traced.returncode == 0, traced.stderr.decode()[-3000:]
+        assert traced.stdout == plain.stdout and plain.stdout.startswith(b"limit 1000 depth 99"), target
+
+
 def test_ctrl_c_at_a_terminal(tmp_path, reap):
     """The tool and the program share the terminal's foreground process group: Ctrl-C reaches
     both (and the program's children), the tool does not relay it, and still reports."""

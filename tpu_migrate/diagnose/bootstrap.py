@@ -2,8 +2,9 @@
 tracer installed: same arguments (`sys.argv[0]` as typed), `__main__` with python's `__file__`
 (absolute), `__loader__`, `__package__` and `__spec__`, sys.path[0] (the script's real directory,
 a symlink resolved; none under PYTHONSAFEPATH), cwd, stdio, `sys.excepthook` for an uncaught
-exception, and exit status (an uncaught KeyboardInterrupt ends the process by SIGINT, as python's
-does).
+exception, exit status (an uncaught KeyboardInterrupt ends the process by SIGINT, as python's
+does), and how deep the program may recurse (the limit it sees and sets is its own; the tool's
+frames above it do not count). A zip with `__main__.py` runs through runpy, as python runs it.
 
     python -m tpu_migrate.diagnose.bootstrap script PATH [ARGS...]
     python -m tpu_migrate.diagnose.bootstrap module NAME [ARGS...]
@@ -19,6 +20,7 @@ import runpy
 import signal
 import sys
 import types
+import zipfile
 
 from tpu_migrate.diagnose import recording, signals, tracer
 
@@ -64,12 +66,14 @@ def main() -> None:
         # As python does, __file__ and the code's file name are absolute: a program that changes
         # directory must still find itself, and we its lines.
         path = os.path.abspath(target)
-        runner = (lambda: _run_file(path)) if os.path.isfile(path) else (  # noqa: E731
-            lambda: runpy.run_path(path, run_name="__main__"))  # a directory or zip with __main__.py
+        # A directory or zip with __main__.py runs through runpy, as python runs it.
+        runner = (lambda: _run_file(path)) if os.path.isfile(path) and not zipfile.is_zipfile(path) else (  # noqa: E731
+            lambda: _as_deep_as_python(_RUN_PATH_LEVELS) or runpy.run_path(path, run_name="__main__"))
     else:
         if not sys.flags.safe_path:
             sys.path[0] = os.getcwd()
-        runner = lambda: runpy.run_module(target, run_name="__main__", alter_sys=True)  # noqa: E731
+        runner = lambda: (_as_deep_as_python(_RUN_MODULE_LEVELS)  # noqa: E731
+                          or runpy.run_module(target, run_name="__main__", alter_sys=True))
     try:
         runner()
     except SystemExit:
@@ -89,6 +93,38 @@ def main() -> None:
         sys.exit(1)
 
 
+# How much deeper than its caller the program's module code starts counting towards the
+# recursion limit, less what python's own start puts above it (Python 3.11, measured; the
+# stress tests compare with python): exec's own levels for a script; runpy's frames and exec
+# less python's own runpy frames for `-m` and a zip.
+_EXEC_LEVELS = 2
+_RUN_MODULE_LEVELS = 2
+_RUN_PATH_LEVELS = 1
+
+
+def _as_deep_as_python(frames_between: int) -> None:
+    """The program's module frame runs some frames deep here (runpy, this bootstrap); under
+    `python` it is the first frame. Raise the recursion limit by as many, and show the program
+    the limit it set (sys.getrecursionlimit / setrecursionlimit), so that it recurses exactly as
+    deep as under python before RecursionError. `frames_between`: the frames between the
+    caller's and the program's module frame."""
+    depth, frame = 0, sys._getframe(1)
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    extra = depth + frames_between
+    get, set_ = sys.getrecursionlimit, sys.setrecursionlimit
+
+    def getrecursionlimit():
+        return get() - extra
+
+    def setrecursionlimit(limit):
+        set_(limit + extra)
+
+    getrecursionlimit.__doc__, setrecursionlimit.__doc__ = get.__doc__, set_.__doc__
+    set_(get() + extra)
+    sys.getrecursionlimit, sys.setrecursionlimit = getrecursionlimit, setrecursionlimit
+
+
 def _run_file(path: str) -> None:
     """`python PATH`'s `__main__`: a fresh module with python's attributes, the code compiled
     under the absolute path (runpy's run_path would make argv[0] absolute and give another
@@ -100,6 +136,7 @@ def _run_file(path: str) -> None:
     sys.modules["__main__"] = main
     with io.open_code(path) as handle:
         code = compile(handle.read(), path, "exec", dont_inherit=True)
+    _as_deep_as_python(_EXEC_LEVELS)
     exec(code, main.__dict__)
 
 
