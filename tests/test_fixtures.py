@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import undefined_names
+from conftest import ROOT, undefined_names
 from fixture_spec import (
     FIXTURES, NEAR_MISS, TARGETS, codes, expected_path, findings_path, findings_text, is_leave_alone,
     near_miss_lines, output, rewrite, rewrite_cases, rule_code,
@@ -133,3 +136,26 @@ def test_tpu_target_never_emits_raising_or_indexed_device_calls():
         text = expected_path(case, "tpu").read_text()
         for needle in forbidden:
             assert needle not in text, f"{case.name}: {needle}"
+
+
+@pytest.mark.slow
+def test_regenerate_takes_one_rule_and_this_checkout_s_code(tmp_path):
+    """`regenerate.py TPU021` rewrites that rule's cases only, with this checkout's tpu_migrate
+    even where another is first on the path (here one that cannot be imported); an unknown
+    selection is an error. The cases come out as they are committed (the fixtures are current)."""
+    shadow = tmp_path / "shadow" / "tpu_migrate"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('the installed tpu_migrate, not this checkout')\n")
+    cases = sorted((ROOT / "fixtures" / "rewrite").glob("TPU021-*/*"))
+    before = {path: path.read_bytes() for path in cases}
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "shadow")}
+    script = ROOT / "fixtures" / "rewrite" / "regenerate.py"
+    done = subprocess.run([sys.executable, str(script), "TPU021"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == sorted(str(p.relative_to(ROOT / "fixtures" / "rewrite"))
+                                         for p in cases if p.name.endswith(".in.py"))
+    assert {path: path.read_bytes() for path in cases} == before
+    unknown = subprocess.run([sys.executable, str(script), "TPU999"], capture_output=True, text=True, env=env,
+                             cwd=tmp_path, timeout=300)
+    assert unknown.returncode == 2 and "no fixture case for TPU999" in unknown.stderr
