@@ -352,14 +352,13 @@ def diagnose(module, warmup_steps, fail_on, backend, output_format, output, expl
                                                   output_format, output, explain, html_file, backend)
     except DiagnoseError as exc:
         raise click.UsageError(str(exc)) from None
-    if document is None:  # no report (said on stderr): nothing to print
-        pass
-    elif output_format == "json":
-        _write_stdout(document + "\n")
-    elif output_format == "sarif":
-        _write_stdout(ci_formats.diagnose_sarif([f.to_json() for f in findings]) + "\n")
-    elif output_format == "github":
-        _write_stdout(ci_formats.diagnose_github([f.to_json() for f in findings]))
+    machine = {  # nothing when there is no report (said on stderr)
+        "json": lambda: document + "\n",
+        "sarif": lambda: ci_formats.diagnose_sarif([f.to_json() for f in findings]) + "\n",
+        "github": lambda: ci_formats.diagnose_github([f.to_json() for f in findings]),
+    }.get(output_format)
+    if document is not None and machine is not None:
+        _write_stdout(machine())
     if fail_on and any(f.kind in fail_on for f in findings):
         sys.exit(1)
     sys.exit(status)

@@ -91,10 +91,18 @@ def call_site(start_depth: int = 2):
     return None, None, []
 
 
+# Decorator plumbing in site-packages: a frame there says nothing about which library call
+# synced (typing_extensions' `deprecated` wrapper was named as "via typing_extensions.py:3140").
+_PLUMBING_FILES = (os.sep + "typing_extensions.py", os.sep + "decorator.py")
+_PLUMBING_PACKAGES = (os.sep + "wrapt" + os.sep,)
+
+
 def is_shown_library(filename: str) -> bool:
     """A library frame worth naming in `via`: not the tool's own wrappers, not the standard
-    library (contextlib, threading), not generated code."""
+    library (contextlib, threading), not decorator plumbing, not generated code."""
     if not is_library(filename) or _TOOL in filename or filename.startswith("<"):
+        return False
+    if filename.endswith(_PLUMBING_FILES) or any(package in filename for package in _PLUMBING_PACKAGES):
         return False
     # A venv's platstdlib is a prefix of its site-packages.
     return not filename.startswith(_STDLIB) or any(root in filename for root in PACKAGE_ROOTS)
