@@ -102,16 +102,16 @@ _RUN_MODULE_LEVELS = 2
 _RUN_PATH_LEVELS = 1
 
 
-def _as_deep_as_python(frames_between: int) -> None:
+def _as_deep_as_python(levels: int) -> None:
     """The program's module frame runs some frames deep here (runpy, this bootstrap); under
     `python` it is the first frame. Raise the recursion limit by as many, and show the program
     the limit it set (sys.getrecursionlimit / setrecursionlimit), so that it recurses exactly as
-    deep as under python before RecursionError. `frames_between`: the frames between the
-    caller's and the program's module frame."""
+    deep as under python before RecursionError. `levels`: how much deeper than its caller the
+    program's module code starts, less what python's own start puts above it (the _LEVELS)."""
     depth, frame = 0, sys._getframe(1)
     while frame is not None:
         depth, frame = depth + 1, frame.f_back
-    extra = depth + frames_between
+    extra = depth + levels
     get, set_ = sys.getrecursionlimit, sys.setrecursionlimit
 
     def getrecursionlimit():

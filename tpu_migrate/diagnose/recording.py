@@ -13,8 +13,8 @@ it is traced (tracer.install, inprocess.InProcess); the hooks pass through while
 
 from __future__ import annotations
 
-import functools
 import errno
+import functools
 import json
 import os
 import sys

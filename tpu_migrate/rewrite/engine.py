@@ -146,8 +146,8 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
                                  "statement, or mixed line endings)")
     new_module = _rewrite_module(module, tree, file)
     waiting_for = _held_unsafe_fix(result, options, catalog)
-    wanted = list(result.fixes)
     if waiting_for is not None:
+        wanted = list(result.fixes)  # what the waiting pass reports as going with the unsafe fix
         # An unsafe fix `--fix-level safe` held back keeps torch_xla's runtime in this file (its
         # launch, its loader): a rank query or a device converted beside it would run on neither
         # stack. Anew, with every conversion that assumes TorchTPU's runtime waiting too.

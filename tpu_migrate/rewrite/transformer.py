@@ -336,8 +336,9 @@ class ModuleRewriter:
 
         if sc is not None:
             self.report_leftovers(sc)
-            if sc.todos_to_write():
-                stmt = add_todos(stmt, sc.todos, self.comments_above(info))
+            todos = sc.todos_to_write()
+            if todos:
+                stmt = add_todos(stmt, todos, self.comments_above(info))
         if not elif_ and self._emptied_if(stmt, sc):
             return [], comments_of_removed_if(stmt)
         if collect and after:
@@ -359,8 +360,9 @@ class ModuleRewriter:
         """`with torch_xla.step():` is gone: its body takes its place in the enclosing block."""
         body, carry = self.block(statements, node.body)
         self.report_leftovers(sc)
-        if body and sc.todos_to_write():
-            body[0] = add_todos(body[0], sc.todos, self.comments_above(info))
+        todos = sc.todos_to_write()
+        if body and todos:
+            body[0] = add_todos(body[0], todos, self.comments_above(info))
         return body, carry
 
     def children(self, stmt: cst.BaseCompoundStatement, node: ast.stmt):

@@ -253,8 +253,8 @@ def _wrapped_loader(call, qualname, sc: StatementContext, rule):
         problem = "cannot read the loader and device arguments"
     elif given(bound, "input_sharding"):
         return _sharded_loader(call, bound, qualname, sc, rule)
-    elif _unknown_arguments(bound):
-        problem = f"unknown argument `{_unknown_arguments(bound)[0]}=`"
+    elif unknown := _unknown_arguments(bound):
+        problem = f"unknown argument `{unknown[0]}=`"
     elif _reads_loader_internals(sc):
         problem = "the file reads MpDeviceLoader's `_parallel_loader` state, which a plain loader lacks"
     else:
