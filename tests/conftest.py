@@ -45,13 +45,25 @@ rewrite_cases = fixture_spec.rewrite_cases
 expected_path = fixture_spec.expected_path
 
 
+# What a warm python (tests/warm_python.py) imports for the CLI runs: the tool's modules that
+# every command loads, from this checkout (PYTHONPATH). A run costs a fork instead of ~0.6 s of
+# imports; a run the server cannot reproduce starts cold.
+TOOL_MODULES = ("tpu_migrate.cli", "tpu_migrate.rewrite.engine", "tpu_migrate.report.render",
+                "tpu_migrate.report.ci_formats", "tpu_migrate.diagnose.command")
+
+
 def run_cli(*args: str, cwd: Path | None = None, input: bytes | None = None) -> subprocess.CompletedProcess:
     """`python -m tpu_migrate ARGS` as a user would run it (not a TTY: plain output)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     return subprocess.run(
-        [sys.executable, "-m", "tpu_migrate", *args],
+        [tool_python(env), "-m", "tpu_migrate", *args],
         cwd=cwd, input=input, capture_output=True, env=env, timeout=300,
     )
+
+
+def tool_python(env: dict[str, str]) -> str:
+    """The interpreter for a CLI run under `env` (whose PYTHONPATH names this checkout)."""
+    return warm_python.python_for(env, TOOL_MODULES, keep_path=True)
 
 
 @pytest.fixture

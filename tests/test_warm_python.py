@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
+import conftest
 import differential as harness
 import warm_python
+from conftest import ROOT
 
 pytestmark = pytest.mark.slow  # servers that import torch and torch_xla; only the slow tests use them
 
@@ -239,3 +241,27 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_the_tool_runs_warm_only_from_the_checkout_it_imported(tmp_path):
+    """The CLI runs of the suite (conftest.run_cli) fork a server that imported the tool from
+    this checkout: a run with another PYTHONPATH, which could find another tpu_migrate, starts
+    cold; a warm run writes what a cold one writes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    python = conftest.tool_python(env)
+    assert python != sys.executable, "no warm python server started"
+    source = tmp_path / "train.py"
+    source.write_text("import torch_xla.core.xla_model as xm\ndevice = xm.xla_device()\n")
+    command = ["-c", "import sys; print(sorted(m for m in sys.modules if m.startswith('tpu_migrate'))[:1])"]
+    hot = subprocess.run([python, *command], env=env, capture_output=True, text=True, timeout=60)
+    shadow = tmp_path / "shadow"
+    shadow.mkdir()
+    elsewhere = subprocess.run([python, *command], env={**env, "PYTHONPATH": f"{shadow}{os.pathsep}{ROOT}"},
+                               capture_output=True, text=True, timeout=60)
+    assert (hot.stdout, elsewhere.stdout) == ("['tpu_migrate']\n", "[]\n")
+    rewrite = ["-m", "tpu_migrate", "rewrite", "--diff", "--no-cache", str(source)]
+    runs = [subprocess.run([interpreter, *rewrite], env=env, capture_output=True, text=True, timeout=60)
+            for interpreter in (python, sys.executable)]
+    assert runs[0].returncode == runs[1].returncode == 1
+    assert runs[0].stdout == runs[1].stdout and "torch.device" in runs[0].stdout
+    assert runs[0].stderr == runs[1].stderr

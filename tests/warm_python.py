@@ -133,15 +133,21 @@ def _refusal(request: dict, signature: dict[str, set]) -> str | None:
     # their import (they are the server's): only a run of the server's kind can have them.
     if (options["unbuffered"] or bool(request["env"].get("PYTHONUNBUFFERED"))) != _SERVER_UNBUFFERED:
         return "standard streams buffered otherwise (-u or PYTHONUNBUFFERED)"
+    # A server of modules found through PYTHONPATH (the tool's, from the checkout) serves only
+    # runs that would find the same ones.
+    if _SERVER_PYTHONPATH is not None and request["env"].get("PYTHONPATH") != _SERVER_PYTHONPATH:
+        return "another PYTHONPATH than the one the modules were imported from"
     return None
 
 
 _SERVER_UNBUFFERED = False  # whether the server's own standard streams are unbuffered
+_SERVER_PYTHONPATH: str | None = None  # the server's PYTHONPATH, when it kept one (WarmPython's keep_path)
 
 
 def serve(socket_path: str, modules: list[str], client: str) -> None:
-    global _SERVER_UNBUFFERED
+    global _SERVER_UNBUFFERED, _SERVER_PYTHONPATH
     _SERVER_UNBUFFERED = bool(os.environ.get("PYTHONUNBUFFERED"))
+    _SERVER_PYTHONPATH = os.environ.get("PYTHONPATH")
     before = dict(os.environ)
     read = _import_recording_environment(modules)
     # What the imports saw decides. torch_xla sets variables of its own while it imports (a
@@ -487,7 +493,7 @@ def _system_exit_status(exit: SystemExit) -> int:
 class WarmPython:
     """One server and its client executable, in `directory`."""
 
-    def __init__(self, directory: Path, modules: list[str], env: dict[str, str]):
+    def __init__(self, directory: Path, modules: list[str], env: dict[str, str], keep_path: bool = False):
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.socket = str(directory / "server.sock")
@@ -499,8 +505,10 @@ class WarmPython:
         os.chmod(self.client, 0o755)
         self.log = open(directory / "server.log", "w")
         # The run's environment less what is the run's own (TMPDIR: the first run's would be gone
-        # before the server is).
-        env = {**{k: v for k, v in env.items() if not per_run(k)}, "TMPDIR": str(directory)}
+        # before the server is). keep_path: the modules come from the run's PYTHONPATH, and the
+        # server then serves only runs with that PYTHONPATH (_refusal).
+        kept = {"PYTHONPATH": env["PYTHONPATH"]} if keep_path and env.get("PYTHONPATH") else {}
+        env = {**{k: v for k, v in env.items() if not per_run(k)}, **kept, "TMPDIR": str(directory)}
         self.process = subprocess.Popen(
             [sys.executable, __file__, self.socket, self.client, *modules], env=env, cwd=directory,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, start_new_session=True, text=True)
@@ -516,7 +524,7 @@ class WarmPython:
         self.log.close()
 
 
-MAX_SERVERS = 4  # per process: a run whose start-time environment is a fifth kind starts cold
+MAX_SERVERS = 6  # per process: a run whose start-time environment is a seventh kind starts cold
 _SERVERS: dict[tuple, WarmPython | None] = {}
 _SERVERS_LOCK = threading.Lock()
 _ROOT: Path | None = None
@@ -528,16 +536,19 @@ def configure(directory: Path) -> None:
     _ROOT = directory
 
 
-def python_for(env: dict[str, str], modules: tuple[str, ...]) -> str:
+def python_for(env: dict[str, str], modules: tuple[str, ...], keep_path: bool = False) -> str:
     """The interpreter to run a program under `env` with: a warm client when a server for
-    `modules` and `env` can be started, else the real one."""
+    `modules` and `env` can be started, else the real one. keep_path: `modules` are imported
+    through env's PYTHONPATH (the tool's own, from the checkout under test)."""
     if cold_python() or _ROOT is None:
         return sys.executable
-    key = (modules, tuple(sorted(_signature(env, set()).items())))
+    path = env.get("PYTHONPATH") if keep_path else None
+    key = (modules, path, tuple(sorted(_signature(env, set()).items())))
     with _SERVERS_LOCK:
         if key not in _SERVERS and len(_SERVERS) < MAX_SERVERS:
             try:
-                _SERVERS[key] = WarmPython(_ROOT / f"warm-{os.getpid()}-{len(_SERVERS)}", list(modules), env)
+                _SERVERS[key] = WarmPython(_ROOT / f"warm-{os.getpid()}-{len(_SERVERS)}", list(modules), env,
+                                           keep_path)
             except (OSError, RuntimeError) as error:  # only slower: say so, and run cold
                 import warnings
                 warnings.warn(f"no warm python, the programs start cold: {error}")
