@@ -34,7 +34,6 @@ ONE_WORKER_MODULES = {
     "test_pod": "one pool of the emulated pod's hosts and torchrun nodes",
     "test_crash_safety": "the 520-file tree and its rewritten copy",
     "test_pre_commit": "pre-commit's hook environments",
-    "test_html_report": "one diagnose --html run",
     "test_migration_report": "one rewrite --check --html run",
     "test_warm_python": "one warm python server of each flavour",
     "test_fsdp_wrap_walk": "one torch_xla process comparing every wrap policy",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import shared_runs
-from conftest import ROOT, default_sigint
+from conftest import ROOT, default_sigint, tool_python
 from differential import free_port
 
 pytestmark = pytest.mark.slow  # real torch_xla programs under diagnose, torchrun
@@ -21,15 +22,24 @@ PROGRAMS = ROOT / "fixtures" / "diagnose"
 
 def diagnose(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**(os.environ if env is None else env), "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
-    return subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", *args],
+    return subprocess.run([tool_python(env), "-m", "tpu_migrate", "diagnose", *args],
                           capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
 
 
 def diagnosed(program: Path, *options: str) -> subprocess.CompletedProcess:
-    """`diagnose --format json OPTIONS program`, run once per test session for all the modules
-    that read it (this one, test_diagnose_native, test_diagnose_event_limit's full runs)."""
+    """`diagnose --format json --html PAGE OPTIONS program`, run once per test session for all
+    the modules that read it (this one, test_diagnose_native, test_diagnose_event_limit's full
+    runs, test_html_report): the JSON on stdout, the text report on stderr, the page in the file
+    `diagnosed_page` names. One run gives all three, as it gives a user."""
     key = f"diagnose {shared_runs.file_key(program)} {json.dumps(options)}"
-    return shared_runs.once(key, lambda: diagnose("--format", "json", *options, str(program)))
+    page = diagnosed_page(program, *options)
+    return shared_runs.once(key, lambda: diagnose("--format", "json", "--html", str(page), *options, str(program)))
+
+
+def diagnosed_page(program: Path, *options: str) -> Path:
+    """Where `diagnosed(program, *options)` writes its HTML report (shared by the session)."""
+    key = f"{shared_runs.file_key(program)} {json.dumps(options)}"
+    return shared_runs.session_directory("diagnose-html") / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".html")
 
 
 def findings_of(program: str, *options: str):
@@ -231,7 +241,7 @@ def test_optimizer_steps_are_the_steps_without_a_step_marker():
 
 
 def test_terminal_timeline_marks_each_step():
-    result = diagnose(str(PROGRAMS / "recompile_last_batch.py"))
+    result = diagnosed(PROGRAMS / "recompile_last_batch.py")  # the text report is on stderr
     assert "steps: c.|..C.." in result.stderr  # warm-up compile, then the recompile in step 4
 
 

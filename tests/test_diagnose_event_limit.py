@@ -7,11 +7,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, tool_python
 from test_diagnose import diagnosed
 
 pytestmark = pytest.mark.slow  # long runs under diagnose
@@ -24,7 +23,7 @@ def diagnose(*args: str, limit: int | None = None) -> subprocess.CompletedProces
     env.pop("TPU_MIGRATE_DIAGNOSE_EVENT_LIMIT", None)
     if limit is not None:
         env["TPU_MIGRATE_DIAGNOSE_EVENT_LIMIT"] = str(limit)
-    return subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", "--format", "json", *args],
+    return subprocess.run([tool_python(env), "-m", "tpu_migrate", "diagnose", "--format", "json", *args],
                           capture_output=True, text=True, env=env, timeout=600)
 
 

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from html.parser import HTMLParser
 
 import pytest
 
 from conftest import ROOT
+from test_diagnose import diagnosed, diagnosed_page
 
 pytestmark = pytest.mark.slow  # a diagnose run and headless Chromium
 
@@ -27,13 +26,11 @@ class Collector(HTMLParser):
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("html") / "report.html"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
-    result = subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", "--html", str(out), str(PROGRAM)],
-                            capture_output=True, text=True, env=env, timeout=600)
+def report():
+    """The page of the session's shared `diagnose --format json --html` run of PROGRAM."""
+    result = diagnosed(PROGRAM)
     assert result.returncode == 0, result.stderr[-2000:]
-    return out
+    return diagnosed_page(PROGRAM)
 
 
 def test_structure(report):
@@ -103,15 +100,12 @@ def test_a_long_run_is_drawn_as_at_most_max_bars():
     assert "backend native &middot; 7000 steps &middot; the timeline shows the first 5000" in page
 
 
-def test_markdown_code_spans_are_rendered_as_code(tmp_path):
+def test_markdown_code_spans_are_rendered_as_code():
     """Messages are written with Markdown backticks (`item`): the page shows them as <code>."""
-    out = tmp_path / "sync.html"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PJRT_DEVICE": "CPU"}
     program = ROOT / "fixtures" / "diagnose" / "host_sync_item.py"
-    result = subprocess.run([sys.executable, "-m", "tpu_migrate", "diagnose", "--html", str(out), str(program)],
-                            capture_output=True, text=True, env=env, timeout=600)
+    result = diagnosed(program)
     assert result.returncode == 0, result.stderr[-2000:]
-    text = out.read_text()
+    text = diagnosed_page(program).read_text()
     table = text[text.index('<table id="findings">'):text.index("</table>")]
     assert "host sync <code>item</code> at" in table
     assert "`" not in table
