@@ -88,7 +88,7 @@ def test_dynamic_shapes_and_cpu_fallback():
 
 
 def test_clean_program_has_no_findings():
-    result, doc, found = findings_of("clean.py")
+    result, doc, found = findings_of("clean.py", "--fail-on", "any")  # the run test_fail_on_... reads
     assert found == [] and doc["steps"] == 6
     assert "final loss" in result.stderr  # the program's stdout went to stderr with --format json
 
@@ -109,7 +109,7 @@ def test_warmup_steps_option():
 def test_fail_on_and_exit_codes(tmp_path):
     assert diagnose("--fail-on", "sync", str(PROGRAMS / "host_sync_item.py")).returncode == 1
     assert diagnose("--fail-on", "recompile", str(PROGRAMS / "host_sync_item.py")).returncode == 0
-    assert diagnose("--fail-on", "any", str(PROGRAMS / "clean.py")).returncode == 0
+    assert diagnosed(PROGRAMS / "clean.py", "--fail-on", "any").returncode == 0  # shared with the test above
     script = tmp_path / "exits.py"
     script.write_text("import sys\nimport torch_xla\nprint(sys.argv[1:], __name__)\nsys.exit(3)\n")
     result = diagnose(str(script), "--flag", "value")
