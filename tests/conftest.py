@@ -6,7 +6,6 @@ import ast
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -53,11 +52,16 @@ TOOL_MODULES = ("tpu_migrate.cli", "tpu_migrate.rewrite.engine", "tpu_migrate.re
 
 def run_cli(*args: str, cwd: Path | None = None, input: bytes | None = None) -> subprocess.CompletedProcess:
     """`python -m tpu_migrate ARGS` as a user would run it (not a TTY: plain output)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env = cli_env()
     return subprocess.run(
         [tool_python(env), "-m", "tpu_migrate", *args],
         cwd=cwd, input=input, capture_output=True, env=env, timeout=300,
     )
+
+
+def cli_env() -> dict[str, str]:
+    """run_cli's environment: this checkout's tool, a wide terminal."""
+    return {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
 
 
 def tool_python(env: dict[str, str]) -> str:

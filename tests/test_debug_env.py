@@ -60,4 +60,3 @@ def test_lines_that_are_not_events_are_skipped_and_counted(tmp_path):
     found, skipped = events.read_events_counting(str(tmp_path))
     assert [e["line"] for e in found[12]] == [3, 3]
     assert skipped == 3
-

@@ -31,14 +31,21 @@ def diagnosed(program: Path, *options: str) -> subprocess.CompletedProcess:
     the modules that read it (this one, test_diagnose_native, test_diagnose_event_limit's full
     runs, test_html_report): the JSON on stdout, the text report on stderr, the page in the file
     `diagnosed_page` names. One run gives all three, as it gives a user."""
-    key = f"diagnose {shared_runs.file_key(program)} {json.dumps(options)}"
-    page = diagnosed_page(program, *options)
+    key = _diagnosed_key(program, options)
+    page = _page_of(key)
     return shared_runs.once(key, lambda: diagnose("--format", "json", "--html", str(page), *options, str(program)))
 
 
 def diagnosed_page(program: Path, *options: str) -> Path:
     """Where `diagnosed(program, *options)` writes its HTML report (shared by the session)."""
-    key = f"{shared_runs.file_key(program)} {json.dumps(options)}"
+    return _page_of(_diagnosed_key(program, options))
+
+
+def _diagnosed_key(program: Path, options: tuple[str, ...]) -> str:
+    return f"diagnose {shared_runs.file_key(program)} {json.dumps(options)}"
+
+
+def _page_of(key: str) -> Path:
     return shared_runs.session_directory("diagnose-html") / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".html")
 
 

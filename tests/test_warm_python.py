@@ -247,7 +247,7 @@ def test_the_tool_runs_warm_only_from_the_checkout_it_imported(tmp_path):
     """The CLI runs of the suite (conftest.run_cli) fork a server that imported the tool from
     this checkout: a run with another PYTHONPATH, which could find another tpu_migrate, starts
     cold; a warm run writes what a cold one writes."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env = conftest.cli_env()
     python = conftest.tool_python(env)
     assert python != sys.executable, "no warm python server started"
     source = tmp_path / "train.py"
