@@ -249,6 +249,25 @@ def test_the_program_recurses_as_deep_as_under_python_however_it_is_started(tmp_
         assert traced.stdout == plain.stdout and plain.stdout.startswith(b"limit 1000 depth 99"), target
 
 
+def test_only_python_children_get_the_tracer_s_environment(tmp_path):
+    """The program, and the programs it starts that are not Python (`env`), see the environment
+    they would see under python: not the run's TPU_MIGRATE_DIAGNOSE* variables, nor the tool's
+    directory on PYTHONPATH (both reached every process). Its Python children are still traced
+    however they start (an environment of their own, a shell, os.system, multiprocessing's
+    spawn), and its threads recurse as deep as under python (8 frames deeper before)."""
+    program = STRESS / "environment.py"
+    env = environment(tmp_path)
+    plain = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, env=env, timeout=120)
+    traced = subprocess.run(command("--backend", "native", str(program)), capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert plain.returncode == traced.returncode == 3, traced.stderr[-3000:]
+    seen = [line for line in plain.stdout.splitlines() if line.startswith("SEEN ")]
+    assert seen and json.loads(seen[0][5:])["own"] == {"PYTHONPATH": str(ROOT)}
+    assert [line for line in traced.stdout.splitlines() if line.startswith("SEEN ")] == seen
+    assert [line for line in plain.stdout.splitlines() if line.startswith("TRACED")] == ["TRACED False"] * 4
+    assert [line for line in traced.stdout.splitlines() if line.startswith("TRACED")] == ["TRACED True"] * 4
+
+
 def test_ctrl_c_at_a_terminal(tmp_path, reap):
     """The tool and the program share the terminal's foreground process group: Ctrl-C reaches
     both (and the program's children), the tool does not relay it, and still reports."""

@@ -123,6 +123,24 @@ def _as_deep_as_python(levels: int) -> None:
     getrecursionlimit.__doc__, setrecursionlimit.__doc__ = get.__doc__, set_.__doc__
     set_(get() + extra)
     sys.getrecursionlimit, sys.setrecursionlimit = getrecursionlimit, setrecursionlimit
+    _threads_start_as_deep(extra)
+
+
+def _threads_start_as_deep(extra: int) -> None:
+    """The limit is the interpreter's, and a thread starts with none of the tool's frames: it
+    would recurse `extra` frames deeper than under python. Its start (Thread._bootstrap, above
+    the frames a thread's traceback shows) goes through as many frames of ours."""
+    import threading
+
+    start = threading.Thread._bootstrap
+
+    def _bootstrap(self, levels=extra - 1):
+        if levels > 0:
+            return _bootstrap(self, levels - 1)
+        return start(self)
+
+    if extra > 0:
+        threading.Thread._bootstrap = _bootstrap
 
 
 def _run_file(path: str) -> None:

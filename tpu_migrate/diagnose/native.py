@@ -37,7 +37,7 @@ import re
 import sys
 import time
 
-from tpu_migrate.diagnose import placement, recording
+from tpu_migrate.diagnose import inheritance, placement, recording
 from tpu_migrate.diagnose.events import Kind
 from tpu_migrate.diagnose.modes import leave_dispatch_mode
 
@@ -722,7 +722,8 @@ def install(recorder: recording.Recorder, warmup_steps: int | None = None, scan_
     if HOOKS is not None:
         return
     if warmup_steps is None:
-        warmup_steps = int(os.environ.get(recording.ENV_WARMUP, "2"))
+        warmup = os.environ.get(recording.ENV_WARMUP, "2")  # in-process, or a traced process:
+        warmup_steps = int(inheritance.setting(recording.ENV_WARMUP, warmup))
     HOOKS = NativeHooks(recorder, warmup_steps, scan_sources)
     HOOKS.install()
 

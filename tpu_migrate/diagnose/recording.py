@@ -32,6 +32,9 @@ ENV_DEBUG_FILE = "PT_XLA_DEBUG_FILE"
 ENV_BACKEND = "TPU_MIGRATE_DIAGNOSE_BACKEND"  # xla, native or auto (see tracer.install_backend)
 ENV_WARMUP = "TPU_MIGRATE_DIAGNOSE_WARMUP"  # native: how many steps the op-coverage mode samples
 ENV_EVENT_LIMIT = "TPU_MIGRATE_DIAGNOSE_EVENT_LIMIT"
+# What every traced process passes on to its Python children, and hides from the program
+# (diagnose/inheritance.py).
+INHERITED = (ENV_DIR, ENV_BACKEND, ENV_WARMUP, ENV_EVENT_LIMIT)
 DEFAULT_EVENT_LIMIT = 200_000
 
 # Frames in these paths are never "the user's line".

@@ -15,7 +15,7 @@ import importlib.machinery
 import os
 import sys
 
-from tpu_migrate.diagnose import recording, xla_hooks
+from tpu_migrate.diagnose import inheritance, recording, xla_hooks
 from tpu_migrate.diagnose.events import Kind
 from tpu_migrate.diagnose.recording import ENV_BACKEND, ENV_DIR
 
@@ -133,4 +133,6 @@ def install() -> bool:
     recording.install_exit_hooks()
     install_backend(os.environ.get(ENV_BACKEND, "xla"))
     after_import("torch.multiprocessing.spawn", lambda: _safely("spawn rank", _spawn_rank_hook))
+    # The program sees its own environment; its Python children get the tracer's back.
+    _safely("environment", lambda: inheritance.take(recording.INHERITED, directory))
     return True
