@@ -271,15 +271,21 @@ def manual_calls(source: str) -> list[tuple[int, str]]:
 
 def changed_manual_calls(input_text: str, output_text: str) -> list[str]:
     """(b) calls left for a human whose source text is not, byte for byte, a call of the
-    input (so the tool changed an argument, or a call it did not finish converting)."""
-    before = Counter(text for _, text in manual_calls(input_text))
+    input (so the tool changed an argument, or a call it did not finish converting). The
+    indentation of its continuation lines does not count: a block whose `if` a conversion
+    answered moves out one level."""
+    before = Counter(_unindented(text) for _, text in manual_calls(input_text))
     problems = []
     for lineno, text in manual_calls(output_text):
-        if before[text] > 0:
-            before[text] -= 1
+        if before[_unindented(text)] > 0:
+            before[_unindented(text)] -= 1
         else:
             problems.append(f"line {lineno}: {text}  (not in the input as written)")
     return problems
+
+
+def _unindented(text: str) -> str:
+    return "\n".join(line.strip() for line in text.splitlines())
 
 
 # --------------------------------------------------------------------------------------------

@@ -309,7 +309,9 @@ def edited_workers(input_text: str, output_text: str) -> list[str]:
         old_items = _items(old, before_lines)
         xla_here = xla_names | _xla_values(old, xla_names)
         new_texts = [text for text, _ in _items(new, after_lines)]
-        kept = [(i, text) for i, (text, node) in enumerate(old_items) if not _mentions_xla(node, text, xla_here)]
+        folded = _folded_branches(old_items, new_texts, xla_here)
+        kept = [(i, text) for i, (text, node) in enumerate(old_items)
+                if not _mentions_xla(node, text, xla_here) and id(node) not in folded]
         converted = {i for i in range(len(old_items))} - {i for i, _ in kept}
         positions = _align([text for _, text in kept], new_texts)
         if positions is None:
@@ -327,6 +329,19 @@ def edited_workers(input_text: str, output_text: str) -> list[str]:
                                 + (f" (and {len(added) - 1} more)" if len(added) > 1 else "")
                                 + " where the input had no torch_xla statement")
     return problems
+
+
+def _folded_branches(items, new_texts: list[str], xla_names: set[str]) -> set[int]:
+    """The statements of an `if` whose test is torch_xla's and which the output no longer has:
+    a conversion answered the test (the device kind) and kept only the branch that runs, so
+    these may go or move out of the block."""
+    folded = set()
+    for text, node in items:
+        if isinstance(node, ast.If) and _mentions_xla(node, text, xla_names) and text not in new_texts:
+            folded.add(id(node))  # its `<orelse>` marker
+            folded.update(id(inner) for branch in (node.body, node.orelse) for stmt in branch
+                          for inner in ast.walk(stmt))
+    return folded
 
 
 # --------------------------------------------------------------------------------------------
@@ -356,13 +371,13 @@ def altered_manual_calls(input_text: str, output_text: str, result) -> list[str]
         call = _call_at(before_tree, finding.line, finding.col)
         if call is None:
             continue
-        text = segment(before_lines, call)
+        text = _unindented(segment(before_lines, call))
         key = (finding.line, finding.col)
         if key in where:
             continue  # several findings at one call
         where[key] = text
         wanted[text] += 1
-    have = Counter(segment(after_lines, n) for n in _walk(after_tree) if isinstance(n, ast.Call))
+    have = Counter(_unindented(segment(after_lines, n)) for n in _walk(after_tree) if isinstance(n, ast.Call))
     problems = []
     for (line, _), text in sorted(where.items()):
         if have[text] > 0:
@@ -370,6 +385,12 @@ def altered_manual_calls(input_text: str, output_text: str, result) -> list[str]
         else:
             problems.append(f"input line {line}: `{text.splitlines()[0]}` is not in the output as written")
     return problems
+
+
+def _unindented(text: str) -> str:
+    """A call's text without its continuation lines' indentation (a block whose `if` a
+    conversion answered moves out one level; the call says the same)."""
+    return "\n".join(line.strip() for line in text.splitlines())
 
 
 # --------------------------------------------------------------------------------------------

@@ -128,6 +128,36 @@ def test_reindented_statements_compare_equal():
     assert edited_workers(before, after) == []
 
 
+def test_a_branch_of_a_torch_xla_test_the_output_answered_may_go_or_move():
+    """Target tpu knows the device kind: `if xm.xla_device_hw(d) in (...)` keeps only the branch
+    that runs, one level out. The other branch of such a test may go; a statement of an `if`
+    the output still has, or of the program's own test, may not."""
+    before = src("""
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+        def _mp_fn(index):
+            if xm.xla_device_hw(torch_xla.device()) in ("TPU", "NEURON"):
+                print(index,
+                      index)
+            else:
+                print("not a TPU")
+            if index:
+                print("kept")
+        torch_xla.launch(_mp_fn)
+    """)
+    folded = src("""
+        def _mp_fn(index):
+            print(index,
+                  index)
+            if index:
+                print("kept")
+    """)
+    assert edited_workers(before, folded) == []
+    dropped_own = folded.replace('    if index:\n        print("kept")\n', "")
+    [problem] = edited_workers(before, dropped_own)
+    assert '<If> if index:' in problem
+
+
 def _result(fixes=(), manual=()) -> FileResult:
     return FileResult(path="case.py", fixes=list(fixes), manual=list(manual))
 

@@ -12,6 +12,7 @@ import dataclasses
 import libcst as cst
 
 from tpu_migrate.rewrite import transforms
+from tpu_migrate.rewrite.constant_tests import folded
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted
 from tpu_migrate.rewrite.registry import REGISTRY
 from tpu_migrate.rewrite.transforms.common import LOOSE, is_xla
@@ -244,7 +245,13 @@ class ExprRewriter:
             updated = hook(original, updated, self.sc)
             if type(updated) is not cst.Comparison:
                 return self._wrap(updated)  # the test became another expression
-        return updated
+        return folded(original, updated)
+
+    def leave_BooleanOperation(self, original, updated) -> cst.BaseExpression:
+        return folded(original, updated)
+
+    def leave_UnaryOperation(self, original, updated) -> cst.BaseExpression:
+        return folded(original, updated) if isinstance(updated.operator, cst.Not) else updated
 
     def leave_Subscript(self, original, updated):
         return self.hooks("subscript", updated)

@@ -23,13 +23,20 @@ def comments_of_removed_if(stmt: cst.If) -> list[cst.EmptyLine]:
     """What stays of a removed `if`: the comments above it and in its body (as for a removed
     statement), not its blank lines."""
     lines = [line for line in stmt.leading_lines if line.comment is not None]
-    header = stmt.body.header.comment
-    if header is not None and not _about_xla(header.value):
-        lines.append(cst.EmptyLine(indent=True, comment=header))
+    lines.extend(header_comments(stmt.body.header))
     for inner in stmt.body.body:
         lines.extend(line for line in inner.leading_lines if line.comment is not None)
     lines.extend(line for line in stmt.body.footer if line.comment is not None)
     return lines
+
+
+def header_comments(header: cst.TrailingWhitespace) -> list[cst.EmptyLine]:
+    """The comment after a removed block's colon, as a line of its own (unless it described
+    torch_xla's machinery)."""
+    comment = header.comment
+    if comment is None or _about_xla(comment.value):
+        return []
+    return [cst.EmptyLine(indent=True, comment=comment)]
 
 
 # A trailing comment about torch_xla's machinery: it described the statement a rule removed.

@@ -20,9 +20,11 @@ from tpu_migrate.rewrite import dependencies, named_expressions, transforms
 from tpu_migrate.rewrite.context import FileContext, StatementContext
 from tpu_migrate.rewrite.expressions import ExprRewriter
 from tpu_migrate.rewrite.names import is_xla_name
+from tpu_migrate.rewrite.constant_tests import constant_truth
 from tpu_migrate.rewrite.layout import (
     add_todos,
     comments_of_removed_if,
+    header_comments,
     prepend_lines,
     rebuild_line,
 )
@@ -341,6 +343,10 @@ class ModuleRewriter:
                 stmt = add_todos(stmt, todos, self.comments_above(info))
         if not elif_ and self._emptied_if(stmt, sc):
             return [], comments_of_removed_if(stmt)
+        folded = None if elif_ or sc is None else self._folded_if(stmt, node)
+        if folded is not None:
+            statements, comments = folded
+            return [*statements, *after] if collect and after else statements, comments
         if collect and after:
             return [stmt, *after], []
         return [stmt], []
@@ -355,6 +361,37 @@ class ModuleRewriter:
             and (sc is None or not (sc.todos or sc.leftover_refs()))
             and _inert(stmt.test)
         )
+
+    def _folded_if(self, stmt, node: ast.stmt):
+        """An `if` whose test a conversion made constant (target `tpu`: `xm.xla_device_hw(d) in
+        ("TPU", "NEURON")` is `"TPU" in ("TPU", "NEURON")`): the branch that runs takes its
+        place, as a reviewer would write it; (statements, comments for the next statement), or
+        None. Only where the test was not constant before (the user's own `if True:` stays) and
+        the branch that goes holds nothing the rules report on (its findings would point at
+        code that is gone)."""
+        if not isinstance(stmt, cst.If) or constant_truth(node.test) is not None:
+            return None
+        truth = constant_truth(_CODEGEN.code_for_node(stmt.test))
+        if truth is None:
+            return None
+        dropped = node.orelse if truth else node.body
+        if any(self.analysis.info(inner).interesting for branch in dropped for inner in ast.walk(branch)
+               if isinstance(inner, ast.stmt)):
+            return None
+        if truth:
+            kept, footer = list(stmt.body.body), stmt.body.footer
+        elif isinstance(stmt.orelse, cst.Else):
+            kept, footer = list(stmt.orelse.body.body), stmt.orelse.body.footer
+        elif isinstance(stmt.orelse, cst.If):  # the `elif` is now the `if`
+            kept, footer = [stmt.orelse], []
+        else:
+            kept, footer = [], []
+        above = [*stmt.leading_lines, *header_comments(stmt.body.header)]
+        after = [line for line in footer if line.comment is not None]  # the block's closing comments
+        if not kept:
+            return [], [line for line in above if line.comment is not None] + after
+        kept[0] = kept[0].with_changes(leading_lines=[*above, *kept[0].leading_lines])
+        return kept, after
 
     def unwrapped(self, statements, node, info, sc):
         """`with torch_xla.step():` is gone: its body takes its place in the enclosing block."""

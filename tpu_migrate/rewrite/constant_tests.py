@@ -1,0 +1,73 @@
+"""Whether a condition is a constant: the truth of a test made only of literals, or None.
+
+A conversion can answer a runtime question with a constant (target `tpu`: the device kind is
+`"TPU"`), which leaves tests such as `"TPU" in ("TPU", "NEURON")`. Only literals, tuples, lists,
+sets, comparisons, `and` / `or` / `not` count: nothing that names a variable or calls anything,
+so evaluating it cannot run the program's code.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+
+import libcst as cst
+
+_COMPARE = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_, ast.IsNot: operator.is_not,
+}
+
+
+_CODEGEN = cst.Module(body=[])
+
+
+class _NotConstant(Exception):
+    pass
+
+
+def folded(original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.BaseExpression:
+    """`updated` (a comparison, `and` / `or`, `not`), or `True` / `False` where a conversion
+    inside it made it constant: `"TPU" == "TPU" or "TPU" == "TPU"` is written `True`."""
+    if updated is original:
+        return updated
+    truth = constant_truth(_CODEGEN.code_for_node(updated))
+    if truth is None or constant_truth(_CODEGEN.code_for_node(original)) is not None:
+        return updated
+    return cst.Name("True" if truth else "False", lpar=updated.lpar, rpar=updated.rpar)
+
+
+def constant_truth(test: ast.expr | str) -> bool | None:
+    """The truth of `test` (an expression or its source) if it is made only of literals."""
+    if isinstance(test, str):
+        try:
+            test = ast.parse(test.strip(), mode="eval").body
+        except SyntaxError:
+            return None
+    try:
+        return bool(_value(test))
+    except (_NotConstant, TypeError):
+        return None
+
+
+def _value(node: ast.expr):
+    if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes, int, float, bool, type(None))):
+        return node.value
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(_value(element) for element in node.elts)
+    if isinstance(node, ast.Set):
+        return frozenset(_value(element) for element in node.elts)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return not _value(node.operand)
+    if isinstance(node, ast.BoolOp):
+        values = [bool(_value(value)) for value in node.values]
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops):
+        left = _value(node.left)
+        for op, right_node in zip(node.ops, node.comparators):
+            right = _value(right_node)
+            if not _COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+    raise _NotConstant
