@@ -94,6 +94,8 @@ def map_children(node: cst.CSTNode, fn) -> cst.CSTNode:
 
 
 # Expressions whose parts may run several times or not at all.
+# Expressions a conversion inside may make constant (constant_tests.folded).
+_FOLDABLE = frozenset({cst.Comparison, cst.BooleanOperation, cst.UnaryOperation})
 _CONDITIONAL_CODE = frozenset({
     cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.IfExp,
     cst.BooleanOperation,
@@ -118,6 +120,18 @@ class ExprRewriter:
         self.deferred: set[int] = set()  # calls left to a statement-level rule
 
     def rewrite(self, node):
+        if type(node) in _FOLDABLE:
+            # A conversion inside may make the test constant: it is then written as its value,
+            # and the modules the thrown-away code used are not imported for it.
+            used = self.sc.file.plan.used()
+            updated = self._rewrite(node)
+            value = folded(node, updated)
+            if value is not updated:
+                self.sc.file.plan.restore(used)
+            return value
+        return self._rewrite(node)
+
+    def _rewrite(self, node):
         kind = type(node)
         if kind in _LEAF_TYPES:
             return node
@@ -245,13 +259,7 @@ class ExprRewriter:
             updated = hook(original, updated, self.sc)
             if type(updated) is not cst.Comparison:
                 return self._wrap(updated)  # the test became another expression
-        return folded(original, updated)
-
-    def leave_BooleanOperation(self, original, updated) -> cst.BaseExpression:
-        return folded(original, updated)
-
-    def leave_UnaryOperation(self, original, updated) -> cst.BaseExpression:
-        return folded(original, updated) if isinstance(updated.operator, cst.Not) else updated
+        return updated
 
     def leave_Subscript(self, original, updated):
         return self.hooks("subscript", updated)
