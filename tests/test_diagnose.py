@@ -60,8 +60,8 @@ def findings_of(program: str, *options: str):
 
 def test_json_schema():
     _, doc, _ = findings_of("host_sync_item.py")
-    assert set(doc) == {"version", "script", "backend", "exit_code", "steps", "warmup_steps", "findings",
-                        "costs"}
+    assert set(doc) == {"version", "script", "backend", "exit_code", "steps", "optimizer_steps", "warmup_steps",
+                        "findings", "costs"}
     assert doc["version"] == 1 and doc["backend"] == "xla"
     assert doc["script"] == str(PROGRAMS / "host_sync_item.py")
     assert doc["costs"]["run_seconds"] > doc["costs"]["first_step_seconds"] > 0

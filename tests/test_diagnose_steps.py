@@ -57,8 +57,11 @@ def test_optimizer_state_accumulator_and_step_closure_are_named_not_blamed():
     assert result.returncode == 0
     # The set-up syncs used steps 0-1; SGD's momentum, created in step 2, changes step 3's
     # graph once: warm-up ends after it. Batch sizes 5, 6, 7 in steps 8-10 recompile: loud.
-    assert document["warmup_steps"] == 2
+    # The JSON gives the warm-up the analysis used, as the text report does (it gave the 2 asked).
+    assert document["warmup_steps"] == 4
     assert any("warm-up extended to 4 steps: the SGD optimizer" in n for n in document["notes"])
+    [header] = [line for line in result.stderr.splitlines() if line.startswith("tpu-migrate diagnose:")]
+    assert "4 warm-up" in header
     assert ("recompile", "training_state_and_closure.py", 28, 3, 8, None) in found
     assert ("compile", "training_state_and_closure.py", 35, 1, 11, None) in found  # evaluation's first
     changed = [f for f in document["findings"] if f["op"] == "changed once"]
@@ -114,6 +117,11 @@ def test_real_mnist_script_unchanged_and_findings_match_its_metrics(tmp_path):
                      ("compile", 181, None): 2, ("closure-read", 70, "item"): 4}
     notes = " ".join(document["notes"])
     assert "warm-up extended to 4 steps: the SGD optimizer" in notes
+    # 640 fake samples in batches of 32: 20 training steps, and 4 evaluation batches plus the
+    # steps of the script's own syncs end steps too: the count says which are training.
+    assert document["optimizer_steps"] == 20 and document["steps"] > 24
+    header = next(line for line in traced.stderr.splitlines() if line.startswith("tpu-migrate diagnose:"))
+    assert f"{document['steps']} steps, 20 optimizer steps, 4 warm-up" in header
     # Its metrics: 7 compiles = 1 set-up (step 0) + 2 training (warm-up) + 4 above.
     assert metrics["CreateCompileHandles"] == 7
     # 9 host reads = 4 in the closure + correct.item() (180) + 4 in mesh_reduce (181), the

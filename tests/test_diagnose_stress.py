@@ -215,7 +215,7 @@ def test_faults_in_what_the_tracer_records_cost_the_report_never_the_run(tmp_pat
     assert document["notes"][:len(expected)] == [e.format(run=run_dir) for e in expected]
     for note in document["notes"][:len(expected)]:
         assert f"note: {note}" in stderr
-    syncs = sum(f[3] for f in findings(document) if f[:3] == ("sync", "faults.py", 33))
+    syncs = sum(f[3] for f in findings(document) if f[:3] == ("sync", "faults.py", 34))
     if mode == "garbage":
         assert syncs == 6
     elif mode == "full":  # written at the step boundaries before the damage

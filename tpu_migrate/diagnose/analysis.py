@@ -172,6 +172,13 @@ def _process_steps(events: list[Event]) -> tuple[int, list[StepEvent]]:
     return total, boundaries
 
 
+def _optimizer_steps(events: list[Event]) -> int:
+    """How many optimizer steps the process took: its events carry the count so far (`ostep`),
+    past the event limit too."""
+    return max([sum(e["kind"] == Kind.OPT_STEP for e in events),
+                *(max(e.get("ostep", 0) + (e["kind"] == Kind.OPT_STEP), e.get("osteps", 0)) for e in events)])
+
+
 def _counted(events: list[Event]) -> CountedEvent | None:
     """The `counted` event of a process that went past the event limit (events.read_events)."""
     return next((e for e in events if e["kind"] == Kind.COUNTED), None)
@@ -291,6 +298,16 @@ class Summary:
     steps: int  # of the process that ran the most
     warmup_end: int  # the first step after warm-up (later when optimizer state came late)
     notes: list[str] = field(default_factory=list)
+    # Optimizer steps of that process: "steps" counts every step marker, evaluation included.
+    optimizer_steps: int = 0
+
+
+def steps_text(steps: int, optimizer_steps: int) -> str:
+    """"104 steps, 80 optimizer steps": a step marker ends evaluation steps too, so the steps
+    alone overstate the training (the issue's "129 steps" of a 32-step training run)."""
+    if optimizer_steps and optimizer_steps != steps:
+        return f"{steps} steps, {optimizer_steps} optimizer step{'s' if optimizer_steps != 1 else ''}"
+    return f"{steps} steps"
 
 
 def analyze(evidence: Evidence, warmup_steps: int) -> tuple[list[Finding], int]:
@@ -308,10 +325,12 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
     exact_fallbacks = bool(evidence.fallback_log)
     step_sites: dict[int, tuple] = {}  # step -> (file, line) where it ended, busiest process
     warmup = warmup_steps
+    optimizer_steps = 0
     for index, (pid, events) in enumerate(processes):
         steps, boundaries = _process_steps(events)
         if steps >= main_steps:
             step_sites = {b["step"]: (b.get("file"), b.get("line")) for b in boundaries}
+            optimizer_steps = _optimizer_steps(events)
         main_steps = max(main_steps, steps)  # spawned workers run the steps
         rank = _rank(events, index if multi else None)
         end = causes.warmup_end(events, warmup_steps)
@@ -370,7 +389,7 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
     # A read in every step before one in evaluation steps only, however often that one reads.
     result.sort(key=lambda f: (order[f.kind], -f.step_count if f.kind == "sync" else 0,
                                f.placement_unknown, -f.count, f.file, f.line))
-    return Summary(result, main_steps, warmup, notes)
+    return Summary(result, main_steps, warmup, notes, optimizer_steps)
 
 
 def _notes(found, reported, stepless: bool, warmup: int, warmup_steps: int, processes) -> list[str]:

@@ -72,16 +72,19 @@ def _report(evidence, target, module, warmup_steps, output, html_file) -> tuple[
     records = analysis.step_records(evidence)
     run_costs = costs.measure(summary, records, evidence.events, backend, device)
     notes = [*evidence.notes, *summary.notes]  # what evidence was lost comes first
-    document = report.json_document(script, evidence.exit_code, steps, warmup_steps, findings, rank,
-                                    backend, device, notes, run_costs)
+    # The warm-up the analysis used (longer than asked when optimizer state came late: a note says).
+    document = report.json_document(script, evidence.exit_code, steps, summary.warmup_end, findings, rank,
+                                    backend, device, notes, run_costs, summary.optimizer_steps)
     _write(output, lambda: document + "\n")
     if html_file:
         from tpu_migrate.diagnose import html
 
         _write(html_file, lambda: html.render(script, records, summary.warmup_end, findings,
-                                              evidence.exit_code, backend, steps, run_costs))
+                                              evidence.exit_code, backend, steps, run_costs,
+                                              summary.optimizer_steps))
     report.print_report(Console(stderr=True, soft_wrap=True), script, steps, summary.warmup_end,
-                        findings, analysis.timeline(records), backend, device, notes, run_costs)
+                        findings, analysis.timeline(records), backend, device, notes, run_costs,
+                        summary.optimizer_steps)
     return document, findings
 
 

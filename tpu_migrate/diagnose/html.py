@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 
-from tpu_migrate.diagnose.analysis import Finding, StepRecord
+from tpu_migrate.diagnose.analysis import Finding, StepRecord, steps_text
 from tpu_migrate.diagnose.costs import RunCosts
 from tpu_migrate.diagnose.locations import relative, source_line, via_text
 from tpu_migrate.report.html_page import inline, page
@@ -119,7 +119,8 @@ def timeline_svg(steps: list[StepRecord], warmup_steps: int, median: float | Non
 
 
 def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: list[Finding], exit_code: int,
-           backend: str = "xla", total_steps: int | None = None, costs: RunCosts | None = None) -> str:
+           backend: str = "xla", total_steps: int | None = None, costs: RunCosts | None = None,
+           optimizer_steps: int = 0) -> str:
     """`steps`: the steps recorded one by one; `total_steps`: all the program ran (more past the
     event limit, where the timeline ends)."""
     total_steps = len(steps) if total_steps is None else max(total_steps, len(steps))
@@ -146,7 +147,7 @@ def render(script: str, steps: list[StepRecord], warmup_steps: int, findings: li
     if costs is not None:
         legend += ('<span style="color:#2ca02c">- - steady-state median</span>'
                    '<span style="color:#d62728">&#9633; slowed by a finding</span>')
-    return page(f"tpu-migrate diagnose: {relative(script)}", STYLE, f"""<p>backend {html.escape(backend)} &middot; {total_steps} steps{covered} &middot; {warmup_steps} warm-up steps (shaded) &middot; exit status {exit_code}</p>
+    return page(f"tpu-migrate diagnose: {relative(script)}", STYLE, f"""<p>backend {html.escape(backend)} &middot; {steps_text(total_steps, optimizer_steps)}{covered} &middot; {warmup_steps} warm-up steps (shaded) &middot; exit status {exit_code}</p>
 {summary}
 <h2>Findings</h2>
 {table}

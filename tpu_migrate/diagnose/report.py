@@ -7,7 +7,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from tpu_migrate.diagnose.analysis import Finding
+from tpu_migrate.diagnose.analysis import Finding, steps_text
 from tpu_migrate.diagnose.kinds import KINDS
 from tpu_migrate.diagnose.locations import relative, source_line, via_text
 from tpu_migrate.report.printable import printable
@@ -17,13 +17,15 @@ JSON_VERSION = 1
 
 def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
                   findings: list[Finding], rank: int | None = None, backend: str = "xla",
-                  device: str | None = None, notes: list[str] | None = None, costs=None) -> str:
+                  device: str | None = None, notes: list[str] | None = None, costs=None,
+                  optimizer_steps: int = 0) -> str:
     document = {
         "version": JSON_VERSION,
         "script": script,
         "backend": backend,
         "exit_code": exit_code,
         "steps": steps,
+        "optimizer_steps": optimizer_steps,
         "warmup_steps": warmup_steps,
         "findings": [f.to_json() for f in findings],
     }
@@ -40,9 +42,11 @@ def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
 
 def print_report(console: Console, script: str, steps: int, warmup_steps: int,
                  findings: list[Finding], timeline: str = "", backend: str = "xla",
-                 device: str | None = None, notes: list[str] | None = None, costs=None) -> None:
-    console.print(printable(f"tpu-migrate diagnose: {relative(script)} (backend {backend}, {steps} steps, "
-                            f"{warmup_steps} warm-up)"), style="bold", markup=False, highlight=False)
+                 device: str | None = None, notes: list[str] | None = None, costs=None,
+                 optimizer_steps: int = 0) -> None:
+    console.print(printable(f"tpu-migrate diagnose: {relative(script)} (backend {backend}, "
+                            f"{steps_text(steps, optimizer_steps)}, {warmup_steps} warm-up)"),
+                  style="bold", markup=False, highlight=False)
     if backend == "native" and device == "cpu":
         console.print("device: cpu - no accelerator here, so the CPU stands in for the TPU: the "
                       "findings are what would wait for, recompile on or fail on a TPU",
