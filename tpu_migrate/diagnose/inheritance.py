@@ -29,15 +29,17 @@ LAUNCHERS = frozenset({"nohup", "timeout", "nice", "ionice", "stdbuf", "setsid",
 
 _carried: dict[str, str] = {}  # the tracer's variables, as this process received them
 _site = ""  # the tool's sitecustomize directory, first on the carried PYTHONPATH
-_lock = threading.Lock()  # os.system's brief window (see _system)
+_taken = False  # take() ran in this process (or in the one it was forked from)
+_lock = threading.Lock()  # os.system's brief window (see _traced_system)
 
 
 def take(names: tuple[str, ...], run_directory: str) -> None:
     """Take the tracer's variables (`names`, and the tool's directory on PYTHONPATH) out of
     this process's environment, keeping them for the children that need them."""
-    global _site
-    if _carried:
+    global _site, _taken
+    if _taken:
         return
+    _taken = True
     site = os.path.join(run_directory, "site")
     for name in names:
         if name in os.environ:

@@ -19,8 +19,6 @@ _COMPARE = {
     ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_, ast.IsNot: operator.is_not,
     ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
 }
-
-
 _CODEGEN = cst.Module(body=[])
 
 

@@ -93,9 +93,9 @@ def map_children(node: cst.CSTNode, fn) -> cst.CSTNode:
     return node.with_changes(**changes) if changes else node
 
 
-# Expressions whose parts may run several times or not at all.
 # Expressions a conversion inside may make constant (constant_tests.folded).
 _FOLDABLE = frozenset({cst.Comparison, cst.BooleanOperation, cst.UnaryOperation})
+# Expressions whose parts may run several times or not at all.
 _CONDITIONAL_CODE = frozenset({
     cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp, cst.IfExp,
     cst.BooleanOperation,

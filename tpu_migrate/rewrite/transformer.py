@@ -17,10 +17,10 @@ from collections.abc import Sequence
 import libcst as cst
 
 from tpu_migrate.rewrite import dependencies, named_expressions, transforms
+from tpu_migrate.rewrite.constant_tests import constant_truth
 from tpu_migrate.rewrite.context import FileContext, StatementContext
 from tpu_migrate.rewrite.expressions import ExprRewriter
 from tpu_migrate.rewrite.names import is_xla_name
-from tpu_migrate.rewrite.constant_tests import constant_truth
 from tpu_migrate.rewrite.layout import (
     add_todos,
     comments_of_removed_if,
