@@ -10,6 +10,7 @@ import bisect
 import linecache
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 from tpu_migrate.diagnose import causes
@@ -366,7 +367,8 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
         rank, boundaries, steps, changes, end = compile_process if compile_process else (None, [], 0, {}, warmup_steps)
         graphs = parse_graphs(evidence.graphs) if evidence.graphs else {}
         _add_compiles(findings, parse_compiles(evidence.debug_log, evidence.debug_base), boundaries, steps, end,
-                      graphs, rank if multi else None, changes, stepless)
+                      graphs, rank if multi else None, changes, stepless,
+                      _user_file_names(evidence) if graphs else frozenset())
     if exact_fallbacks:
         boundaries = sorted((e for events in evidence.events.values() for e in events
                              if e["kind"] in (Kind.STEP, Kind.OPT_STEP) and e.get("fallback_offset")),
@@ -429,7 +431,8 @@ def _add(findings, kind, file, line, op, step, rank, count=1, in_steps=1):
 
 def _add_compiles(findings, compiles: list[Compile], boundaries: list[StepEvent], steps: int,
                   warmup_steps: int, graphs: dict[str, str], rank: int | None,
-                  changes: dict[int, str] | None = None, stepless: bool = False) -> None:
+                  changes: dict[int, str] | None = None, stepless: bool = False,
+                  user_files: frozenset[str] = frozenset()) -> None:
     """A site that compiled before and compiles again after warm-up recompiles; a first compile
     of a new site after warm-up is reported as information (kind "compile"), and so is a graph
     that changed once for a known reason (`changes`: optimizer state, an accumulator). Without
@@ -453,7 +456,8 @@ def _add_compiles(findings, compiles: list[Compile], boundaries: list[StepEvent]
             finding.changed = finding.changed or expected
             finding.via = finding.via or _origin_via(compile_.origin)
             if kind == "recompile" and finding.changed is None and graphs:
-                finding.changed = graph_change(graphs.get(previous[site] or ""), graphs.get(compile_.graph_hash or ""))
+                finding.changed = graph_change(graphs.get(previous[site] or ""), graphs.get(compile_.graph_hash or ""),
+                                               user_files)
         previous[site] = compile_.graph_hash
 
 
@@ -507,25 +511,64 @@ def _nodes(ir: str) -> list[tuple[str, str, str]]:
     return nodes
 
 
-def graph_change(old_ir: str | None, new_ir: str | None) -> str | None:
-    """What differs between two graphs of one line: input shapes first, else the first op."""
+def graph_change(old_ir: str | None, new_ir: str | None, user_files: frozenset[str] = frozenset()) -> str | None:
+    """What differs between two graphs of one line: input shapes first, else the operations one
+    has and the other lacks. A place is named only where it is the user's (`user_files`: the
+    file names of the program's lines; torch_xla's IR names a file without its directory): the
+    graph of `loss.backward()` is full of torch's own lines (`_make_grads@__init__.py:221`)."""
     if not old_ir or not new_ir:
         return None
     old, new = _nodes(old_ir), _nodes(new_ir)
+
+    def at(location: str, word: str) -> str:
+        short = _short(location)
+        return f" {word} {short}" if short and short.rsplit(":", 1)[0] in user_files else ""
+
     old_inputs = [n for n in old if n[0] == "xla::device_data"]
     new_inputs = [n for n in new if n[0] == "xla::device_data"]
     changes = [
-        f"input {a[2]} -> {b[2]}" + (f" (created at {_short(b[1])})" if b[1] else "")
+        f"input {a[2]} -> {b[2]}" + (f" (created{at(b[1], 'at')})" if at(b[1], "at") else "")
         for a, b in zip(old_inputs, new_inputs) if a[2] != b[2]
     ]
     if changes:
         return "; ".join(changes[:3])
-    for a, b in zip(old, new):
-        if a != b:
-            return f"{a[0]} {a[2]} -> {b[0]} {b[2]}" + (f" at {_short(b[1])}" if b[1] else "")
-    if len(old) != len(new):
-        return f"the graph has {len(new)} operations instead of {len(old)}"
-    return None
+    parts = []
+    for word, ours, theirs in (("gained", new, old), ("lost", old, new)):
+        extra = Counter((op, shape) for op, _, shape in ours) - Counter((op, shape) for op, _, shape in theirs)
+        if extra:
+            parts.append(f"{word} {_operations(extra, ours, at)}")
+    return f"the graph {' and '.join(parts)}" if parts else None
+
+
+def _operations(extra: Counter, nodes, at) -> str:
+    """`2 inputs (f32[4], f32[4,16]) and aten::add f32[4,16] at train.py:12 (and 1 more)`:
+    inputs (the tensors a step reads, such as gradients kept from the last one) apart from
+    operations, each in graph order."""
+    inputs = [shape for (op, shape), n in extra.items() if op == "xla::device_data" for _ in range(n)]
+    said = []
+    if inputs:
+        shown = ", ".join(inputs[:3]) + (", ..." if len(inputs) > 3 else "")
+        said.append(f"{len(inputs)} input{'s' if len(inputs) != 1 else ''} ({shown})")
+    operations = sum(n for (op, _), n in extra.items() if op != "xla::device_data")
+    if operations:
+        first = next(node for node in nodes if node[0] != "xla::device_data" and (node[0], node[2]) in extra)
+        said.append(f"{first[0]} {first[2]}{at(first[1], 'at')}"
+                    + (f" (and {operations - 1} more operations)" if operations > 1 else ""))
+    return " and ".join(said)
+
+
+def _user_file_names(evidence: Evidence) -> frozenset[str]:
+    """The names of the program's own source files: those of its lines the events name, and
+    the other Python files beside them (a model module whose lines made no event)."""
+    directories = {os.path.dirname(e["file"]) for events in evidence.events.values() for e in events
+                   if e.get("file")}
+    names = set()
+    for directory in directories:
+        try:
+            names.update(name for name in os.listdir(directory) if name.endswith(".py"))
+        except OSError:
+            continue
+    return frozenset(names)
 
 
 def _short(location: str) -> str:
