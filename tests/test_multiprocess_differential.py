@@ -97,6 +97,8 @@ CASES = [
     # SPMD in FSDP style: the original is one process driving 4 devices, the migrated program
     # one process per device, at 1, 2 and 4.
     Case("m17_spmd_fsdp_v2_sharded_loader.py", original_devices=4, extra_modes=(TORCHRUN4,)),
+    # The same with the batch marked in the loop (xs.mark_sharding of the loop's batch, TPU184).
+    Case("m18_spmd_fsdp_v2_marked_batch.py", original_devices=4, extra_modes=(TORCHRUN4,)),
 ]
 PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
 PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]
@@ -348,16 +350,17 @@ def test_a_second_gradient_average_after_fsdp_is_caught(runs, tmp_path):
 
 
 def test_every_process_reading_the_same_slice_of_the_batch_is_caught(runs, tmp_path):
-    """The SPMD loader's conversion (TPU040 with FSDP-style input_sharding) with a wrong slice:
+    """The SPMD loader's conversion (TPU040 with FSDP-style input_sharding, through the
+    `_batch_slice` helper that TPU184 shares) with a wrong slice:
     every process keeps the first part of each global batch, so the processes average the
     gradients of one part, not of the whole batch. At one process the slice is the whole batch;
     at 2 the held-out losses must differ from the SPMD original's."""
     case = next(c for c in CASES if c.program == "m17_spmd_fsdp_v2_sharded_loader.py")
     text = runs.copies[case.program].read_text()
-    index = "[self._index]"
-    assert text.count(index) == 1, "the converted loader changed: update this test"
+    index = "tensor_split(parts)[index]"
+    assert text.count(index) == 1, "the converted loader's slice changed: update this test"
     copy = tmp_path / case.program
-    copy.write_text(text.replace(index, "[0]"))
+    copy.write_text(text.replace(index, "tensor_split(parts)[0]"))
     original = runs.original(case).result()
     broken = runs.migrated(case, TORCHRUN2, copy=copy).result()
     result = harness.compare_exactly_once(case.program, original, broken)

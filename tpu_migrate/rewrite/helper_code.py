@@ -31,3 +31,33 @@ CPU_COPIES = _through_containers("obj", "obj.cpu()", "`obj` with its tensors cop
 # moved (TO_DEVICE; named_expressions.py gives TOML templates the helper as `{map_tensors}`).
 MAP_TENSORS = _through_containers("obj, fn", "fn(obj)", "`obj` with `fn` applied to each of its tensors, through dicts, lists "
                                   "and tuples (added by tpu-migrate).")
+
+
+# What SPMD did to a batch sharded FSDP style (on its first dimension over one mesh axis), with
+# one process per device: each process keeps its own slice (named_expressions: `{batch_slice}`;
+# the sharded device loader and a converted `xs.mark_sharding` of a batch use it).
+BATCH_SLICE = '''def {name}(batch, mesh, axis):
+    """This process's part of `batch` (added by tpu-migrate). SPMD sharded the first dimension of
+    every tensor in it over the mesh's `axis`; with one process per device, each process keeps
+    its own equal slice (the rank's along `axis`, where SPMD placed it), so together the
+    processes compute on the same global batch: every process must read the same global batch
+    (the same data, order and seed), as SPMD's one process did. A batch that does not split
+    evenly raises rather than weigh the processes unequally."""
+    parts = mesh.size(mesh.mesh_dim_names.index(axis) if isinstance(axis, str) else axis)
+    index = mesh.get_local_rank(axis)
+    sizes = set()
+
+    def part(t):  # this process's part of a tensor's first dimension
+        if not t.dim():
+            return t
+        sizes.add(t.shape[0])
+        return t.tensor_split(parts)[index]
+
+    sliced = {map_tensors}(batch, part)
+    if len(sizes) > 1 or (sizes and min(sizes) % parts):
+        raise ValueError(
+            f"tpu-migrate: a batch whose tensors' first dimensions are {{sorted(sizes)}} does not split "
+            f"evenly over {{parts}} processes: give every tensor of a batch the same first "
+            "dimension, a multiple of the process count")
+    return sliced
+'''

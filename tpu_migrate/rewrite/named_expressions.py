@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tpu_migrate.rewrite.helper_code import MAP_TENSORS
+from tpu_migrate.rewrite.helper_code import BATCH_SLICE, MAP_TENSORS
 
 _LONG = {
     "rank": '{dist}.get_rank() if {dist}.is_initialized() else int({os}.environ.get("RANK", 0))',
@@ -30,7 +30,7 @@ _HELPERS = {
     "rank": ("_rank", "The global rank, as torch_xla answered it: the process group's, else RANK"),
     "world_size": ("_world_size", "The number of processes, as torch_xla answered it: the group's, else WORLD_SIZE"),
 }
-_FUNCTIONS = {"map_tensors": ("_map_tensors", MAP_TENSORS)}
+_FUNCTIONS = {"map_tensors": ("_map_tensors", MAP_TENSORS), "batch_slice": ("_batch_slice", BATCH_SLICE)}
 # The modules a template may name (ImportPlan gives each the file's own name, importing it
 # where needed), then every other placeholder a rule table may use besides its `params`.
 STDLIB_MODULES = ("copy", "functools", "os", "time")

@@ -46,37 +46,17 @@ SHARDED_DEVICE_LOADER = '''class {name}:
     """pl.MpDeviceLoader(loader, device, input_sharding=xs.ShardingSpec(mesh, (axis, None, ...)))'s
     stand-in (added by tpu-migrate). SPMD read each global batch in one process and sharded its
     first dimension over the mesh's `axis`; with one process per device, each process reads the
-    global batch and keeps its own equal slice of the first dimension of every tensor in it (the
-    rank's slice along `axis`, where SPMD placed it), so together the processes compute on the
-    same global batch. A batch that does not split evenly raises rather than weigh the processes
-    unequally."""
+    global batch and keeps its own slice of it ({batch_slice}), so together the processes compute
+    on the same global batch."""
 
     def __init__(self, loader, device, mesh, axis):
         self._loader = loader
         self._device = device
-        self._parts = mesh.size(mesh.mesh_dim_names.index(axis) if isinstance(axis, str) else axis)
-        self._index = mesh.get_local_rank(axis)
-
-    def _slice(self, batch):
-        sizes = set()
-
-        def part(t):  # this process's part of a tensor's first dimension
-            if not t.dim():
-                return t
-            sizes.add(t.shape[0])
-            return t.tensor_split(self._parts)[self._index]
-
-        sliced = {map_tensors}(batch, part)
-        if len(sizes) > 1 or (sizes and min(sizes) % self._parts):
-            raise ValueError(
-                f"tpu-migrate: a batch whose tensors' first dimensions are {{sorted(sizes)}} does not split "
-                f"evenly over {{self._parts}} processes: give every tensor of a batch the same first "
-                "dimension, a multiple of the process count")
-        return sliced
+        self._mesh, self._axis = mesh, axis
 
     def __iter__(self):
         for batch in self._loader:
-            batch = self._slice(batch)
+            batch = {batch_slice}(batch, self._mesh, self._axis)
             yield {map_tensors}(batch, lambda t: t.to(self._device))
 
     def __len__(self):

@@ -18,11 +18,14 @@ a value computed from a batch (the loss) is the process's slice's.
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext
+from tpu_migrate.rewrite.helper_code import BATCH_SLICE
 from tpu_migrate.rewrite.registry import CALL, STATEMENT, rule_code, transform
-from tpu_migrate.rewrite.transforms.common import bind, given, helper
+from tpu_migrate.rewrite.transforms.common import bind, code, given, helper, parse_block
 from tpu_migrate.rewrite.transforms.fsdp import SPMD_FSDP, for_target, fully_shard_call, join_world
 
 USE_SPMD = "torch_xla.runtime.use_spmd"
@@ -32,6 +35,7 @@ ONE_AXIS_MESH = "torch_xla.distributed.spmd.get_1d_mesh"
 SET_GLOBAL_MESH = "torch_xla.distributed.spmd.set_global_mesh"
 GET_GLOBAL_MESH = "torch_xla.distributed.spmd.get_global_mesh"
 SHARDING_SPEC = "torch_xla.distributed.spmd.ShardingSpec"
+BATCH_SLICE_CODE = rule_code("TPU184")
 
 PROCESS_MODEL = (
     "SPMD ran this program once, driving every device; it now runs once per device: launch it with "
@@ -169,7 +173,12 @@ def sharded_loader_axis(sharding: cst.BaseExpression, sc: StatementContext) -> c
     bound = bind(sharding, ["mesh", "partition_spec", "minibatch"])
     if bound is None or set(bound) != {"mesh", "partition_spec"}:
         return None
-    spec = bound["partition_spec"].value
+    return batch_axis(bound["partition_spec"].value)
+
+
+def batch_axis(spec: cst.BaseExpression) -> cst.BaseExpression | None:
+    """The mesh axis of a partition spec `(axis, None, ...)`: the first dimension sharded over
+    one axis, given by name or index, the rest replicated; None for any other spec."""
     if not isinstance(spec, (cst.Tuple, cst.List)) or not spec.elements:
         return None
     first, *rest = [element.value for element in spec.elements]
@@ -229,6 +238,74 @@ def _placements(spec: cst.BaseExpression) -> str | None:
     return ", ".join(clauses) or "nothing sharded"
 
 
+@transform("spmd_sharding", form=STATEMENT, emits=("TPU184",))
+def spmd_batch_sharding(call, qualname, sc: StatementContext, rule, plans):
+    """`xs.mark_sharding(batch, mesh, (axis, None, ...))` as a statement, on a batch the training
+    loop reads, in a file whose model SpmdFullyShardedDataParallel wraps (converted to FSDP2,
+    which averages the processes' gradients) -> `batch = _batch_slice(batch, mesh, axis)`: each
+    process keeps its slice, as the sharded loader does. Anything else (a parameter, an
+    activation in the model's code, another spec) stays, with what to write (TPU172)."""
+    bound = bind(call, ["t", "mesh", "partition_spec"])
+    axis = batch_axis(bound["partition_spec"].value) if bound and set(bound) == {"t", "mesh", "partition_spec"} else None
+    batch = bound["t"].value if axis is not None else None
+    if (batch is None or not isinstance(batch, (cst.Name, cst.Attribute, cst.Subscript))
+            or not gradients_averaged(sc) or not sc.fix_allowed(BATCH_SLICE_CODE)
+            or not _read_by_the_training_loop(batch, sc)):
+        spmd_sharding(call, qualname, sc, rule)
+        return None
+    sc.fixed(BATCH_SLICE_CODE, qualname)
+    name = helper(sc, "_batch_slice", BATCH_SLICE)
+    return parse_block([f"{code(batch)} = {name}({code(batch)}, {code(bound['mesh'].value)}, {code(axis)})"])
+
+
+def _read_by_the_training_loop(batch: cst.BaseExpression, sc: StatementContext) -> bool:
+    """Whether `batch` (its root name) is what a `for` loop around the statement reads each
+    iteration, bound by the loop's target or assigned in its body, outside any class: the
+    training loop's batch, not an activation of the model's code (which runs inside the
+    process's slice already, and would be sliced twice)."""
+    root = batch
+    while isinstance(root, (cst.Attribute, cst.Subscript)):
+        root = root.value
+    if not isinstance(root, cst.Name):
+        return False
+    chain = _ancestors(sc.file.analysis.tree, sc.info.node)
+    if chain is None or any(isinstance(node, ast.ClassDef) for node in chain):
+        return False
+    for node in reversed(chain):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return False  # no loop of this function holds it
+        if isinstance(node, (ast.For, ast.AsyncFor)):
+            if any(isinstance(n, ast.Attribute) and n.attr in _MODULE_WALKS for n in ast.walk(node.iter)):
+                return False  # `for param in model.parameters()`: a parameter, not a batch
+            bound = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
+            assigned = {n.id for stmt in node.body for n in ast.walk(stmt)
+                        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            return root.value in bound | assigned
+    return False
+
+
+# nn.Module's walks over its own tensors and submodules: a loop over one marks the model.
+_MODULE_WALKS = frozenset({"parameters", "named_parameters", "buffers", "named_buffers", "modules",
+                           "named_modules", "children", "named_children", "state_dict"})
+
+
+def _ancestors(tree: ast.AST, target: ast.stmt) -> list[ast.AST] | None:
+    """The nodes from `tree` down to `target`'s parent, outermost first; None if not found."""
+    path: list[ast.AST] = []
+
+    def search(node: ast.AST) -> bool:
+        for child in ast.iter_child_nodes(node):
+            if child is target:
+                return True
+            path.append(child)
+            if search(child):
+                return True
+            path.pop()
+        return False
+
+    return path if search(tree) else None
+
+
 @transform("spmd_sharding", form=CALL)
 def spmd_sharding(call, qualname, sc: StatementContext, rule):
     """An SPMD annotation left for a human, with the DTensor call that replaces it."""
@@ -248,4 +325,5 @@ def spmd_sharding(call, qualname, sc: StatementContext, rule):
 
 
 __all__ = ["use_spmd", "use_spmd_value", "spmd_mesh", "spmd_mesh_statement", "spmd_fsdp", "spmd_sharding",
-           "SHARDING_SPEC", "sharded_loader_axis", "gradients_averaged", "sharding_mesh"]
+           "spmd_batch_sharding", "SHARDING_SPEC", "sharded_loader_axis", "batch_axis", "gradients_averaged",
+           "sharding_mesh"]
