@@ -11,7 +11,7 @@ import pytest
 
 from test_diagnose_native import dynamo_stats, line_of, run, run_plain, summary
 
-from tpu_migrate.diagnose import native, placement
+from tpu_migrate.diagnose import guards, native, placement
 
 
 def dynamo_log(program: str, as_torchtpu: bool = True) -> str:
@@ -27,15 +27,22 @@ def by_line(document) -> dict[tuple, dict]:
 def test_shape_recompiles_are_predicted_as_torchtpu_compiles():
     name = "tpu_shape_recompiles.py"
     _, document = run(name)
-    [recompile] = [f for f in document["findings"] if f["kind"] == "recompile"]
-    assert recompile["line"] == line_of(name, "recompiles per length")
+    recompiles = {f["line"]: f for f in document["findings"] if f["kind"] == "recompile"}
+    assert set(recompiles) == {line_of(name, "recompiles per length"), line_of(name, "keyword recompiles")}
+    recompile, keyword = recompiles[line_of(name, "recompiles per length")], recompiles[line_of(name, "keyword recompiles")]
     # Dynamo on the CPU recompiles once (then a shape-generic graph); TorchTPU once per new length.
-    assert dynamo_log(name, as_torchtpu=False).count("Recompiling function") == 1
-    assert dynamo_log(name).count("Recompiling function") == recompile["count"] == 3
+    assert dynamo_log(name, as_torchtpu=False).count("Recompiling function") == 2
+    assert dynamo_log(name).count("Recompiling function") == recompile["count"] + keyword["count"] == 6
     assert recompile["first_step"] == 1  # in the warm-up, and still reported
-    assert "size mismatch at index 1. expected 8, actual 12" in recompile["message"]
+    assert "`positional input 0` dimension 1 changed (8 -> 12)" in recompile["message"]
     assert f"{name}:{line_of(name, 'the varying shape')}" in recompile["message"]
+    # Each new length over the recompiles, and what that pattern means.
+    assert "dimension 1 took 3 new value(s) (12, 16, 20): a graph per length" in recompile["message"]
     assert "dynamic=False" in recompile["explanation"]
+    # Called with keywords: the input by its keyword, its shape's origin found through kwargs.
+    assert keyword["op"] == "mean_id" and keyword["count"] == 3
+    assert "for a new input shape" in keyword["message"] and "`input_ids` dimension 1 changed (8 -> 12)" in keyword["message"]
+    assert f"{name}:{line_of(name, 'the varying shape')}" in keyword["message"]
 
 
 @pytest.mark.slow  # a torch.compile program under diagnose, and Dynamo's own log
@@ -191,9 +198,31 @@ def test_compile_arguments_become_torchtpus(kwargs, expected):
 
 
 def test_shape_guards_name_their_input():
-    assert native.SIZE_GUARD.match("tensor 'args[0]' size mismatch at index 1. expected 8, actual 12")["index"] == "0"
-    assert native.SIZE_GUARD.match("tensor 'x' size mismatch at index 0. expected 4, actual 5")["name"] == "x"
-    assert native.SIZE_GUARD.match("GLOBAL_STATE changed: grad_mode") is None
+    positional = guards.shape_guard("tensor 'args[0]' size mismatch at index 1. expected 8, actual 12")
+    assert positional.path == ("args", 0) and positional.find({"args": ("first",)}) == "first"
+    plain = guards.shape_guard("tensor 'x' size mismatch at index 0. expected 4, actual 5")
+    assert (plain.name, plain.dim, plain.expected, plain.actual) == ("x", 0, 4, 5)
+    assert guards.shape_guard("GLOBAL_STATE changed: grad_mode") is None
+    # Keyword arguments (Hugging Face's model(**inputs)), with and without Dynamo's L[...]: these
+    # were read as "a Python number changed".
+    for source in ("kwargs['input_ids']", "L['kwargs']['input_ids']"):
+        keyword = guards.shape_guard(f"tensor '{source}' size mismatch at index 1. expected 5, actual 7")
+        assert keyword.name == "input_ids" and keyword.find({"kwargs": {"input_ids": "ids"}}) == "ids"
+        assert keyword.describe() == "`input_ids` dimension 1 changed (5 -> 7)"
+    attribute = guards.shape_guard("tensor 'L['self'].cache[0]' size mismatch at index 2. expected 3, actual 4")
+    assert attribute.path == ("self", ".cache", 0) and attribute.name == "cache"
+
+
+def _guards(source: str, dim: int, values: list[int]) -> list:
+    return [guards.shape_guard(f"tensor '{source}' size mismatch at index {dim}. expected {a}, actual {b}")
+            for a, b in zip([values[0] - 1, *values], values)]
+
+
+def test_the_values_a_dimension_takes_name_the_pattern():
+    assert "per generated token" in guards.pattern(_guards("L['kwargs']['past']", 1, [6, 7, 8]))
+    assert "the batch size" in guards.pattern(_guards("x", 0, [5, 3]))
+    by_length = guards.pattern(_guards("L['kwargs']['input_ids']", 1, [7, 12, 9]))
+    assert "a graph per length" in by_length and "(7, 12, 9)" in by_length
     assert re.search(native.DYNAMIC_OPERATOR, "Operator `aten.nonzero.default`'s output shape depends")["op"] == "nonzero"
 
 

@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tpu_migrate.diagnose import causes
+from tpu_migrate.diagnose import causes, guards
 from tpu_migrate.diagnose.events import CountedEvent, Event, Kind, StepEvent
 from tpu_migrate.diagnose.kinds import KINDS
 from tpu_migrate.diagnose.locations import library_location, relative
@@ -28,7 +28,6 @@ EVENT_KINDS = {Kind.SYNC: "sync", Kind.DYNAMIC: "dynamic-shape", Kind.FALLBACK: 
                Kind.RECOMPILE: "recompile"}
 FRAME = re.compile(r"^\s+(?P<fn>.+?) \((?P<file>.+):(?P<line>\d+)\)$")
 HOST_READ_CAUSE = "most likely user code trying to access tensor value"
-SHAPE_GUARD = re.compile(r"^tensor '[^']+' (?:size|stride|rank) mismatch")
 GRAD_MODE_GUARD = re.compile(r"GLOBAL_STATE changed: grad_mode\s*$")
 
 
@@ -62,6 +61,7 @@ class Finding:
     explanation: str | None = None
     steps: set = field(default_factory=set, repr=False)
     changed: str | None = field(default=None, repr=False)  # --explain: what changed in the graph
+    reasons: list = field(default_factory=list, repr=False)  # native: each recompile's guard failure
     exact: bool = field(default=False, repr=False)  # a fallback at its own line (--explain)
     counted_steps: int = field(default=0, repr=False)  # steps seen in past the event limit, less one
     hint: str | None = field(default=None, repr=False)  # native graph break: Dynamo's hint
@@ -352,6 +352,8 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
                            None if event.get("static") else rank, event.get("count", 1),
                            event.get("in_steps", 1))
             finding.changed = finding.changed or event.get("reason") or event.get("gb") or event.get("closure")
+            if event.get("reason") and kind == "recompile":
+                finding.reasons.append(event["reason"])
             finding.hint = finding.hint or event.get("hint")
             finding.via = finding.via or event.get("via", [])
             finding.placement_unknown |= event.get("placement") == "unknown"
@@ -589,9 +591,14 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
     where = f"{relative(f.file)}:{f.line}"
     if f.kind == "recompile" and f.op not in (None, "host read"):  # native: Dynamo's reason
         what = "the compiled code called here" if f.op == "(called here)" else f"`{f.op}`"
-        if SHAPE_GUARD.search(f.changed or ""):
+        guard = guards.shape_guard(f.changed)
+        if guard is not None:
+            shapes = [g for g in map(guards.shape_guard, f.reasons) if g is not None]
+            seen = guards.pattern(shapes) if len(shapes) > 1 else None
+            origin = f.changed.partition("; ")[2]  # "the new shape comes from train.py:12"
             return (f"torch.compile recompiled {what} {f.count} time(s) for a new input shape at "
-                    f"{where}{_when(f)}: {f.changed}",
+                    f"{where}{_when(f)}: {guard.describe()}" + (f"; {origin}" if origin else "")
+                    + (f"; {seen}" if seen else ""),
                     "TorchTPU compiles with dynamic=False: every new input shape is a new graph to "
                     "compile, up to Dynamo's recompile limit (8), after which the function runs "
                     "eagerly, silently. (On the CPU, Dynamo's automatic dynamic shapes hide this; "

@@ -37,7 +37,7 @@ import re
 import sys
 import time
 
-from tpu_migrate.diagnose import inheritance, placement, recording
+from tpu_migrate.diagnose import guards, inheritance, placement, recording
 from tpu_migrate.diagnose.events import Kind
 from tpu_migrate.diagnose.modes import leave_dispatch_mode
 
@@ -536,19 +536,14 @@ class NativeHooks:
         return log_graph_break
 
 
-SIZE_GUARD = re.compile(r"^tensor '(?:L\[')?(?P<name>\w+)(?:'\])?(?:\[(?P<index>\d+)\])?' (?:size|stride|rank) mismatch")
-
-
 def _shape_origin(reason: str, frame) -> str | None:
     """`file:line` of the user's statement that made the input whose shape failed the guard: the
     assignment, in the calling function, of the variable passed in (or the call itself)."""
-    match = SIZE_GUARD.match(reason)
-    if match is None:
+    guard = guards.shape_guard(reason)
+    if guard is None:
         return None
     try:
-        tensor = frame.f_locals.get(match["name"])
-        if match["index"] is not None:  # 'args[0]': a compiled module's positional input
-            tensor = tensor[int(match["index"])]
+        tensor = guard.find(frame.f_locals)  # `x`, `args[0]`, `kwargs['input_ids']`, ...
     except Exception:  # noqa: BLE001 - a frame Dynamo has not materialized, a short tuple
         return None
     caller = sys._getframe(2)
