@@ -290,20 +290,19 @@ _MODULE_WALKS = frozenset({"parameters", "named_parameters", "buffers", "named_b
 
 
 def _ancestors(tree: ast.AST, target: ast.stmt) -> list[ast.AST] | None:
-    """The nodes from `tree` down to `target`'s parent, outermost first; None if not found."""
-    path: list[ast.AST] = []
-
-    def search(node: ast.AST) -> bool:
-        for child in ast.iter_child_nodes(node):
-            if child is target:
-                return True
-            path.append(child)
-            if search(child):
-                return True
-            path.pop()
-        return False
-
-    return path if search(tree) else None
+    """The statements from `tree` down to `target`'s parent, outermost first; None if not found.
+    Only statement blocks are searched (a statement sits in one), without recursion: a file's
+    nesting is the user's."""
+    stack: list[tuple[ast.AST, tuple]] = [(tree, ())]
+    while stack:
+        node, path = stack.pop()
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for child in getattr(node, field, None) or ():
+                if child is target:
+                    return [*path[1:], node] if node is not tree else list(path[1:])
+                if isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                    stack.append((child, (*path, node)))
+    return None
 
 
 @transform("spmd_sharding", form=CALL)
