@@ -109,6 +109,10 @@ def test_compiled_problems_from_dynamo(compiled):
     assert limit["op"] == "recompile_limit=2" and "name ==" in limit["message"]
     mode = found[("tpu-incompatible", line_of(name, "mode= raises"))]
     assert mode["op"] == "torch.compile(mode='reduce-overhead')"
+    # Compiled code under torch.inference_mode() crashes on TorchTPU (issue 27, item 5).
+    inference = found[("tpu-incompatible", line_of(name, "compiled under inference_mode"))]
+    assert inference["op"] == "torch.compile under torch.inference_mode()"
+    assert "torch.no_grad()" in inference["explanation"]
     kinds = {f["kind"] for f in document["findings"]}
     assert kinds <= {"recompile", "recompile-limit", "graph-break", "sync", "tpu-incompatible"}
     # torch's own torch.compile(..., backend="inductor") re-call is not the user's.

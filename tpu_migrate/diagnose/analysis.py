@@ -749,6 +749,9 @@ def _tpu_incompatible(f: Finding, where: str) -> tuple[str, str]:
                                        "drop it (static shapes), or mark single dimensions dynamic.",
         "torch.compile(backend='inductor')": "backend='inductor' raises RuntimeError on TPU tensors: "
                                              "pass backend='tpu' or no backend.",
+        "torch.compile under torch.inference_mode()": "Compiled code run under torch.inference_mode() "
+                                                      "crashes on TorchTPU: use torch.no_grad() instead "
+                                                      "(the same gradient-free compute).",
     }
     text = advice.get(f.op)
     if text is None and f.op.startswith("torch.compile(mode="):

@@ -103,10 +103,12 @@ CATALOG = (
         "tpu-incompatible",
         "A call that raises on TorchTPU.",
         "**What.** A call that runs here but raises on TorchTPU: torch.compile(mode=...), "
-        "dynamic=True, backend=\"inductor\", processes started with the fork start method, "
+        "dynamic=True, backend=\"inductor\", compiled code under torch.inference_mode(), "
+        "processes started with the fork start method, "
         "torch.tpu.is_available() and its siblings, device indices tpu:N with N > 0.\n\n"
         "**Why.** The program stops with an error on a TPU.\n\n"
-        "**How to fix.** Drop mode= and dynamic=True, pass backend='tpu' or none, start "
+        "**How to fix.** Drop mode= and dynamic=True, pass backend='tpu' or none, use "
+        "torch.no_grad() for inference, start "
         "processes with spawn, call torch.accelerator.* instead of torch.tpu.*, and use "
         "torch.device('tpu') with one process per device.",
         "warning", ("native",)),

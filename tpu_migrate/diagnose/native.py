@@ -222,6 +222,8 @@ class NativeHooks:
         for function in pending:
             _dynamo_skips(function)
 
+        if hasattr(convert_frame, "_compile"):
+            self._patch(convert_frame, "_compile", self._inference_mode_wrapper(convert_frame._compile))
         if hasattr(convert_frame, "get_and_maybe_log_recompilation_reasons"):
             self._patch(convert_frame, "get_and_maybe_log_recompilation_reasons",
                         self._recompile_wrapper(convert_frame.get_and_maybe_log_recompilation_reasons))
@@ -311,6 +313,25 @@ class NativeHooks:
             return original(output_graph, gm, example_inputs, *args, **kwargs)
 
         return _dynamo_skips(call_user_compiler)
+
+    def _inference_mode_wrapper(self, original):
+        """Dynamo's frame conversion, which sees the caller's torch.inference_mode() (the graph
+        compiler runs with it switched off): compiled code under it crashes on TorchTPU
+        (torchtpu-target-api.md: use torch.no_grad()). Placed at the user's call."""
+        hooks = self
+
+        @functools.wraps(original)
+        def _compile(*args, **kwargs):
+            try:
+                import torch
+
+                if torch.is_inference_mode_enabled():
+                    hooks.recorder.at_user_line(Kind.INCOMPATIBLE, INFERENCE_MODE)
+            except Exception:  # noqa: BLE001 - never break the compile we observe
+                pass
+            return original(*args, **kwargs)
+
+        return _compile
 
     def _check_graph(self, gm, example_inputs) -> None:
         """The ops of a graph Dynamo captured, at the aten level AOTAutograd hands a backend
@@ -690,6 +711,9 @@ def _fresh_fake(fake_mode, value):
     with fake_mode:
         fresh = torch.empty_strided(size, stride, dtype=value.dtype, device=value.device)
     return fresh.requires_grad_(value.requires_grad) if value.dtype.is_floating_point else fresh
+
+
+INFERENCE_MODE = "torch.compile under torch.inference_mode()"
 
 
 def _compile_problems(kwargs: dict) -> list[str]:
