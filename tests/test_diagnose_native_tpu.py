@@ -32,7 +32,7 @@ def test_shape_recompiles_are_predicted_as_torchtpu_compiles():
     recompile, keyword = recompiles[line_of(name, "recompiles per length")], recompiles[line_of(name, "keyword recompiles")]
     # Dynamo on the CPU recompiles once (then a shape-generic graph); TorchTPU once per new length.
     assert dynamo_log(name, as_torchtpu=False).count("Recompiling function") == 2
-    assert dynamo_log(name).count("Recompiling function") == recompile["count"] + keyword["count"] == 6
+    assert dynamo_log(name).count("Recompiling function") == recompile["count"] + keyword["count"] == 7
     assert recompile["first_step"] == 1  # in the warm-up, and still reported
     assert "`positional input 0` dimension 1 changed (8 -> 12)" in recompile["message"]
     assert f"{name}:{line_of(name, 'the varying shape')}" in recompile["message"]
@@ -40,9 +40,13 @@ def test_shape_recompiles_are_predicted_as_torchtpu_compiles():
     assert "dimension 1 took 3 new value(s) (12, 16, 20): a graph per length" in recompile["message"]
     assert "dynamic=False" in recompile["explanation"]
     # Called with keywords: the input by its keyword, its shape's origin found through kwargs.
-    assert keyword["op"] == "mean_id" and keyword["count"] == 3
+    assert keyword["op"] == "mean_id" and keyword["count"] == 4
     assert "for a new input shape" in keyword["message"] and "`input_ids` dimension 1 changed (8 -> 12)" in keyword["message"]
     assert f"{name}:{line_of(name, 'the varying shape')}" in keyword["message"]
+    # Called from two lines (training, then evaluation): each named, with its share (issue 27, item 4).
+    assert "; recompiled from " in keyword["message"]
+    assert f"{name}:{line_of(name, 'keyword call in training')} (3 of 4), " in keyword["message"]
+    assert f"{name}:{line_of(name, 'keyword call in evaluation')} (1 of 4)" in keyword["message"]
 
 
 @pytest.mark.slow  # a torch.compile program under diagnose, and Dynamo's own log
@@ -220,7 +224,7 @@ def _guards(source: str, dim: int, values: list[int]) -> list:
 
 def test_the_values_a_dimension_takes_name_the_pattern():
     assert "per generated token" in guards.pattern(_guards("L['kwargs']['past']", 1, [6, 7, 8]))
-    assert "the batch size" in guards.pattern(_guards("x", 0, [5, 3]))
+    assert "in a batch its batch size" in guards.pattern(_guards("x", 0, [5, 3]))
     by_length = guards.pattern(_guards("L['kwargs']['input_ids']", 1, [7, 12, 9]))
     assert "a graph per length" in by_length and "(7, 12, 9)" in by_length
     assert re.search(native.DYNAMIC_OPERATOR, "Operator `aten.nonzero.default`'s output shape depends")["op"] == "nonzero"

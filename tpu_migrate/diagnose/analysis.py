@@ -62,6 +62,7 @@ class Finding:
     steps: set = field(default_factory=set, repr=False)
     changed: str | None = field(default=None, repr=False)  # --explain: what changed in the graph
     reasons: list = field(default_factory=list, repr=False)  # native: each recompile's guard failure
+    callers: list = field(default_factory=list, repr=False)  # native: the user's line of each recompile's call
     exact: bool = field(default=False, repr=False)  # a fallback at its own line (--explain)
     counted_steps: int = field(default=0, repr=False)  # steps seen in past the event limit, less one
     hint: str | None = field(default=None, repr=False)  # native graph break: Dynamo's hint
@@ -354,6 +355,8 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
             finding.changed = finding.changed or event.get("reason") or event.get("gb") or event.get("closure")
             if event.get("reason") and kind == "recompile":
                 finding.reasons.append(event["reason"])
+                if event.get("caller"):
+                    finding.callers.append(event["caller"])
             finding.hint = finding.hint or event.get("hint")
             finding.via = finding.via or event.get("via", [])
             finding.placement_unknown |= event.get("placement") == "unknown"
@@ -559,6 +562,17 @@ def _operations(extra: Counter, nodes, at) -> str:
     return " and ".join(said)
 
 
+def _callers(f: Finding) -> str:
+    """"; called from train.py:50 (2 of 3), eval.py:80 (1)": the lines that ran a compiled
+    function whose recompiles came from more than one (a training and an evaluation call)."""
+    counted = Counter(f.callers)
+    if len(counted) < 2:
+        return ""
+    total = sum(counted.values())
+    return "; recompiled from " + ", ".join(f"{relative(c.rsplit(':', 1)[0])}:{c.rsplit(':', 1)[1]} ({n} of {total})"
+                                             for c, n in counted.most_common())
+
+
 def _user_file_names(evidence: Evidence) -> frozenset[str]:
     """The names of the program's own source files: those of its lines the events name, and
     the other Python files beside them (a model module whose lines made no event)."""
@@ -598,7 +612,7 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
             origin = f.changed.partition("; ")[2]  # "the new shape comes from train.py:12"
             return (f"torch.compile recompiled {what} {f.count} time(s) for a new input shape at "
                     f"{where}{_when(f)}: {guard.describe()}" + (f"; {origin}" if origin else "")
-                    + (f"; {seen}" if seen else ""),
+                    + (f"; {seen}" if seen else "") + _callers(f),
                     "TorchTPU compiles with dynamic=False: every new input shape is a new graph to "
                     "compile, up to Dynamo's recompile limit (8), after which the function runs "
                     "eagerly, silently. (On the CPU, Dynamo's automatic dynamic shapes hide this; "

@@ -102,7 +102,8 @@ def pattern(guards: list[ShapeGuard]) -> str | None:
                 "new graph per generated token, as a cache that grows without a static cache makes "
                 "(generate: cache_implementation=\"static\"; a loop: preallocate to the maximum length)")
     if dim == 0:
-        return (f"`{name}` dimension 0, the batch size, took {len(set(values))} new value(s) ({shown}): a graph "
-                "per batch size (DataLoader(drop_last=True); batch prompts to a fixed count)")
+        return (f"`{name}` dimension 0 took {len(set(values))} new value(s) ({shown}): a graph per size of "
+                "the first dimension, in a batch its batch size (DataLoader(drop_last=True); batch "
+                "prompts to a fixed count)")
     return (f"`{name}` dimension {dim} took {len(set(values))} new value(s) ({shown}): a graph per length "
             "(pad to a few bucket lengths, or to one maximum length)")

@@ -511,8 +511,9 @@ class NativeHooks:
             code = frame.f_code
             file, line = os.path.abspath(code.co_filename), _def_line(code)
             name = _function_name(code.co_name)
+            caller_file, caller_line = recording.user_frame(2)  # the user's line that called it
             if recording.is_library(code.co_filename):  # a compiled nn.Module: torch's own call code
-                file, line = recording.user_frame(2)
+                file, line = caller_file, caller_line
                 name = CALLED_HERE
             if file is not None:
                 reason = guard_reason(reasons[0]) if reasons else "unknown guard failure"
@@ -520,7 +521,8 @@ class NativeHooks:
                 if origin:
                     reason += f"; the new shape comes from {origin}"
                 recorder.emit({"kind": Kind.RECOMPILE, "op": name, "file": file, "line": line,
-                               "reason": reason})
+                               "reason": reason,
+                               "caller": f"{caller_file}:{caller_line}" if caller_file else None})
             return reasons
 
         return reasons_of
