@@ -563,8 +563,9 @@ def _operations(extra: Counter, nodes, at) -> str:
 
 
 def _callers(f: Finding) -> str:
-    """"; called from train.py:50 (2 of 3), eval.py:80 (1)": the lines that ran a compiled
-    function whose recompiles came from more than one (a training and an evaluation call)."""
+    """"; recompiled from train.py:50 (2 of 3), eval.py:80 (1 of 3)": the lines that called a
+    compiled function whose recompiles came from more than one (a training and an evaluation
+    call); "" for one."""
     counted = Counter(f.callers)
     if len(counted) < 2:
         return ""
