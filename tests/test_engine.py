@@ -271,6 +271,23 @@ def test_indented_comments_at_the_end_of_the_file_survive(tail, last):
     assert run(result.output).changed is False
 
 
+def test_a_comment_above_the_import_after_a_removed_one_is_kept():
+    """Found by tests/test_properties.py: a removed torch_xla import followed by a comment and
+    another import, where the rewrite adds a standard-library group (`import os`): the comment
+    was replaced by the blank line between the groups, and lost."""
+    source = (
+        "import torch_xla.core.xla_model as xm\n"
+        "# the DDP wrapper\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "def step(optimizer, use_ddp):\n"
+        "    if not use_ddp:\n"
+        "        xm.optimizer_step(optimizer)\n"
+    )
+    output = run(source.encode(), target="tpu").output.decode()
+    assert "# the DDP wrapper\n" in output and output.startswith("import os\n\n")
+    assert run(output.encode(), target="tpu").changed is False
+
+
 def test_a_form_feed_in_the_first_indentation_does_not_misalign_new_blocks():
     """Found by tests/test_properties.py: libcst takes the first block's indentation (here a form
     feed and a space, one column for Python) as the unit for the blocks rules add, which then did

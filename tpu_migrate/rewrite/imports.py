@@ -109,11 +109,15 @@ def _add_imports(module: cst.Module, lines: list[str], hint: RemovedImports | No
             # No standard-library group yet: one of its own at the top of the block.
             index = start
             if hint_index == start and hint.next_leading_lines is not None:
-                # What is there got the leading lines of the removed import above it.
+                # What is there got the leading lines of the removed import above it: those go
+                # above the new group, and it keeps its own (a comment about it), after a blank.
                 new = new.with_changes(leading_lines=hint.take())
+                own = hint.next_leading_lines
+                blank = own[:1] and own[0].comment is None
+                body[start] = body[start].with_changes(leading_lines=own if blank else [cst.EmptyLine(), *own])
             else:
                 new = new.with_changes(leading_lines=body[start].leading_lines)
-            body[start] = body[start].with_changes(leading_lines=[cst.EmptyLine()])
+                body[start] = body[start].with_changes(leading_lines=[cst.EmptyLine()])
         else:
             index = end
         body.insert(index, new)
