@@ -73,11 +73,13 @@ def test_reads_of_host_tensors_are_not_syncs():
     _, document = run(name)
     assert summary(document) == {
         ("sync", name, line_of(name, "sync every step"), "item"),
+        ("sync", name, line_of(name, "copy to the host every step"), "to('cpu')"),
         ("sync", name, line_of(name, "sync in evaluation"), "item"),
         ("sync", name, line_of(name, "cannot place"), "__format__"),
     }
-    every, cannot_place, evaluation = document["findings"]  # ranked: every step, surest first
-    assert every["line"] == line_of(name, "sync every step") and "every step" in every["message"]
+    every, copy, cannot_place, evaluation = document["findings"]  # ranked: every step, surest first
+    assert {every["line"], copy["line"]} == {line_of(name, "sync every step"), line_of(name, "copy to the host every step")}
+    assert "every step" in every["message"] and "every step" in copy["message"]
     assert "could not tell" in cannot_place["message"] and "could not tell" not in every["message"]
     assert evaluation["count"] == 18 and "in 3 of 6 steps (not every step)" in evaluation["message"]
 

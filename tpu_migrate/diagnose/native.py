@@ -121,6 +121,9 @@ class NativeHooks:
             self.method_originals[name] = torch.Tensor.__dict__.get(name)
             kind = Kind.SYNC if name in recording.SYNC_METHODS else Kind.DYNAMIC
             self.method_wrappers[name] = self._method_wrapper(getattr(torch.Tensor, name), name, kind)
+        # `t.to("cpu")`: a copy to the host, which waits for the device as `t.cpu()` does.
+        self.method_originals["to"] = torch.Tensor.__dict__.get("to")
+        self.method_wrappers["to"] = self._method_wrapper(torch.Tensor.to, "to", Kind.SYNC, only_if=self._host_copy)
         self._put_methods(wrapped=True)
         for name in TENSOR_DYNAMIC:
             original = getattr(torch, name, None)
@@ -409,20 +412,38 @@ class NativeHooks:
             self.program_places = placement.program_places(_program_files(incompatible.user_sources()))
         return placement.read_kind(filename, line, self.program_places)
 
-    def _method_wrapper(self, original, name, kind):
+    def _host_copy(self, args, kwargs) -> bool:
+        """`t.to(...)` that copies to the CPU as the source writes it (placement.host_copy_at):
+        the CPU given by name at run time, and by name in the statement."""
+        if not _to_the_host(args, kwargs):
+            return False
+        if not self.cpu_stands_in:
+            return True
+        frame = sys._getframe(2)  # the caller of Tensor.to
+        key = (frame.f_code, frame.f_lineno, "to")
+        found = self.read_places.get(key)
+        if found is None:
+            filename = frame.f_code.co_filename
+            found = self.read_places[key] = (not recording.is_library(filename)
+                                             and placement.host_copy_at(filename, frame.f_lineno))
+        return found
+
+    def _method_wrapper(self, original, name, kind, only_if=None):
+        """`only_if(args, kwargs)`: the calls that count (`to` only when it copies to the host)."""
         # The fast path runs on every host read in the program (the optimizer's own reads of
         # its step counters too): it is kept to attribute reads and one dict lookup.
         recorder = self.recorder
         local = recorder.local
         counts = self._counts
-        label = "boolean mask indexing" if name == "__getitem__" else name
+        label = {"__getitem__": "boolean mask indexing", "to": "to('cpu')"}.get(name, name)
         torch = self.torch
         masks_only = name == "__getitem__"
 
         @functools.wraps(original)
         def wrapper(self, *args, **kwargs):
             if getattr(local, "busy", False) or (masks_only and not (
-                    isinstance(args[0], torch.Tensor) and args[0].dtype == torch.bool)):
+                    isinstance(args[0], torch.Tensor) and args[0].dtype == torch.bool)) or (
+                    only_if is not None and not only_if(args, kwargs)):
                 return original(self, *args, **kwargs)
             where = counts(self, 2)
             if where is None:
@@ -716,6 +737,17 @@ def _fresh_fake(fake_mode, value):
 
 
 INFERENCE_MODE = "torch.compile under torch.inference_mode()"
+
+
+def _to_the_host(args, kwargs) -> bool:
+    """Whether `t.to(*args, **kwargs)` copies to the CPU and waits for it (`non_blocking=True`
+    does not wait)."""
+    if kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True):
+        return False
+    device = kwargs.get("device", args[0] if args else None)
+    if isinstance(device, str):
+        return device == "cpu" or device.startswith("cpu:")
+    return getattr(device, "type", None) == "cpu"
 
 
 def _compile_problems(kwargs: dict) -> list[str]:

@@ -38,6 +38,14 @@ def _is_cpu_literal(node: ast.AST) -> bool:
     return False
 
 
+def _copies_to_the_host(call: ast.Call) -> bool:
+    """`t.to("cpu")`, `t.to(device="cpu")`, `t.to(torch.device("cpu"))`."""
+    if not (isinstance(call.func, ast.Attribute) and call.func.attr == "to"):
+        return False
+    device = _device_keyword(call)
+    return _is_cpu_literal(device if device is not None else call.args[0]) if (device or call.args) else False
+
+
 def _is_dtype(node: ast.AST) -> bool:
     """`torch.float32`, `torch.bfloat16`, ...: a .to() that changes the type, not the place."""
     return (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
@@ -246,9 +254,10 @@ class Module:
             parts = [item.context_expr for item in statement.items]
         else:
             parts = [c for c in ast.iter_child_nodes(statement) if isinstance(c, ast.expr)]
-        # loss.item(), h.cpu(): the tensor read is the receiver, whatever the result is.
+        # loss.item(), h.cpu(), h.to("cpu"): the tensor read is the receiver, whatever the result is.
         receivers = [n.func.value for p in parts for n in ast.walk(p) if isinstance(n, ast.Call)
-                     and isinstance(n.func, ast.Attribute) and n.func.attr in (*SCALARS, *HOST_COPIES)]
+                     and isinstance(n.func, ast.Attribute) and (n.func.attr in (*SCALARS, *HOST_COPIES)
+                                                                or _copies_to_the_host(n))]
         kind = join(*(self.expression(p, scope) for p in (*parts, *receivers)))
         return UNKNOWN if kind == NEUTRAL else kind
 
@@ -303,6 +312,16 @@ def read_kind(filename: str, line: int, program_places: bool) -> str:
         return DEVICE
     parsed = module(filename)
     return UNKNOWN if parsed is None else parsed.read_at(line)
+
+
+def host_copy_at(filename: str, line: int) -> bool:
+    """Whether the statement at filename:line writes a copy to the CPU (`t.to("cpu")`): a
+    `torch.device("cpu")` or `"cpu"` the program computed (its own device choice, which the CPU
+    answers here) is not one."""
+    parsed = module(filename)
+    statement = parsed.statement_at(line)[1] if parsed is not None else None
+    return statement is not None and any(isinstance(n, ast.Call) and _copies_to_the_host(n)
+                                         for n in ast.walk(statement))
 
 
 def program_places(filenames) -> bool:
