@@ -110,6 +110,7 @@ class NativeHooks:
         self.optimizer_hook = None
         self.saved = []  # (owner, name, original) patched once, restored by uninstall
         self.read_places: dict[tuple, str] = {}  # (code, line) -> where the tensors read there live
+        self.host_copies: dict[tuple, bool] = {}  # (code, line) -> does it write .to("cpu")
         self.program_places: bool | None = None  # does the program name a device anywhere
 
     # -- installation ----------------------------------------------------------------------
@@ -420,11 +421,11 @@ class NativeHooks:
         if not self.cpu_stands_in:
             return True
         frame = sys._getframe(2)  # the caller of Tensor.to
-        key = (frame.f_code, frame.f_lineno, "to")
-        found = self.read_places.get(key)
-        if found is None:
+        key = (frame.f_code, frame.f_lineno)
+        found = self.host_copies.get(key)
+        if found is None:  # once per line: this runs on every .to("cpu")
             filename = frame.f_code.co_filename
-            found = self.read_places[key] = (not recording.is_library(filename)
+            found = self.host_copies[key] = (not recording.is_library(filename)
                                              and placement.host_copy_at(filename, frame.f_lineno))
         return found
 

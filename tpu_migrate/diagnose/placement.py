@@ -42,8 +42,8 @@ def _copies_to_the_host(call: ast.Call) -> bool:
     """`t.to("cpu")`, `t.to(device="cpu")`, `t.to(torch.device("cpu"))`."""
     if not (isinstance(call.func, ast.Attribute) and call.func.attr == "to"):
         return False
-    device = _device_keyword(call)
-    return _is_cpu_literal(device if device is not None else call.args[0]) if (device or call.args) else False
+    target = _device_keyword(call) or (call.args[0] if call.args else None)
+    return target is not None and _is_cpu_literal(target)
 
 
 def _is_dtype(node: ast.AST) -> bool:
