@@ -285,6 +285,8 @@ def changed_manual_calls(input_text: str, output_text: str) -> list[str]:
 
 
 def _unindented(text: str) -> str:
+    """A call's text without its continuation lines' indentation (a block whose `if` a
+    conversion answered moves out one level; the call says the same)."""
     return "\n".join(line.strip() for line in text.splitlines())
 
 

@@ -37,7 +37,7 @@ for _path in (str(HERE), str(ROOT)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from fidelity import _loads, _marked, _migrated, _Scopes, bound_name  # noqa: E402
+from fidelity import _loads, _marked, _migrated, _Scopes, _unindented, bound_name  # noqa: E402
 
 LAUNCHERS = frozenset({
     "torch_xla.distributed.xla_multiprocessing.spawn",
@@ -385,12 +385,6 @@ def altered_manual_calls(input_text: str, output_text: str, result) -> list[str]
         else:
             problems.append(f"input line {line}: `{text.splitlines()[0]}` is not in the output as written")
     return problems
-
-
-def _unindented(text: str) -> str:
-    """A call's text without its continuation lines' indentation (a block whose `if` a
-    conversion answered moves out one level; the call says the same)."""
-    return "\n".join(line.strip() for line in text.splitlines())
 
 
 # --------------------------------------------------------------------------------------------

@@ -177,8 +177,8 @@ def _process_steps(events: list[Event]) -> tuple[int, list[StepEvent]]:
 def _optimizer_steps(events: list[Event]) -> int:
     """How many optimizer steps the process took: its events carry the count so far (`ostep`),
     past the event limit too."""
-    return max([sum(e["kind"] == Kind.OPT_STEP for e in events),
-                *(max(e.get("ostep", 0) + (e["kind"] == Kind.OPT_STEP), e.get("osteps", 0)) for e in events)])
+    return max((max(e.get("ostep", 0) + (e["kind"] == Kind.OPT_STEP), e.get("osteps", 0)) for e in events),
+               default=0)
 
 
 def _counted(events: list[Event]) -> CountedEvent | None:

@@ -14,12 +14,13 @@ import operator
 
 import libcst as cst
 
+from tpu_migrate.rewrite.transforms.common import code
+
 _COMPARE = {
     ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.In: lambda a, b: a in b,
     ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_, ast.IsNot: operator.is_not,
     ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
 }
-_CODEGEN = cst.Module(body=[])
 
 
 class _NotConstant(Exception):
@@ -31,8 +32,8 @@ def folded(original: cst.BaseExpression, updated: cst.BaseExpression) -> cst.Bas
     inside it made it constant: `"TPU" == "TPU" or "TPU" == "TPU"` is written `True`."""
     if updated is original:
         return updated
-    truth = constant_truth(_CODEGEN.code_for_node(updated))
-    if truth is None or constant_truth(_CODEGEN.code_for_node(original)) is not None:
+    truth = constant_truth(code(updated))
+    if truth is None or constant_truth(code(original)) is not None:
         return updated
     return cst.Name("True" if truth else "False", lpar=updated.lpar, rpar=updated.rpar)
 
