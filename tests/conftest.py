@@ -26,8 +26,8 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 # Modules whose tests share one module-scoped run, and the run: under pytest-xdist
-# (`--dist loadgroup`, pyproject.toml) all their tests go to one worker, so it is made once.
-# Runs shared across modules go through tests/shared_runs.py instead.
+# (`--dist loadgroup`, pyproject.toml) all their tests go to one worker (tests/scheduling.py),
+# so it is made once. Runs shared across modules go through tests/shared_runs.py instead.
 ONE_WORKER_MODULES = {
     "test_multiprocess_differential": "one pool of every selected original and torchrun world",
     "test_pod": "one pool of the emulated pod's hosts and torchrun nodes",
@@ -36,6 +36,14 @@ ONE_WORKER_MODULES = {
     "test_migration_report": "one rewrite --check --html run",
     "test_warm_python": "one warm python server of each flavour",
     "test_fsdp_wrap_walk": "one torch_xla process comparing every wrap policy",
+}
+# Tests of other modules that must share a worker: {node id: group}. The migrated decoder
+# scripts that torch.compile the same model run one after the other on one worker: the second
+# then finds the first's kernels in the session's inductor cache (the eager_with_compile run:
+# 51 s cold, 10 s after the base script; _inductor_cache below).
+ONE_WORKER_TESTS = {
+    f"tests/test_real_runs.py::test_real_script_keeps_its_status[{script}]": "compiled decoder"
+    for script in ("train_decoder_only_base.py", "train_decoder_only_eager_with_compile.py")
 }
 # The rewrite fixture corpus (defined in fixture_spec, which regenerate.py shares).
 FIXTURES = fixture_spec.FIXTURES
@@ -154,12 +162,20 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Schedule for two workers: the modules of ONE_WORKER_MODULES as one unit each, and the
-    slow tests before the fast ones, so that the long runs start at once on both workers and
-    the many short tests fill the end (pyproject.toml turns xdist's own reordering off)."""
-    for item in items:
-        name = item.module.__name__ if item.module else ""
-        if name in ONE_WORKER_MODULES:
-            item.add_marker(pytest.mark.xdist_group(name))
+    """Schedule for two workers: the slow tests before the fast ones, so that the long runs
+    start at once on both workers and the many short tests fill the end (pyproject.toml turns
+    xdist's own reordering off); the modules of ONE_WORKER_MODULES first of all, each one unit
+    (pytest_xdist_make_scheduler)."""
     items.sort(key=lambda item: (item.module.__name__ not in ONE_WORKER_MODULES,
                                  item.get_closest_marker("slow") is None))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` with ONE_WORKER_MODULES and ONE_WORKER_TESTS as the groups (see
+    tests/scheduling.py for why not xdist's own xdist_group marks)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    import scheduling
+
+    return scheduling.Groups(config, log, set(ONE_WORKER_MODULES), ONE_WORKER_TESTS)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 import real_runs as harness
+from conftest import ONE_WORKER_TESTS
 
 BLOCKED_IMPORT = "ImportError: torch_xla is blocked"
 ZERO = "torch_xla's ZeroRedundancyOptimizer (TPU169: torch's neither averages nor clips the gradients)"
@@ -58,20 +59,17 @@ def test_every_script_has_an_expected_status():
     assert len(harness.SCRIPTS) >= 10
 
 
-# The migrated decoder scripts that torch.compile the same model run one after the other on one
-# xdist worker: the second then finds the first's kernels in the session's inductor cache (the
-# eager_with_compile run: 51 s cold, 10 s after the base script; conftest's _inductor_cache).
-SAME_COMPILED_MODEL = ("train_decoder_only_base.py", "train_decoder_only_eager_with_compile.py")
+def test_the_scripts_that_share_a_worker_exist():
+    """conftest.ONE_WORKER_TESTS names tests of this module by id: a renamed script would
+    silently lose its worker (and its warm inductor cache)."""
+    ids = {f"tests/test_real_runs.py::test_real_script_keeps_its_status[{_key(s)}]" for s in harness.SCRIPTS}
+    pinned = [nodeid for nodeid in ONE_WORKER_TESTS if "test_real_runs.py" in nodeid]
+    assert len(pinned) == 2 and set(pinned) <= ids, pinned
 
 
-def _scheduled(script: harness.Script):
-    if _key(script) in SAME_COMPILED_MODEL:
-        return pytest.param(script, marks=pytest.mark.xdist_group("compiled decoder"))
-    return script
-
-
+# The decoder scripts that compile the same model share a worker: conftest.ONE_WORKER_TESTS.
 @pytest.mark.slow
-@pytest.mark.parametrize("script", [_scheduled(s) for s in harness.SCRIPTS], ids=_key)
+@pytest.mark.parametrize("script", harness.SCRIPTS, ids=_key)
 def test_real_script_keeps_its_status(script, workspace):
     expected = EXPECTED[_key(script)]
     if expected.status == "match":
