@@ -15,6 +15,10 @@ once and with the same numbers, when it runs
 
 - `python`: plain, one process;
 - `torchrun2`: under `torchrun --nproc_per_node 2` (`torchrun4`: 4);
+- `pod2x2`: on an emulated 2-host pod (tests/pod.py), `torchrun --nnodes 2 --nproc_per_node 2
+  --node_rank K` on each host at once: one world of 4 whose ranks 2 and 3 are another host's,
+  where a "master" may be global (rank 0: host 0 prints) or local (LOCAL_RANK 0: each host
+  prints, as `xm.is_master_ordinal()` did by default on a pod);
 - `nprocs2`: with 2 processes it starts itself, where a flag sets the process count;
 - `fake2`: plain `python` on a host that reports 2 accelerators (torch.accelerator.device_count()
   answers 2, see differential.FAKE_ACCELERATORS), where the launcher starts one process per
@@ -37,6 +41,7 @@ from pathlib import Path
 import pytest
 
 import differential as harness
+import pod
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow  # torch_xla originals and torchrun runs at world size 2
@@ -49,11 +54,13 @@ class Mode:
     torchrun: int | None = None         # under torchrun with this many processes
     fake_accelerators: int | None = None
     processes: int | None = None        # `@proc` lines expected, for programs that print them
+    pod: bool = False                   # under torchrun on each host of an emulated 2-host pod
 
 
 PYTHON = Mode("python")
 TORCHRUN2 = Mode("torchrun2", torchrun=2)
 TORCHRUN4 = Mode("torchrun4", torchrun=4)
+POD = Mode("pod2x2", pod=True)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,9 @@ class Case:
     args: tuple[str, ...] = ()
     extra_modes: tuple[Mode, ...] = ()
     original_devices: int | None = None  # SPMD: the original drives this many virtual devices
+    # Which processes print the records: the global master, or each host's local master
+    # (`xm.is_master_ordinal()`, whose default is local=True: once per host on a pod).
+    printers: str = "global"
 
     @property
     def id(self) -> str:
@@ -93,12 +103,13 @@ CASES = [
     Case("m15_xla_fsdp_root.py", extra_modes=(TORCHRUN4,)),
     # With --checkpoint (the wrap policy's modules through torch_xla's example's gradient-
     # checkpointing auto_wrapper_callable): what the plain form runs and more, in one world.
-    Case("m16_xla_fsdp_auto_wrap.py", args=("--checkpoint",), extra_modes=(TORCHRUN4,)),
+    # Its 4 processes on two hosts: one mesh across them, each host's local master printing.
+    Case("m16_xla_fsdp_auto_wrap.py", args=("--checkpoint",), extra_modes=(POD,), printers="local"),
     # SPMD in FSDP style: the original is one process driving 4 devices, the migrated program
-    # one process per device, at 1, 2 and 4.
+    # one process per device, at 1, 2 and 4 (4 on one host, and on two).
     Case("m17_spmd_fsdp_v2_sharded_loader.py", original_devices=4, extra_modes=(TORCHRUN4,)),
     # The same with the batch marked in the loop (xs.mark_sharding of the loop's batch, TPU184).
-    Case("m18_spmd_fsdp_v2_marked_batch.py", original_devices=4, extra_modes=(TORCHRUN4,)),
+    Case("m18_spmd_fsdp_v2_marked_batch.py", original_devices=4, extra_modes=(POD,)),
 ]
 PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
 PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]
@@ -130,11 +141,13 @@ class Runs:
         copy = copy or self.copies[case.program]
         return self._submit(("migrated", case, mode, copy), self._run_migrated, case, mode, copy)
 
-    def _run_migrated(self, case: Case, mode: Mode, copy: Path) -> harness.Run:
+    def _run_migrated(self, case: Case, mode: Mode, copy: Path) -> harness.Run | pod.Pod:
         with self.lock:
             self.serial += 1
             run_dir = self.workdir / "runs" / f"{self.serial}-{case.id}-{mode.name}"
         run_dir.mkdir(parents=True)
+        if mode.pod:
+            return pod.run_torchrun_pod(copy, run_dir, [*case.args, *mode.args])
         launcher = harness.torchrun(mode.torchrun) if mode.torchrun else None
         return harness.run_migrated_mp(copy, run_dir, [*case.args, *mode.args], launcher=launcher,
                                        fake_accelerators=mode.fake_accelerators)
@@ -168,6 +181,9 @@ def test_migrated_program_prints_the_same_records_once(runs, case_mode):
     case, mode = case_mode
     original = runs.original(case).result()
     migrated = runs.migrated(case, mode).result()
+    if mode.pod:
+        _check_pod(case, original, migrated)
+        return
     result = harness.compare_exactly_once(case.program, original, migrated)
     assert result.ok, "\n".join(result.problems)
     expected = mode.processes or PROCESS_COUNTS.get(case.program, {}).get(mode.name)
@@ -175,6 +191,19 @@ def test_migrated_program_prints_the_same_records_once(runs, case_mode):
         assert harness.process_count(migrated) == expected, (
             f"{harness.process_count(migrated)} processes ran the worker, expected {expected}:\n"
             + migrated.output[-2000:])
+
+
+def _check_pod(case: Case, original: harness.Run, result: pod.Pod) -> None:
+    """One world of 4 across both hosts; host 0 prints the original's records once, and host 1
+    once more where the original's master was each host's (none where it was the global one)."""
+    problems = result.one_world_problems()
+    host_0, host_1 = result.runs
+    problems += harness.compare_exactly_once(case.program, original, host_0).problems
+    if case.printers == "local":
+        problems += [f"host 1: {p}" for p in harness.compare_exactly_once(case.program, original, host_1).problems]
+    elif host_1.records or host_1.returncode:
+        problems.append(f"host 1 exited {host_1.returncode} and printed {len(host_1.records)} records, expected none")
+    assert not problems, "\n".join(problems) + "\n" + result.merged().output[-4000:]
 
 
 def test_every_multiprocess_program_is_tested():
