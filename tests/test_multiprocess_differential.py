@@ -108,8 +108,9 @@ CASES = [
     # SPMD in FSDP style: the original is one process driving 4 devices, the migrated program
     # one process per device, at 1, 2 and 4 (4 on one host, and on two).
     Case("m17_spmd_fsdp_v2_sharded_loader.py", original_devices=4, extra_modes=(TORCHRUN4,)),
-    # The same with the batch marked in the loop (xs.mark_sharding of the loop's batch, TPU184).
-    Case("m18_spmd_fsdp_v2_marked_batch.py", original_devices=4, extra_modes=(POD,)),
+    # The batch marked in the loop (xs.mark_sharding of the loop's batch, TPU184), and a model
+    # with BatchNorm, whose statistics SPMD took over the global batch.
+    Case("m18_spmd_fsdp_v2_marked_batch_norm.py", original_devices=4, extra_modes=(POD,)),
 ]
 PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
 PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]
@@ -393,6 +394,23 @@ def test_every_process_reading_the_same_slice_of_the_batch_is_caught(runs, tmp_p
     original = runs.original(case).result()
     broken = runs.migrated(case, TORCHRUN2, copy=copy).result()
     result = harness.compare_exactly_once(case.program, original, broken)
+    assert broken.returncode == 0, broken.output[-3000:]
+    assert not result.ok
+    assert any(": held_out_loss " in p for p in result.problems), result.problems
+
+
+def test_a_batch_norm_over_the_slice_is_caught(runs, tmp_path):
+    """The SPMD FSDP conversion without `_global_batch_norm` (what it was before): each process's
+    BatchNorm normalizes by its own slice's statistics, where SPMD's normalized by the global
+    batch's. At one process the slice is the batch; at 2 the held-out losses must differ."""
+    case = next(c for c in CASES if c.program == "m18_spmd_fsdp_v2_marked_batch_norm.py")
+    text = runs.copies[case.program].read_text()
+    wrapped = "_fully_shard(_global_batch_norm(Net().to(device)))"
+    assert text.count(wrapped) == 1, "the converted wrapper changed: update this test"
+    copy = tmp_path / case.program
+    copy.write_text(text.replace(wrapped, "_fully_shard(Net().to(device))"))
+    broken = runs.migrated(case, TORCHRUN2, copy=copy).result()
+    result = harness.compare_exactly_once(case.program, runs.original(case).result(), broken)
     assert broken.returncode == 0, broken.output[-3000:]
     assert not result.ok
     assert any(": held_out_loss " in p for p in result.problems), result.problems

@@ -367,6 +367,15 @@ class StatementContext:
         for key in self.scope.import_keys(dotted, self.info.position):
             self.file.removed_roots[key] += 1
 
+    def dropped(self, node: cst.CSTNode) -> None:
+        """Code of the statement that a fix left out of the new code (an argument the new call
+        does not take): the imports it used may go with it (imports.orphaned_imports). Nothing
+        is recorded for code with scopes of its own (a lambda, a comprehension), where a name
+        need not be the import's: its imports stay."""
+        roots = _loaded_roots(node)
+        for name in roots or ():
+            self.removed(name)
+
     def needs_manual(
         self, code: str, message: str, qualname: str | None = None,
         where: tuple[int, int] | None = None, todo: bool = True, anchor: str | None = None,
@@ -429,6 +438,38 @@ def cst_dotted(node: cst.BaseExpression) -> str | None:
         return None
     parts.append(node.value)
     return ".".join(reversed(parts))
+
+
+class _LoadedRoots(cst.CSTVisitor):
+    """The root name of every name reference in a node (`np` of `np.arange(n)`, and `n`)."""
+
+    def __init__(self):
+        self.roots: list[str] = []
+        self.scoped = False  # a lambda or comprehension: its names may be its own
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.roots.append(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)  # `.attr` is no reference
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)  # nor is a keyword
+        return False
+
+    def _scope(self, node) -> bool:
+        self.scoped = True
+        return False
+
+    visit_Lambda = visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _scope
+
+
+def _loaded_roots(node: cst.CSTNode) -> list[str] | None:
+    """The root names `node` refers to; None if it has a scope of its own."""
+    visitor = _LoadedRoots()
+    node.visit(visitor)
+    return None if visitor.scoped else visitor.roots
 
 
 @lru_cache(maxsize=512)

@@ -430,7 +430,7 @@ def _rewrite_module(module: cst.Module, tree: ast.Module, file: FileContext) -> 
         # The input parsed: what does not is code a rule generated. Not the user's syntax error.
         raise BrokenOutput(f"a rule generated code that does not parse: {exc.message}") from exc
     unused = imports.unused_xla_names(file)
-    new_module = imports.remove_unused(new_module, file, unused)
+    new_module = imports.remove_unused(new_module, file, unused, imports.orphaned_imports(file))
     new_module = imports.add_needed(
         new_module, file.plan.imports_to_add(), file.removed_imports, file.helper_code.values()
     )

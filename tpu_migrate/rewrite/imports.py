@@ -2,6 +2,9 @@
 
 - torch_xla / optimum.tpu imports whose names are no longer used anywhere are removed (at any
   depth: imports inside functions and `try:` blocks included); the ones still used are kept.
+- Other imports go only where the rewrite dropped their every use (numpy, used only for the
+  device ids of an SPMD mesh the conversion no longer takes): the tool leaves no import it
+  made unused, and touches no other.
 - Modules the new code needs (`os`, `torch`, `torch.distributed`) are added once, after the
   file's leading import block, under the names ImportPlan chose (the file's own aliases first).
 
@@ -52,16 +55,37 @@ def unused_xla_names(file: FileContext) -> set[tuple[tuple[str, ...], str, str]]
     return {k for k in keys if analysis.import_uses[k] - file.removed_roots[k] <= 0}
 
 
+def orphaned_imports(file: FileContext) -> set[tuple[tuple[str, ...], str, str]]:
+    """Module-level imports of other modules whose every use was in code a fix dropped
+    (StatementContext.dropped): numpy imported for an SPMD mesh's device ids. Never an import
+    the input did not use (a side effect, a re-export), one inside a function or a block (it may
+    stand for another, as `try: import a except ImportError: import b as a`), one of torch's
+    (the new code is written against them), one whose name the new code uses (ImportPlan's
+    aliases), nor any in a file that lists its exports in `__all__` (string uses the analysis
+    does not count)."""
+    analysis = file.analysis
+    if "__all__" in analysis.bound_names:
+        return set()
+    top_level = {id(stmt) for stmt in analysis.tree.body}
+    in_use = {file.plan.names[placeholder].split(".")[0] for placeholder in file.plan.used()}
+    removed = file.removed_roots
+    return {b.key for b in analysis.imports
+            if removed[b.key] > 0 and analysis.import_uses[b.key] - removed[b.key] <= 0
+            and id(b.stmt) in top_level and b.name not in in_use
+            and b.qualname.partition(".")[0] != "torch" and not removable(b.qualname, file)}
+
+
 @emits("TPU070")  # `import torch_xla.distributed.xla_backend` goes with the process group
-def remove_unused(module: cst.Module, file: FileContext, unused: set[str]) -> cst.Module:
-    if not unused:
+def remove_unused(module: cst.Module, file: FileContext, unused: set[str],
+                  orphaned: set[tuple[tuple[str, ...], str, str]] = frozenset()) -> cst.Module:
+    if not unused and not orphaned:
         return module
     backend_lines = [
         (b.stmt.lineno, b.stmt.col_offset + 1)
         for b in file.analysis.imports
         if isinstance(b.stmt, ast.Import) and any(a.name == SIDE_EFFECT_BACKEND for a in b.stmt.names)
     ]
-    remover = _ImportRemover(unused, lambda: _availability_check(file), lambda q: removable(q, file))
+    remover = _ImportRemover(unused, lambda: _availability_check(file), lambda q: removable(q, file), orphaned)
     new_body, carry = remover.block(module.body, top=True)
     for where in backend_lines[: remover.backend_removed]:
         file.fixes.append(Fix("TPU070", *where))
@@ -305,8 +329,10 @@ def _catches_import_error(stmt) -> bool:
 class _ImportRemover:
     """Drops the import aliases bound to unused names, at every depth."""
 
-    def __init__(self, unused: set[tuple[tuple[str, ...], str, str]], availability_check, removable):
+    def __init__(self, unused: set[tuple[tuple[str, ...], str, str]], availability_check, removable,
+                 orphaned: set[tuple[tuple[str, ...], str, str]] = frozenset()):
         self.unused = unused
+        self.orphaned = orphaned  # not torch_xla's: no availability check takes their place
         self.path: tuple[str, ...] = ()  # the enclosing classes and functions (Scope.path)
         self.removable = removable
         self.backend_removed = 0
@@ -413,6 +439,8 @@ class _ImportRemover:
                         self.backend_removed += 1
                     self.removed_any = True
                     continue
+                if (self.path, bound, target) in self.orphaned:
+                    continue
                 keep.append(alias)
             return _with_aliases(small, keep)
         if isinstance(small, cst.ImportFrom) and small.module is not None and not small.relative:
@@ -426,6 +454,8 @@ class _ImportRemover:
                 target = f"{module}.{name}"
                 if self.removable(target) and (self.path, bound, target) in self.unused:
                     self.removed_any = True
+                    continue
+                if (self.path, bound, target) in self.orphaned:
                     continue
                 keep.append(alias)
             return _with_aliases(small, keep)

@@ -9,7 +9,9 @@ batch sharded on its first dimension (`MpDeviceLoader(..., input_sharding=Shardi
 FSDP2's `fully_shard` over a 1-D mesh of every process, each process reading its slice of each
 global batch, the gradients averaged over the processes. What cannot be known from the code is
 checked when the program runs: a mesh with two axes longer than 1 raises rather than shard
-differently, and so does a batch that does not split evenly.
+differently, and so does a batch that does not split evenly. What SPMD computed over the
+global batch inside the model, BatchNorm's statistics, is computed over every process's slice
+(`_global_batch_norm`).
 
 What changes with the process model is named in a TODO where `xr.use_spmd()` was: the program
 now runs once per device, so everything it does (printing, saving) happens in every process, and
@@ -91,9 +93,10 @@ def use_spmd_value(call, qualname, sc: StatementContext, rule):
     return call
 
 
-def _mesh_arguments(call: cst.Call, qualname: str) -> list[cst.Arg] | None:
+def _mesh_arguments(call: cst.Call, qualname: str) -> tuple[list[cst.Arg], cst.CSTNode | None] | None:
     """The helper's (mesh_shape, axis_names) for `xs.Mesh(ids, shape, names)` or
-    `xs.get_1d_mesh(name)`, else None."""
+    `xs.get_1d_mesh(name)`, and the argument the helper does not take (the device ids), else
+    None."""
     if qualname == MESH:
         bound = bind(call, ["device_ids", "mesh_shape", "axis_names"])
         if bound is None or set(bound) - {"device_ids", "mesh_shape", "axis_names"} or "mesh_shape" not in bound \
@@ -102,7 +105,7 @@ def _mesh_arguments(call: cst.Call, qualname: str) -> list[cst.Arg] | None:
         args = [cst.Arg(bound["mesh_shape"].value)]
         if given(bound, "axis_names"):
             args.append(cst.Arg(bound["axis_names"].value))
-        return args
+        return args, bound["device_ids"].value
     if qualname == ONE_AXIS_MESH:
         bound = bind(call, ["axis_name"])
         if bound is None or set(bound) - {"axis_name"}:
@@ -110,18 +113,21 @@ def _mesh_arguments(call: cst.Call, qualname: str) -> list[cst.Arg] | None:
         args = [cst.Arg(cst.Tuple([cst.Element(cst.Integer("1"))]))]  # one axis; its length is the world's
         if given(bound, "axis_name"):
             args.append(cst.Arg(cst.Tuple([cst.Element(bound["axis_name"].value)])))
-        return args
+        return args, None
     return None
 
 
 @transform("spmd_mesh", form=CALL)
 def spmd_mesh(call, qualname, sc: StatementContext, rule):
     """`xs.Mesh(ids, shape, names)` / `xs.get_1d_mesh(name)` -> `_device_mesh(shape, names)`."""
-    args = _mesh_arguments(call, qualname)
-    if args is None:
+    converted = _mesh_arguments(call, qualname)
+    if converted is None:
         sc.needs_manual(rule.code, _manual_mesh(qualname), qualname)
         return call
+    args, device_ids = converted
     sc.fixed(rule.code, qualname)
+    if device_ids is not None:
+        sc.dropped(device_ids)  # `np.arange(n)`: numpy may have been imported for it alone
     return cst.Call(func=cst.Name(device_mesh(sc)), args=args)
 
 
@@ -156,13 +162,65 @@ SPMD_FSDP_LEFT = {
 }
 
 
+# SPMD computed a BatchNorm's statistics over the global batch: one program, XLA reducing over
+# the devices that held its slices. With one process per slice, nn.BatchNorm would take its
+# slice's (other numbers at more than one process). The same mean and variance from the slices
+# (equal ones: _batch_slice and the sharded loader raise on others), two-pass as PyTorch's, each
+# all-reduce's gradient summed over the processes as torch.nn.SyncBatchNorm's; the running
+# statistics as nn.BatchNorm updates them, with the global batch's count. Not
+# torch.nn.SyncBatchNorm itself: it refuses CPU tensors in a process group (the portable target),
+# and its kernels (batch_norm_gather_stats_with_counts, ...) are not among TorchTPU 0.2.0's.
+GLOBAL_BATCH_NORM = '''def {name}(module):
+    """SPMD's BatchNorm over the global batch (added by tpu-migrate): SPMD normalized by the whole
+    global batch's mean and variance; each process now holds a slice of it, so the BatchNorms of
+    `module` that use batch statistics (in training, or without running statistics) take them
+    over every process's slice, as one batch, and update the running statistics with them.
+    Returns `module`."""
+    from torch.distributed.nn.functional import all_reduce
+
+    def forward(self, batch):
+        if not (self.training or self.running_mean is None) or {dist}.get_world_size() == 1:
+            return type(self).forward(self, batch)
+        self._check_input_dim(batch)
+        world = {dist}.get_world_size()
+        dims = [dim for dim in range(batch.dim()) if dim != 1]
+        shape = [1, -1] + [1] * (batch.dim() - 2)
+        mean = all_reduce(batch.mean(dims)) / world
+        centred = batch - mean.view(shape)
+        var = all_reduce((centred * centred).mean(dims)) / world
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            momentum = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+            count = batch.numel() // batch.shape[1] * world
+            with {torch}.no_grad():
+                self.running_mean.mul_(1 - momentum).add_(momentum * mean)
+                self.running_var.mul_(1 - momentum).add_(momentum * var * count / max(count - 1, 1))
+        normalized = centred * {torch}.rsqrt(var.view(shape) + self.eps)
+        if self.affine:
+            return normalized * self.weight.view(shape) + self.bias.view(shape)
+        return normalized
+
+    for child in module.modules():
+        if isinstance(child, {torch}.nn.modules.batchnorm._BatchNorm) and not isinstance(child, {torch}.nn.SyncBatchNorm):
+            child.forward = forward.__get__(child)
+    return module
+'''
+
+
 @transform("spmd_fsdp", form=CALL, emits=("TPU179",))
 def spmd_fsdp(call, qualname, sc: StatementContext, rule):
     """`SpmdFullyShardedDataParallel(module, mesh=..., auto_wrap_policy=...)` ->
-    `_fully_shard(module, auto_wrap_policy=...)`: sharded over every process, which is the mesh's
-    `fsdp` axis once each device has a process (the converted mesh raises where it is not)."""
-    return fully_shard_call(call, qualname, sc, rule, SPMD_FSDP_PARAMS, SPMD_FSDP_LEFT, manual_code=rule.code,
-                            name="SpmdFullyShardedDataParallel")
+    `_fully_shard(_global_batch_norm(module), auto_wrap_policy=...)`: sharded over every process,
+    which is the mesh's `fsdp` axis once each device has a process (the converted mesh raises
+    where it is not), its BatchNorms' statistics still the global batch's."""
+    new = fully_shard_call(call, qualname, sc, rule, SPMD_FSDP_PARAMS, SPMD_FSDP_LEFT, manual_code=rule.code,
+                           name="SpmdFullyShardedDataParallel")
+    if new is call:  # left for a human
+        return call
+    module, *rest = new.args
+    batch_norm = helper(sc, "_global_batch_norm", GLOBAL_BATCH_NORM)
+    return new.with_changes(args=[module.with_changes(value=cst.Call(func=cst.Name(batch_norm),
+                                                                     args=[cst.Arg(module.value)])), *rest])
 
 
 def sharded_loader_axis(sharding: cst.BaseExpression, sc: StatementContext) -> cst.BaseExpression | None:
