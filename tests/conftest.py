@@ -36,6 +36,7 @@ ONE_WORKER_MODULES = {
     "test_migration_report": "one rewrite --check --html run",
     "test_warm_python": "one warm python server of each flavour",
     "test_fsdp_wrap_walk": "one torch_xla process comparing every wrap policy",
+    "test_verify": "the original's runs that every mutation is compared with",
 }
 # Tests of other modules that must share a worker: {node id: group}. The migrated decoder
 # scripts that torch.compile the same model run one after the other on one worker: the second

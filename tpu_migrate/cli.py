@@ -364,6 +364,47 @@ def diagnose(module, warmup_steps, fail_on, backend, output_format, output, expl
     sys.exit(status)
 
 
+def _process_counts(ctx, param, value):
+    try:
+        counts = [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or any(n < 1 for n in counts):
+        raise click.BadParameter(f"{value!r}: give process counts like 1,2")
+    return counts
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+              short_help="Prove a migration: the original and the migrated program, step by step.")
+@click.option("--against", metavar="MIGRATED", type=click.Path(dir_okay=False),
+              help="Compare with this migrated (and hand-edited) copy instead of a fresh portable migration.")
+@click.option("--root", type=click.Path(file_okay=False, exists=True),
+              help="The tree the script imports from, copied and migrated with it (default: the script's folder).")
+@click.option("--nproc", "nprocs", default="1,2", show_default=True, callback=_process_counts,
+              help="Process counts to run the migrated program at (more than 1: under torchrun, gloo).")
+@click.option("--rtol", type=float, default=1e-4, show_default=True, help="Relative tolerance.")
+@click.option("--atol", type=float, default=1e-5, show_default=True, help="Absolute tolerance.")
+@click.option("--timeout", type=float, default=1800, show_default=True, help="Seconds per run.")
+@click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def verify(against, root, nprocs, rtol, atol, timeout, output_format, script, args) -> None:
+    """Run SCRIPT [ARGS]... under torch_xla on the CPU (one process, twice: its own noise), and its
+    migration with torch_xla unimportable, at each --nproc; compare, per optimizer step, the loss,
+    the gradient norm and the parameters. Exit 0: the same; 1: they differ (the first divergence
+    and its likely cause); 2: a program failed."""
+    from tpu_migrate.verify.command import VerifyError, dumps, run_verify
+
+    echo = (lambda line: click.echo(line, err=True)) if output_format == "json" else click.echo
+    try:
+        status, document = run_verify(script, list(args), against, root, nprocs, rtol, atol, timeout, echo)
+    except VerifyError as exc:
+        raise click.UsageError(str(exc)) from None
+    if output_format == "json":
+        _write_stdout(dumps(document) + "\n")
+    sys.exit(status)
+
+
 def _write_stdout(text: str) -> None:
     """diagnose's machine output: one that cannot be written (`> /dev/full`, a closed pipe) is
     a line on stderr, and the exit status stays the program's (Python would end with 120)."""

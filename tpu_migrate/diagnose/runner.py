@@ -42,15 +42,8 @@ RELAYED = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP"
 RELAY_GRACE_S = 5.0
 SI_KERNEL = 0x80  # si_code of a signal the kernel sent: a terminal's Ctrl-C, Ctrl-\ or hang-up
 
-SITECUSTOMIZE = '''# Written by tpu-migrate diagnose: trace every Python process of the diagnosed program.
-try:
-    from tpu_migrate.diagnose import tracer as _tpu_migrate_tracer
-    _tpu_migrate_tracer.install()
-except Exception:  # never break the program being diagnosed
-    pass
-
-
-def _tpu_migrate_user_sitecustomize():
+# The rest of every sitecustomize the tool writes: it shadows the program's own.
+SITECUSTOMIZE_CHAIN = '''def _tpu_migrate_user_sitecustomize():
     """This file shadows the program's own sitecustomize (further on sys.path): run it, as site
     would have, with site's message if it fails."""
     import importlib.machinery
@@ -73,6 +66,21 @@ def _tpu_migrate_user_sitecustomize():
 
 _tpu_migrate_user_sitecustomize()
 '''
+
+
+def sitecustomize(purpose: str, module: str) -> str:
+    """A sitecustomize that runs `module`.install() in every Python process of the program (the
+    workers it starts inherit PYTHONPATH), then the program's own sitecustomize."""
+    return (f"# Written by tpu-migrate {purpose}.\n"
+            "try:\n"
+            f"    from {module.rpartition('.')[0]} import {module.rpartition('.')[2]} as _tpu_migrate_hooks\n"
+            "    _tpu_migrate_hooks.install()\n"
+            "except Exception:  # never break the program\n"
+            "    pass\n\n\n" + SITECUSTOMIZE_CHAIN)
+
+
+SITECUSTOMIZE = sitecustomize("diagnose: trace every Python process of the diagnosed program",
+                              "tpu_migrate.diagnose.tracer")
 
 
 @dataclass

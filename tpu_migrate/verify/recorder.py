@@ -1,0 +1,111 @@
+"""What `verify` records inside each process of the program: per optimizer step, the losses
+passed to `backward()` since the previous step, the squared norm of the gradients the optimizer
+steps with (read just before the step) and a checksum of the parameters (just after it).
+
+Installed by the sitecustomize that `verify` puts on PYTHONPATH (runs.py), so every Python
+process of the program records: xmp.spawn's and torchrun's workers as well. The hooks go in
+when the program has imported torch (diagnose's after_import), and each process appends JSON
+lines to a file of its own in $TPU_MIGRATE_VERIFY_DIR, one per optimizer step, before the step
+returns (a process that dies later keeps what it recorded).
+
+FSDP2 shards parameters and gradients (DTensors): their local shards' sums are recorded apart
+(`*_sharded`), to be added over the ranks; the other tensors are whole in every rank.
+Reading a value is a device sync; under torch_xla that cuts the graph where the program did
+not, which changes no value beyond float rounding (verify's tolerance).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+ENV_DIR = "TPU_MIGRATE_VERIFY_DIR"
+
+_losses: list = []
+_steps: dict[int, int] = {}  # id(optimizer) -> its last step's index, in order of first step
+_pending: dict[int, tuple[float, float]] = {}  # id(optimizer) -> its gradients' squared norm
+
+
+def install() -> None:
+    directory = os.environ.get(ENV_DIR)
+    if directory:
+        from tpu_migrate.diagnose.tracer import after_import
+
+        after_import("torch", lambda: _hook(os.path.join(directory, f"steps-{os.getpid()}.jsonl")))
+
+
+def _hook(path: str) -> None:
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    backward = torch.Tensor.backward
+
+    def recording_backward(self, *args, **kwargs):
+        if self.numel() == 1:  # a loss (a tensor's backward needs a gradient argument)
+            _losses.append(self.detach())
+        return backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = recording_backward
+    register_optimizer_step_pre_hook(_before_step)
+    register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _after_step(optimizer, path))
+
+
+def _params(optimizer) -> list:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _sums(tensors, power: int) -> tuple[float, float]:
+    """(sum over the whole tensors, sum over the DTensor shards this rank holds) of each
+    element to `power`, in float64: one device read for each."""
+    import torch
+
+    whole, sharded = [], []
+    for tensor in tensors:
+        is_shard = hasattr(tensor, "placements") and hasattr(tensor, "to_local")
+        local = (tensor.to_local() if is_shard else tensor).detach().to(torch.float64)
+        (sharded if is_shard else whole).append((local if power == 1 else local.pow(power)).sum())
+    return tuple(float(torch.stack(part).sum().cpu()) if part else 0.0 for part in (whole, sharded))
+
+
+def _before_step(optimizer, args, kwargs) -> None:
+    _pending[id(optimizer)] = _sums([p.grad for p in _params(optimizer) if p.grad is not None], 2)
+
+
+def _caller() -> str | None:
+    """The program's line that stepped the optimizer (past torch's and libraries' frames:
+    xm.optimizer_step's caller), as `file:line: code`."""
+    import linecache
+    import sys
+
+    from tpu_migrate.diagnose.recording import is_library
+
+    frame = sys._getframe(2)
+    while frame is not None and (is_library(frame.f_code.co_filename) or "tpu_migrate" in frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}: {code}"
+
+
+def _after_step(optimizer, path: str) -> None:
+    key = id(optimizer)
+    _steps[key] = _steps.get(key, -1) + 1
+    grad_sq, grad_sq_sharded = _pending.pop(key, (0.0, 0.0))
+    param_sum, param_sum_sharded = _sums(_params(optimizer), 1)
+    losses = [float(loss.float().cpu()) for loss in _losses]
+    _losses.clear()
+    rank, world = _rank_and_world()
+    record = {"optimizer": list(_steps).index(key), "step": _steps[key], "rank": rank, "world": world,
+              "losses": losses, "grad_sq": grad_sq, "grad_sq_sharded": grad_sq_sharded,
+              "param_sum": param_sum, "param_sum_sharded": param_sum_sharded, "where": _caller()}
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def _rank_and_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

@@ -1,0 +1,131 @@
+"""The runs `verify` compares: the original under torch_xla on the CPU (twice: its own run-to-run
+noise is the floor of the tolerance), and the migrated copy with torch_xla unimportable, as one
+process and under torchrun at each process count, with gloo on the CPU.
+
+Every process of every run records its optimizer steps (recorder.py) through diagnose's
+sitecustomize (runner.sitecustomize), which the program's workers inherit. The runs go one after
+another, in the user's working directory (the program's relative paths mean what they meant),
+so what a run writes there is overwritten by the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tpu_migrate.diagnose.runner import sitecustomize
+from tpu_migrate.verify.recorder import ENV_DIR
+
+BLOCKER = 'raise ImportError("torch_xla is unimportable in tpu-migrate verify\'s migrated runs")\n'
+# Launcher variables a plain run must not inherit (verify may itself run under a launcher).
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                      "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+LARGEST_COPIED = 10 * 1024 * 1024  # bytes: data files stay where they are (the runs share the cwd)
+NOT_COPIED = shutil.ignore_patterns(".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "node_modules")
+
+
+class VerifyError(Exception):
+    """A usage problem, one line, exit status 2."""
+
+
+@dataclass
+class Run:
+    name: str            # what ran: "original", "migrated, torchrun 2", ...
+    side: str            # "original" or "migrated"
+    world: int           # processes the launcher started
+    returncode: int
+    output: str          # its stdout and stderr, the end of them
+    records: list[dict] = field(default_factory=list)  # every process's optimizer steps
+
+
+class Workspace:
+    """A temporary directory with the recorder's sitecustomize, the torch_xla blocker and the
+    migrated copy; removed by close()."""
+
+    def __init__(self):
+        self.path = Path(tempfile.mkdtemp(prefix="tpu-migrate-verify-"))
+        self.site = self.path / "site"
+        self.site.mkdir()
+        (self.site / "sitecustomize.py").write_text(
+            sitecustomize("verify: record every optimizer step", "tpu_migrate.verify.recorder"))
+        self.blocker = self.path / "blocker"
+        (self.blocker / "torch_xla").mkdir(parents=True)
+        (self.blocker / "torch_xla" / "__init__.py").write_text(BLOCKER)
+        self.serial = 0
+
+    def close(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def migrate(self, script: Path, root: Path) -> Path:
+        """A copy of `root` (the script's tree) rewritten with --target portable; the script's
+        path in it."""
+        copy = self.path / "migrated" / root.name
+        shutil.copytree(root, copy, ignore=_ignore_large)
+        proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "rewrite", "--target", "portable", "--no-cache",
+                               str(copy)], capture_output=True, text=True)
+        if proc.returncode not in (0, 1):
+            raise VerifyError(f"{script}: the rewrite of its copy failed: {(proc.stderr or proc.stdout).strip()}")
+        return copy / script.resolve().relative_to(root.resolve())
+
+    def run(self, name: str, side: str, script: Path, args: list[str], nproc: int, timeout: float) -> Run:
+        self.serial += 1
+        records_dir = self.path / f"records-{self.serial}"
+        records_dir.mkdir()
+        env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+        path = [str(self.site)]
+        if side == "original":
+            env.setdefault("PJRT_DEVICE", "CPU")
+        else:
+            path.insert(0, str(self.blocker))
+        env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [os.environ.get("PYTHONPATH")])])
+        env[ENV_DIR] = str(records_dir)
+        env.setdefault("OMP_NUM_THREADS", "1")  # the same reduction order in every run
+        command = [sys.executable]
+        if nproc > 1:
+            command += ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+                        str(_free_port()), "--monitor_interval", "0.1"]
+        command += [str(script), *args]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+            returncode, output = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            returncode = 124
+            output = f"{_text(exc.stdout)}{_text(exc.stderr)}\n[verify] stopped after {timeout:.0f} s"
+        return Run(name, side, nproc, returncode, output[-6000:], _read_records(records_dir))
+
+
+def _read_records(directory: Path) -> list[dict]:
+    records = []
+    for path in sorted(directory.glob("steps-*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a process killed mid-line
+    return records
+
+
+def _ignore_large(directory: str, names: list[str]) -> set[str]:
+    ignored = set(NOT_COPIED(directory, names))
+    for name in names:
+        path = os.path.join(directory, name)
+        if os.path.isfile(path) and os.path.getsize(path) > LARGEST_COPIED:
+            ignored.add(name)
+    return ignored
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _text(data) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
