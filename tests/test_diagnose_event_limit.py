@@ -70,7 +70,7 @@ def test_a_long_run_records_a_bounded_amount(tmp_path):
     assert document["steps"] == steps + 1
     found = {(f["kind"], f["line"]): f for f in document["findings"]}
     assert found["sync", 15]["count"] == steps
-    assert f"{steps} time(s) in {steps} steps" in found["sync", 15]["message"]
+    assert f"{steps} time(s) every step" in found["sync", 15]["message"]
     # Placed in its step past the limit: the last loop's sync() ends step STEPS - 1.
     assert found["compile", 17]["first_step"] == steps
     # The timeline covers the steps recorded one by one; the page says so.

@@ -241,3 +241,19 @@ def test_sync_wording_by_the_steps_it_was_seen_in():
     assert _native_sync(finding, "a.py:3")[0].endswith("in 2 of 6 steps (not every step)")
     finding.steps = set(range(1, 7))
     assert _native_sync(finding, "a.py:3")[0].endswith("every step")
+
+
+def test_xla_sync_wording_says_what_was_measured():
+    """The xla backend's sync says in how many of the steps it was read, not "every step", and
+    a read inside xm.mesh_reduce gets advice about the exchange, not about logging."""
+    from tpu_migrate.diagnose.analysis import Finding, describe
+
+    finding = Finding("sync", "a.py", 3, 2, 1, "item", None, "", steps={1, 11})
+    finding.total_steps = 20
+    message, advice = describe(finding, "xla")
+    assert message.endswith("2 time(s) in 2 of 20 steps (not every step)")
+    assert "every step" not in advice and "each time" in advice
+    finding.steps = set(range(1, 21))
+    assert describe(finding, "xla")[0].endswith("every step")
+    finding.via = ["torch_xla/core/xla_model.py:1445 in mesh_reduce"]
+    assert "exchange Python values" in describe(finding, "xla")[1]

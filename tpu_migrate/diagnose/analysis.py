@@ -678,11 +678,18 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
                 "Information: a graph first seen after warm-up, such as an evaluation step. "
                 "Expected once; if it repeats it is reported as a recompile.")
     if f.kind == "sync":
-        method = f.op.strip("_")
-        return (f"host sync `{method}` at {where}: {_times(f)}",
-                "The host waits for the device to finish before it can read the value, every "
-                "step. Log less often, accumulate on the device and read every N steps, or move "
-                "the read into xm.add_step_closure.")
+        every, when = _sync_when(f)
+        message = f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) {when}"
+        if _in_exchange(f):
+            return (message,
+                    "xm.mesh_reduce and xm.rendezvous exchange Python values between the "
+                    "processes, so they read their tensors on the host by design: call them after "
+                    "the training steps (once per epoch, at the end); to reduce a tensor in every "
+                    "step, xm.all_reduce keeps it on the device, to be read once.")
+        return (message,
+                f"The host waits for the device to finish before it can read the value, "
+                f"{'every step' if every else 'each time'}. Log less often, accumulate on the "
+                "device and read every N steps, or move the read into xm.add_step_closure.")
     if f.kind == "dynamic-shape":
         return (f"data-dependent shape `{f.op}` at {where}: {f.count} time(s)",
                 "The output's shape depends on the values, so XLA cannot compile it ahead: it "
@@ -695,13 +702,22 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
             "Replace it with an op that has one, or move it out of the training step.")
 
 
-def _native_sync(f: Finding, where: str) -> tuple[str, str]:
+def _sync_when(f: Finding) -> tuple[bool, str]:
+    """(whether a sync was read in every step, when it was, as measured)."""
     if f.per_call:
-        every, when = False, "at this line, in a loop (no steps found)"
-    else:
-        every = f.step_count >= f.total_steps - 1  # the first step's read may come before its end
-        when = (f"in {f.step_count} steps" if not f.total_steps else "every step" if every
-                else f"in {f.step_count} of {f.total_steps} steps (not every step)")
+        return False, "at this line, in a loop (no steps found)"
+    every = f.step_count >= f.total_steps - 1  # the first step's read may come before its end
+    return every, (f"in {f.step_count} steps" if not f.total_steps else "every step" if every
+                   else f"in {f.step_count} of {f.total_steps} steps (not every step)")
+
+
+def _in_exchange(f: Finding) -> bool:
+    """A read inside xm.mesh_reduce / xm.rendezvous (their value goes through the host)."""
+    return any(f" in {name}" in via for via in f.via or () for name in ("mesh_reduce", "rendezvous"))
+
+
+def _native_sync(f: Finding, where: str) -> tuple[str, str]:
+    every, when = _sync_when(f)
     message = f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) {when}"
     if f.placement_unknown:
         message += "; could not tell whether the tensor read would live on the TPU"
@@ -719,12 +735,6 @@ def _native_sync(f: Finding, where: str) -> tuple[str, str]:
 
 def _when(f: Finding) -> str:
     return "" if f.per_call else f" (first in step {f.first_step})"
-
-
-def _times(f: Finding) -> str:
-    if f.per_call:
-        return f"{f.count} time(s) at this line, in a loop (no steps found)"
-    return f"{f.count} time(s) in {f.step_count} steps"
 
 
 def _graph_break(f: Finding, where: str) -> tuple[str, str]:
