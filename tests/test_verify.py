@@ -37,7 +37,7 @@ def test_the_command_finds_the_migration_the_same_at_two_processes(tmp_path):
     document = json.loads(proc.stdout)
     assert document["same"] and document["steps"] == 5
     assert [(r["processes"], r["steps"], r["divergence"]) for r in document["runs"]] == [(2, 5, None)]
-    assert "migrated, torchrun, 2 processes: same (5 steps" in proc.stderr
+    assert "migrated, torchrun, 2 processes: same (5 steps: learning rate, loss" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [PROGRAM.name]  # the copy was temporary
 
 
@@ -53,6 +53,8 @@ MUTATIONS = {
                                  "gradient norm", "averaged over the processes twice"),
     "the rank answered 0": ("start = dist.get_rank() *", "start = 0 *",
                             "loss", "did not read equal slices of the same global batch"),
+    "the learning rate scaled by the world size": ("lr=0.01,", "lr=0.01 * dist.get_world_size(),",
+                                                   "learning rate", "2 times the original's, the world size 2"),
 }
 
 

@@ -70,12 +70,12 @@ def _text(script, against, original, floor, verdicts) -> list[str]:
     what = against or "its portable migration"
     lines = [f"verify: {script} (torch_xla on the CPU, 1 process) against {what} (the CPU, gloo), "
              f"{len(original)} optimizer steps; the original's own run-to-run noise: "
-             + ", ".join(f"{q} {floor[q]:.1e}" for q in compare.QUANTITIES)]
+             + ", ".join(f"{q} {floor[q]:.1e}" for q in compare.QUANTITIES if q != "learning rate")]
     for verdict in verdicts:
         divergence = verdict.divergence
         if divergence is None:
-            lines.append(f"  {verdict.run.name}: same ({verdict.steps} steps: loss, gradient norm and parameters "
-                         f"within rtol {max(verdict.tolerance.values()):.0e})")
+            lines.append(f"  {verdict.run.name}: same ({verdict.steps} steps: learning rate, loss, gradient norm and "
+                         f"parameters within rtol {max(verdict.tolerance.values()):.0e})")
             continue
         if divergence.step is None:
             lines.append(f"  {verdict.run.name}: differs: {divergence.original} optimizer steps in the original, "

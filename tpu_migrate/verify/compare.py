@@ -1,6 +1,8 @@
 """From the runs' step records to "same" or the first divergence, with its likely cause.
 
-Per optimizer step, each run gives three figures for the whole world:
+Per optimizer step, each run gives four figures for the whole world:
+- the learning rate of each parameter group (a schedule or a scaling by the world size shows
+  here first, before it shows in the numbers it changes);
 - the loss: the losses passed to backward() since the previous step, summed in each process
   (gradient accumulation), averaged over the processes (each holds an equal slice of the
   global batch, whose mean loss is then the mean of theirs);
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 
 from tpu_migrate.verify.runs import Run
 
-QUANTITIES = ("loss", "gradient norm", "parameters")
+QUANTITIES = ("learning rate", "loss", "gradient norm", "parameters")
 
 
 @dataclass
@@ -61,6 +63,7 @@ def steps(run: Run) -> list[Step]:
         first = records[0]
         losses = [sum(r["losses"]) for r in records if r["losses"]]
         step = Step(optimizer, index, [r["rank"] for r in records], {
+            "learning rate": max(first.get("lr") or [0.0]),
             "loss": sum(losses) / len(losses) if len(losses) == len(records) else None,
             "gradient norm": math.sqrt(first["grad_sq"] + sum(r["grad_sq_sharded"] for r in records)),
             "parameters": first["param_sum"] + sum(r["param_sum_sharded"] for r in records),
@@ -120,6 +123,11 @@ def _close(x: float, y: float, rtol: float, atol: float) -> bool:
 
 def _cause(quantity: str, original: float, migrated: float, world: int, step: int) -> str:
     ratio = migrated / original if original else math.inf
+    if quantity == "learning rate":
+        scaled = f"{ratio:.3g} times the original's" + (f", the world size {world}" if math.isclose(ratio, world) else "")
+        return (f"the learning rate is {scaled}: the program scales it by the number of processes (by "
+                "design where each process reads a batch of its own, the global batch growing with the "
+                "world: then its numbers agree at one process only), or a schedule stepped differently")
     if quantity == "gradient norm" and world > 1:
         if math.isclose(ratio, world, rel_tol=0.05):
             return (f"the gradient norm is {world} times the original's: the gradients were summed over the "
@@ -137,7 +145,9 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
                 f"differently per process); if the program means its batch per process, its numbers depend "
                 f"on the world size by design and agree at 1 process only")
     return (f"it agrees at one process and differs at {world}: what differs is how the processes share the "
-            "work (the slices they read, the gradient average, a statistic taken over one process's slice)")
+            "work (the slices they read, the gradient average, a statistic taken over one process's slice), "
+            "or the program's numbers depend on the world size by design (a batch per process that is not a "
+            "slice of a global one): then they agree at one process only")
 
 
 def _count_cause(original: int, migrated: int, world: int) -> str:

@@ -1,6 +1,7 @@
 """What `verify` records inside each process of the program: per optimizer step, the losses
-passed to `backward()` since the previous step, the squared norm of the gradients the optimizer
-steps with (read just before the step) and a checksum of the parameters (just after it).
+passed to `backward()` since the previous step, the learning rates, the squared norm of the
+gradients the optimizer steps with (read just before the step) and a checksum of the
+parameters (just after it).
 
 Installed by the sitecustomize that `verify` puts on PYTHONPATH (runs.py), so every Python
 process of the program records: xmp.spawn's and torchrun's workers as well. The hooks go in
@@ -97,7 +98,7 @@ def _after_step(optimizer, path: str) -> None:
     _losses.clear()
     rank, world = _rank_and_world()
     record = {"optimizer": list(_steps).index(key), "step": _steps[key], "rank": rank, "world": world,
-              "losses": losses, "grad_sq": grad_sq, "grad_sq_sharded": grad_sq_sharded,
+              "losses": losses, "lr": [float(group.get("lr", 0.0)) for group in optimizer.param_groups], "grad_sq": grad_sq, "grad_sq_sharded": grad_sq_sharded,
               "param_sum": param_sum, "param_sum_sharded": param_sum_sharded, "where": _caller()}
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
