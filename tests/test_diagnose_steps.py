@@ -71,9 +71,13 @@ def test_optimizer_state_accumulator_and_step_closure_are_named_not_blamed():
     # The loss read in the step closure is information with what is true of it, not a sync.
     assert ("closure-read", "training_state_and_closure.py", 18, 9, 2, "item") in found
     assert not [f for f in found if f[0] == "sync"]
-    closure = next(f for f in document["findings"] if f["kind"] == "closure-read")
+    closure = next(f for f in document["findings"] if f["kind"] == "closure-read" and f["line"] == 18)
     assert "neither cuts the graph nor compiles" in closure["explanation"]
     assert "move the read into xm.add_step_closure" not in closure["explanation"]
+    # A closure that computes before it reads runs a graph of its own: said so, not "no compile".
+    computing = next(f for f in document["findings"] if f["kind"] == "closure-read" and f["line"] == 40)
+    assert "computes on the device first" in computing["message"]
+    assert "runs a small graph of its own" in computing["explanation"]
     # --fail-on sync does not fail on it.
     assert diagnose("--fail-on", "sync", str(ROOT / "fixtures" / "diagnose" / "training_state_and_closure.py")).returncode == 0
 

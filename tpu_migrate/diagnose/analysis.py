@@ -72,6 +72,7 @@ class Finding:
     # Found where the code is traced (a Dynamo graph break) or read (the source), not per call:
     # it recurs with every call whatever the count says.
     traced: bool = field(default=False, repr=False)
+    runs_graph: bool = field(default=False, repr=False)  # a closure's read that ran a graph of its own
     waited: float | None = field(default=None, repr=False)  # seconds the host waited in its calls
     cost: object = field(default=None, repr=False)  # costs.Cost, once measured
     # Inside a library: the call the user's line made and the library line it happened at.
@@ -362,6 +363,7 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
             finding.placement_unknown |= event.get("placement") == "unknown"
             finding.exact = finding.exact or bool(event.get("exact"))
             finding.traced |= bool(event.get("traced"))
+            finding.runs_graph |= bool(event.get("graph"))
             if "wait" in event:
                 finding.waited = (finding.waited or 0.0) + event["wait"]
     stepless = main_steps == 0
@@ -668,8 +670,16 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
                  if f.changed == "async" else
                  "at the step's sync (run_async=False): the host waits for that step to finish "
                  "on the device before it traces the next one")
-        return (f"host read `{method}` in a step closure at {where}: {f.count} time(s) in "
-                f"{f.step_count} steps",
+        message = f"host read `{method}` in a step closure at {where}: {f.count} time(s) in {f.step_count} steps"
+        if f.runs_graph:
+            return (message + "; it computes on the device first",
+                    "The xm.add_step_closure callback computes on the device before it reads "
+                    "(the tensor it reads is not one the step computed): it runs a small graph of "
+                    "its own each time, compiled the first time, after the step's graph, "
+                    f"{waits}. It does not cut the step's graph. Read the step's own tensors in the "
+                    "closure and do the arithmetic on the host (or in the step), and throttle it "
+                    "(every N steps) if the wait shows.")
+        return (message,
                 "Information: an xm.add_step_closure callback runs after the step's graph has "
                 "executed, so this read neither cuts the graph nor compiles; it copies an already "
                 f"computed value, {waits}. Throttle it (every N steps) if the wait shows.")

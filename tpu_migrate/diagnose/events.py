@@ -93,6 +93,7 @@ class ReadEvent(Event):
 
     wait: NotRequired[float]  # seconds the host waited for the value or the shape
     closure: NotRequired[str]  # "sync" / "async": read in an xm.add_step_closure callback
+    graph: NotRequired[bool]  # a closure's read that ran a graph (it computed on the device)
     placement: NotRequired[str]  # native, the CPU standing in: placement.UNKNOWN
     static: NotRequired[bool]  # found in the source, no rank
     traced: NotRequired[bool]  # found where the code is traced, recurs with every call

@@ -25,18 +25,33 @@ def _sync_wrapper(original, name):
         if recorder is None or recorder.busy() or getattr(self, "device", None) is None or self.device.type != "xla":
             return original(self, *args, **kwargs)
         recorder.local.busy = True
+        closure = getattr(recorder.local, "closure", None)  # "sync" / "async" in a step closure
+        runs_graph = closure is not None and _pending(self)
         started = time.perf_counter()
         try:
             return original(self, *args, **kwargs)
         finally:  # recorded once the read returned, with how long the host waited for it
             waited = time.perf_counter() - started
-            closure = getattr(recorder.local, "closure", None)  # "sync" / "async" in a step closure
             if closure is None:
                 recorder.at_user_line(Kind.SYNC, name, wait=waited)
+            elif runs_graph:
+                recorder.at_user_line(Kind.SYNC, name, closure=closure, graph=True, wait=waited)
             else:
                 recorder.at_user_line(Kind.SYNC, name, closure=closure, wait=waited)
             recorder.local.busy = False
     return wrapper
+
+
+def _pending(tensor) -> bool:
+    """Whether reading `tensor` runs a graph: its IR is more than the device data the step
+    computed (a step closure that computes on the device before it reads)."""
+    import torch_xla
+
+    try:
+        text = torch_xla._XLAC._get_xla_tensors_text([tensor])
+    except Exception:  # noqa: BLE001 (an internal API: never break the program)
+        return False
+    return text.count(" = ") > 1 or "xla::device_data()" not in text
 
 
 def _dynamic_wrapper(original, name):
