@@ -32,13 +32,17 @@ def test_the_command_finds_the_migration_the_same_at_two_processes(tmp_path):
     script = tmp_path / PROGRAM.name
     script.write_bytes(PROGRAM.read_bytes())
     proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--format", "json", "--nproc", "2",
-                           script.name], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+                           "--html", "verify.html", script.name], capture_output=True, text=True, cwd=tmp_path,
+                          timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     document = json.loads(proc.stdout)
     assert document["same"] and document["steps"] == 5
     assert [(r["processes"], r["steps"], r["divergence"]) for r in document["runs"]] == [(2, 5, None)]
     assert "migrated, torchrun, 2 processes: same (5 steps: learning rate, loss" in proc.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == [PROGRAM.name]  # the copy was temporary
+    assert sorted(p.name for p in tmp_path.iterdir()) == [PROGRAM.name, "verify.html"]  # the copy was temporary
+    page = (tmp_path / "verify.html").read_text()
+    assert 'migrated, torchrun, 2 processes: <span class="same">same</span>' in page
+    assert page.count("<tr><td") == 5 and "number diverged" not in page
 
 
 # (what the mutation does to the migrated program, the text it replaces, with what) and what

@@ -55,3 +55,16 @@ def test_more_steps_by_the_world_size_names_the_sampler():
     assert (divergence.step, divergence.quantity, divergence.original, divergence.migrated) == (
         None, "optimizer steps", 1, 2)
     assert "does not shard" in divergence.cause
+
+
+def test_the_html_page_marks_the_first_divergence():
+    from tpu_migrate.verify import html
+
+    apart = _run([_record(0, 0, 2, 2.0, grad_sq=25.0, param_sum=10.0),
+                  _record(0, 1, 2, 2.0, grad_sq=16.0, param_sum=10.0)], world=2)
+    verdict = compare.verdict(ORIGINAL, apart, 1e-4, 1e-5, {})
+    page = html.render("train.py <1>", None, ORIGINAL, dict.fromkeys(compare.QUANTITIES, 0.0), [verdict])
+    assert "train.py &lt;1&gt;" in page and "<1>" not in page  # escaped
+    assert 'class="differs">differs</span> first at step 0, gradient norm' in page
+    assert page.count('class="number diverged"') == 2  # the original's and the migrated value
+    assert page.count("<tr><td") == 2  # a row per step, the original's second step shown too

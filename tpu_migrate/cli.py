@@ -386,9 +386,11 @@ def _process_counts(ctx, param, value):
 @click.option("--atol", type=float, default=1e-5, show_default=True, help="Absolute tolerance.")
 @click.option("--timeout", type=float, default=1800, show_default=True, help="Seconds per run.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True),
+              help="Write a self-contained HTML page (each run's steps beside the original's) here.")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def verify(against, root, nprocs, rtol, atol, timeout, output_format, script, args) -> None:
+def verify(against, root, nprocs, rtol, atol, timeout, output_format, html_file, script, args) -> None:
     """Run SCRIPT [ARGS]... under torch_xla on the CPU (one process, twice: its own noise), and its
     migration with torch_xla unimportable, at each --nproc; compare, per optimizer step, the loss,
     the gradient norm and the parameters. Exit 0: the same; 1: they differ (the first divergence
@@ -397,7 +399,8 @@ def verify(against, root, nprocs, rtol, atol, timeout, output_format, script, ar
 
     echo = (lambda line: click.echo(line, err=True)) if output_format == "json" else click.echo
     try:
-        status, document = run_verify(script, list(args), against, root, nprocs, rtol, atol, timeout, echo)
+        status, document = run_verify(script, list(args), against, root, nprocs, rtol, atol, timeout, echo,
+                                      html_file)
     except VerifyError as exc:
         raise click.UsageError(str(exc)) from None
     if output_format == "json":

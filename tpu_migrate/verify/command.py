@@ -16,9 +16,9 @@ __all__ = ["VerifyError", "run_verify"]
 
 
 def run_verify(script: str, args: list[str], against: str | None, root: str | None, nprocs: list[int],
-               rtol: float, atol: float, timeout: float, echo) -> tuple[int, dict]:
+               rtol: float, atol: float, timeout: float, echo, html_file: str | None = None) -> tuple[int, dict]:
     """Run everything and return (exit status, the JSON document); `echo(line)` says progress
-    and the text report."""
+    and the text report; `html_file` gets the page (verify/html.py)."""
     script_path = Path(script)
     if not script_path.is_file():
         raise VerifyError(f"no such script: {script}")
@@ -52,6 +52,10 @@ def run_verify(script: str, args: list[str], against: str | None, root: str | No
     document = _document(script, against, original, floor, verdicts)
     for line in _text(script, against, original, floor, verdicts):
         echo(line)
+    if html_file is not None:
+        from tpu_migrate.verify import html
+
+        Path(html_file).write_text(html.render(script, against, original, floor, verdicts), encoding="utf-8")
     return (1 if any(v.divergence for v in verdicts) else 0), document
 
 
