@@ -118,6 +118,15 @@ def test_a_program_that_cannot_run_exits_2_naming_the_side(tmp_path):
     assert "no data at /nowhere" in proc.stdout
 
 
+def test_a_program_without_an_optimizer_step_has_nothing_to_compare(tmp_path):
+    (tmp_path / "no_steps.py").write_text("print('inference only')\n")
+    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "no_steps.py"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the original took no optimizer step: nothing to compare" in proc.stdout
+    assert "running the original, again" not in proc.stdout  # it stopped after the first run
+
+
 def test_a_missing_script_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "nowhere.py"], capture_output=True,
                           text=True, cwd=tmp_path, timeout=120)

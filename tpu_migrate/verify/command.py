@@ -39,14 +39,14 @@ def run_verify(script: str, args: list[str], against: str | None, root: str | No
             runs.append(run)
             if run.returncode != 0:
                 return 2, _failed(run, echo)
+            if not run.records and len(runs) == 1:  # no need to run the rest
+                echo(f"verify: {script}: the original took no optimizer step: nothing to compare "
+                     "(verify compares the losses, gradients and parameters of optimizer steps)")
+                return 2, {"script": script, "error": "the original took no optimizer step"}
     finally:
         workspace.close()
     first, second, *migrated_runs = runs
     original = compare.steps(first)
-    if not original:
-        echo(f"verify: {script}: the original took no optimizer step: nothing to compare "
-             "(verify compares the losses, gradients and parameters of optimizer steps)")
-        return 2, {"script": script, "error": "the original took no optimizer step"}
     floor = compare.noise(original, compare.steps(second))
     verdicts = [compare.verdict(original, run, rtol, atol, floor) for run in migrated_runs]
     document = _document(script, against, original, floor, verdicts)
