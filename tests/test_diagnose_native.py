@@ -113,6 +113,7 @@ def test_compiled_problems_from_dynamo(compiled):
     inference = found[("tpu-incompatible", line_of(name, "compiled under inference_mode"))]
     assert inference["op"] == "torch.compile under torch.inference_mode()"
     assert "torch.no_grad()" in inference["explanation"]
+    assert inference["via"] == []  # the user's call, not Dynamo's eval_frame / convert_frame
     kinds = {f["kind"] for f in document["findings"]}
     assert kinds <= {"recompile", "recompile-limit", "graph-break", "sync", "tpu-incompatible"}
     # torch's own torch.compile(..., backend="inductor") re-call is not the user's.

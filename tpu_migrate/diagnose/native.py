@@ -329,8 +329,8 @@ class NativeHooks:
             try:
                 import torch
 
-                if torch.is_inference_mode_enabled():
-                    hooks.recorder.at_user_line(Kind.INCOMPATIBLE, INFERENCE_MODE)
+                if torch.is_inference_mode_enabled():  # at the user's call: Dynamo's frames are no "via"
+                    hooks.recorder.at_user_line(Kind.INCOMPATIBLE, INFERENCE_MODE, via=[])
             except Exception:  # noqa: BLE001 - never break the compile we observe
                 pass
             return original(*args, **kwargs)
