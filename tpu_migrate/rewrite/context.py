@@ -376,6 +376,17 @@ class StatementContext:
         for name in roots or ():
             self.removed(name)
 
+    def dropped_statements(self, statements: list[ast.stmt]) -> None:
+        """`dropped` for statements of the input (a branch a fold removed), read from their ast:
+        the names they load. Nothing is recorded where they define or import anything (a
+        function, a class, a lambda, a comprehension, an import, a walrus, global)."""
+        nodes = [inner for stmt in statements for inner in ast.walk(stmt)]
+        if any(isinstance(node, _BINDING_NODES) for node in nodes):
+            return
+        for node in nodes:
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+                self.removed(node.id)
+
     def needs_manual(
         self, code: str, message: str, qualname: str | None = None,
         where: tuple[int, int] | None = None, todo: bool = True, anchor: str | None = None,
@@ -438,6 +449,11 @@ def cst_dotted(node: cst.BaseExpression) -> str | None:
         return None
     parts.append(node.value)
     return ".".join(reversed(parts))
+
+
+# Code that binds names of its own: a dropped piece holding one records no removed use.
+_BINDING_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
+                  ast.DictComp, ast.GeneratorExp, ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.NamedExpr)
 
 
 class _LoadedRoots(cst.CSTVisitor):

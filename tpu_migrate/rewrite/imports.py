@@ -3,8 +3,9 @@
 - torch_xla / optimum.tpu imports whose names are no longer used anywhere are removed (at any
   depth: imports inside functions and `try:` blocks included); the ones still used are kept.
 - Other imports go only where the rewrite dropped their every use (numpy, used only for the
-  device ids of an SPMD mesh the conversion no longer takes): the tool leaves no import it
-  made unused, and touches no other.
+  device ids of an SPMD mesh the conversion no longer takes; `import copy`, used only in the
+  branch a constant test folded away): the tool leaves no import it made unused, and touches
+  no other.
 - Modules the new code needs (`os`, `torch`, `torch.distributed`) are added once, after the
   file's leading import block, under the names ImportPlan chose (the file's own aliases first).
 

@@ -343,7 +343,7 @@ class ModuleRewriter:
                 stmt = add_todos(stmt, todos, self.comments_above(info))
         if not elif_ and self._emptied_if(stmt, sc):
             return [], comments_of_removed_if(stmt)
-        folded = None if elif_ or sc is None else self._folded_if(stmt, node)
+        folded = None if elif_ or sc is None else self._folded_if(stmt, node, sc)
         if folded is not None:
             statements, comments = folded
             return [*statements, *after] if collect and after else statements, comments
@@ -362,7 +362,7 @@ class ModuleRewriter:
             and _inert(stmt.test)
         )
 
-    def _folded_if(self, stmt, node: ast.stmt):
+    def _folded_if(self, stmt, node: ast.stmt, sc):
         """An `if` whose test a conversion made constant (target `tpu`: `xm.xla_device_hw(d) in
         ("TPU", "NEURON")` is `"TPU" in ("TPU", "NEURON")`): the branch that runs takes its
         place, as a reviewer would write it; (statements, comments for the next statement), or
@@ -378,6 +378,7 @@ class ModuleRewriter:
         if any(self.analysis.info(inner).interesting for branch in dropped for inner in ast.walk(branch)
                if isinstance(inner, ast.stmt)):
             return None
+        sc.dropped_statements(dropped)  # an import only the dead branch used goes with it
         if truth:
             kept, footer = list(stmt.body.body), stmt.body.footer
         elif isinstance(stmt.orelse, cst.Else):
