@@ -233,7 +233,8 @@ def test_the_values_a_dimension_takes_name_the_pattern():
 
 
 def test_sync_wording_by_the_steps_it_was_seen_in():
-    from tpu_migrate.diagnose.analysis import Finding, _native_sync
+    from tpu_migrate.diagnose.analysis import Finding
+    from tpu_migrate.diagnose.messages import _native_sync
 
     finding = Finding("sync", "a.py", 3, 4, 1, "item", None, "", steps={1, 2})
     assert _native_sync(finding, "a.py:3")[0].endswith("4 time(s) in 2 steps")  # no optimizer steps
@@ -246,7 +247,8 @@ def test_sync_wording_by_the_steps_it_was_seen_in():
 def test_xla_sync_wording_says_what_was_measured():
     """The xla backend's sync says in how many of the steps it was read, not "every step", and
     a read inside xm.mesh_reduce gets advice about the exchange, not about logging."""
-    from tpu_migrate.diagnose.analysis import Finding, describe
+    from tpu_migrate.diagnose.analysis import Finding
+    from tpu_migrate.diagnose.messages import describe
 
     finding = Finding("sync", "a.py", 3, 2, 1, "item", None, "", steps={1, 11})
     finding.total_steps = 20

@@ -1,0 +1,225 @@
+"""What each finding says: its one-line message and its explanation (what happened, why it
+costs, what to do), per kind and backend, from what was measured (analysis.py finds them)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from tpu_migrate.diagnose import guards
+from tpu_migrate.diagnose.finding import Finding
+from tpu_migrate.diagnose.locations import relative
+
+
+def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
+    where = f"{relative(f.file)}:{f.line}"
+    if f.kind == "recompile" and f.op not in (None, "host read"):  # native: Dynamo's reason
+        what = "the compiled code called here" if f.op == "(called here)" else f"`{f.op}`"
+        guard = guards.shape_guard(f.changed)
+        if guard is not None:
+            shapes = [g for g in map(guards.shape_guard, f.reasons) if g is not None]
+            seen = guards.pattern(shapes) if len(shapes) > 1 else None
+            origin = f.changed.partition("; ")[2]  # "the new shape comes from train.py:12"
+            return (f"torch.compile recompiled {what} {f.count} time(s) for a new input shape at "
+                    f"{where}{_when(f)}: {guard.describe()}" + (f"; {origin}" if origin else "")
+                    + (f"; {seen}" if seen else "") + _callers(f),
+                    "TorchTPU compiles with dynamic=False: every new input shape is a new graph to "
+                    "compile, up to Dynamo's recompile limit (8), after which the function runs "
+                    "eagerly, silently. (On the CPU, Dynamo's automatic dynamic shapes hide this; "
+                    "diagnose compiles as TorchTPU does.) Give the input a fixed shape (pad or "
+                    "bucket lengths, DataLoader(drop_last=True)), or mark the dimension dynamic "
+                    "with torch._dynamo.mark_dynamic.")
+        return (f"torch.compile recompiled {what} {f.count} time(s) at {where}{_when(f)}: {f.changed}",
+                "A guard of the compiled code failed, so Dynamo traced and compiled it again. A "
+                "changing Python number or object: pass it as a tensor, or keep it constant.")
+    if f.kind == "recompile":
+        after = "" if f.per_call else "after warm-up "
+        message = f"recompiled {f.count} time(s) {after}at {where}{_when(f)}"
+        if f.changed:
+            message += f": {f.changed}"
+        if f.op == "host read":
+            return message, ("A host read of a tensor before the step's sync (.item(), print, bool()) "
+                             "cuts the lazy graph here, and the cut moves with pending work: read the "
+                             "value after torch_xla.sync(), or in xm.add_step_closure.")
+        return message, ("The graph traced at this line changed after warm-up. Usual causes: an "
+                         "input whose shape changes (a shorter last batch: DataLoader(drop_last=True); "
+                         "variable sequence lengths: pad or bucket them), or a Python number that "
+                         "changes every step and is baked into the graph (pass it as a tensor).")
+    if f.kind in NATIVE_DESCRIPTIONS:
+        return NATIVE_DESCRIPTIONS[f.kind](f, where)
+    if backend_name == "native" and f.kind == "compile":
+        return (f"torch.compile compiled a second graph of `{f.op}` at {where} (step {f.first_step}): "
+                f"{f.changed}",
+                "Information: the function was called with the grad mode changed (evaluation under "
+                "torch.no_grad()), which Dynamo compiles as a graph of its own, once; a TPU does the "
+                "same. Nothing to fix unless it repeats.")
+    if backend_name == "native" and f.kind == "sync":
+        return _native_sync(f, where)
+    if backend_name == "native" and f.kind == "dynamic-shape":
+        if f.count == 0:  # found in the source only (see native._report_dynamic_calls)
+            return (f"data-dependent shape `{f.op}` at {where} (found in the source: calls of "
+                    f"torch.{f.op} are not counted once the program compiles)",
+                    "The output's shape depends on the values: on a TPU the host waits for the device "
+                    "to learn it, and under torch.compile it breaks the graph or recompiles per shape. "
+                    "Prefer fixed-shape forms: torch.where(mask, x, 0), masked sums, padding to a "
+                    "maximum size.")
+        return (f"data-dependent shape `{f.op}` at {where}: {f.count} time(s)",
+                "The output's shape depends on the values: the host waits for the device to learn "
+                "it, and under torch.compile it breaks the graph or recompiles per shape. Prefer "
+                "fixed-shape forms: torch.where(mask, x, 0), masked sums, padding to a maximum size.")
+    if f.kind == "compile" and f.op == "changed once":
+        return (f"the graph at {where} changed once in step {f.first_step}: {f.changed}",
+                "Information: a one-time change after the first use, not a recompile that "
+                "repeats; if it repeats it is reported as a recompile.")
+    if f.kind == "closure-read":
+        method = f.op.strip("_")
+        waits = ("in a background thread (run_async=True): the training loop does not wait for it"
+                 if f.changed == "async" else
+                 "at the step's sync (run_async=False): the host waits for that step to finish "
+                 "on the device before it traces the next one")
+        message = f"host read `{method}` in a step closure at {where}: {f.count} time(s) in {f.step_count} steps"
+        if f.runs_graph:
+            return (message + "; it computes on the device first",
+                    "The xm.add_step_closure callback computes on the device before it reads "
+                    "(the tensor it reads is not one the step computed): it runs a small graph of "
+                    "its own each time, compiled the first time, after the step's graph, "
+                    f"{waits}. It does not cut the step's graph. Read the step's own tensors in the "
+                    "closure and do the arithmetic on the host (or in the step), and throttle it "
+                    "(every N steps) if the wait shows.")
+        return (message,
+                "Information: an xm.add_step_closure callback runs after the step's graph has "
+                "executed, so this read neither cuts the graph nor compiles; it copies an already "
+                f"computed value, {waits}. Throttle it (every N steps) if the wait shows.")
+    if f.kind == "compile":
+        return (f"first compile of a new graph after warm-up at {where} (step {f.first_step})",
+                "Information: a graph first seen after warm-up, such as an evaluation step. "
+                "Expected once; if it repeats it is reported as a recompile.")
+    if f.kind == "sync":
+        every, when = _sync_when(f)
+        message = f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) {when}"
+        if _in_exchange(f):
+            return (message,
+                    "xm.mesh_reduce and xm.rendezvous exchange Python values between the "
+                    "processes, so they read their tensors on the host by design: call them after "
+                    "the training steps (once per epoch, at the end); to reduce a tensor in every "
+                    "step, xm.all_reduce keeps it on the device, to be read once.")
+        return (message,
+                f"The host waits for the device to finish before it can read the value, "
+                f"{'every step' if every else 'each time'}. Log less often, accumulate on the "
+                "device and read every N steps, or move the read into xm.add_step_closure.")
+    if f.kind == "dynamic-shape":
+        return (f"data-dependent shape `{f.op}` at {where}: {f.count} time(s)",
+                "The output's shape depends on the values, so XLA cannot compile it ahead: it "
+                "runs on the CPU with a device round trip, and shapes that differ recompile. "
+                "Prefer fixed-shape forms: torch.where(mask, x, 0), masked sums, padding to a "
+                "maximum size.")
+    place = f"at {where}" if f.exact else f"in the step ending at {where} (--explain gives the line)"
+    return (f"`{f.op}` fell back to the CPU {f.count} time(s) {place}",
+            f"{f.op} has no XLA lowering: it ran on the CPU, with a copy to the host and back. "
+            "Replace it with an op that has one, or move it out of the training step.")
+
+
+def _sync_when(f: Finding) -> tuple[bool, str]:
+    """(whether a sync was read in every step, when it was, as measured)."""
+    if f.per_call:
+        return False, "at this line, in a loop (no steps found)"
+    every = f.step_count >= f.total_steps - 1  # the first step's read may come before its end
+    return every, (f"in {f.step_count} steps" if not f.total_steps else "every step" if every
+                   else f"in {f.step_count} of {f.total_steps} steps (not every step)")
+
+
+def _in_exchange(f: Finding) -> bool:
+    """A read inside xm.mesh_reduce / xm.rendezvous (their value goes through the host)."""
+    return any(f" in {name}" in via for via in f.via or () for name in ("mesh_reduce", "rendezvous"))
+
+
+def _native_sync(f: Finding, where: str) -> tuple[str, str]:
+    every, when = _sync_when(f)
+    message = f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) {when}"
+    if f.placement_unknown:
+        message += "; could not tell whether the tensor read would live on the TPU"
+    return (message,
+            f"The host waits for the TPU to finish all queued work before it can read the value, "
+            f"{'every step' if every else 'each time'} (and in TorchTPU's fused eager mode it also "
+            "cuts the fused graph). Log less often: accumulate on the device and read every N "
+            "steps, or copy with .to('cpu', non_blocking=True) and read it a step later."
+            + ("" if every else " A read in evaluation or logging steps only costs less than one in "
+               "every step.")
+            + (" With the CPU standing in, the source did not show whether this tensor is moved "
+               "to the device (.to(device), device=) or made on the host: a host tensor's read "
+               "waits for nothing." if f.placement_unknown else ""))
+
+
+def _when(f: Finding) -> str:
+    return "" if f.per_call else f" (first in step {f.first_step})"
+
+
+def _graph_break(f: Finding, where: str) -> tuple[str, str]:
+    gb = f" ({f.changed}: https://meta-pytorch.github.io/compile-graph-break-site/gb/{f.changed.lower()}.html)" \
+        if f.changed else ""
+    fix = f"Dynamo's hint: {f.hint}" if f.hint else "See the graph-break page for the fixes."
+    return (f"graph break at {where}: {f.op}{gb}; traced {f.count} time(s)",
+            "torch.compile splits the function here: the code before and after compiles as "
+            "separate graphs and this line runs in Python between them, every call. A host read "
+            "(.item(), print, `if tensor`) also waits for the device. Keep it out of the compiled "
+            f"function, or fix it. {fix}")
+
+
+def _recompile_limit(f: Finding, where: str) -> tuple[str, str]:
+    return (f"torch.compile gave up on the function at {where}: it hit {f.op} "
+            f"(last reason: {f.changed})",
+            "Dynamo recompiled this function until its limit and now runs it eagerly, silently: "
+            "it is no longer compiled. Remove the cause of the recompiles (see the recompile "
+            "findings) rather than raising the limit.")
+
+
+def _unsupported_op(f: Finding, where: str) -> tuple[str, str]:
+    seen = (f"in {f.count} graph(s) torch.compile captured, at {where}" if f.changed == "compiled"
+            else f"called {f.count} time(s) at {where} (in the sampled warm-up steps)")
+    return (f"`{f.op}` has no TorchTPU kernel: {seen}",
+            f"TorchTPU 0.2.0 has no kernel for {f.op} on the tpu device and no composite kernel "
+            "covers it (rules/torchtpu-ops.json): it raises \"operator ... is not implemented for "
+            "TPU\", or with enable_cpu_fallback runs on the CPU with a copy each way. Replace it "
+            "with a supported op, or compute it on CPU tensors outside the step.")
+
+
+def _tpu_incompatible(f: Finding, where: str) -> tuple[str, str]:
+    advice = {
+        "fork start method": "TorchTPU cannot be used in a forked process: use "
+                             "multiprocessing.get_context('spawn') or torch.multiprocessing.spawn.",
+        "torch.compile(dynamic=True)": "The TPU backend raises NotImplementedError for dynamic=True: "
+                                       "drop it (static shapes), or mark single dimensions dynamic.",
+        "torch.compile(backend='inductor')": "backend='inductor' raises RuntimeError on TPU tensors: "
+                                             "pass backend='tpu' or no backend.",
+        "torch.compile under torch.inference_mode()": "Compiled code run under torch.inference_mode() "
+                                                      "crashes on TorchTPU: use torch.no_grad() instead "
+                                                      "(the same gradient-free compute).",
+    }
+    text = advice.get(f.op)
+    if text is None and f.op.startswith("torch.compile(mode="):
+        text = "Any mode= raises TypeError on the TPU backend: remove it."
+    if text is None and f.op.startswith("torch.tpu."):
+        from tpu_migrate.diagnose.incompatible import LEGACY_DEVICE_API
+
+        name = f.op[len("torch.tpu."):].rstrip("()")
+        text = (f"On TorchTPU, {f.op} raises RuntimeError from user code (it is internal to the "
+                f"framework): call {LEGACY_DEVICE_API.get(name, 'torch.accelerator.*')} instead.")
+    if text is None:
+        text = ("A TorchTPU process is bound to one device and sees it as tpu:0: use "
+                "torch.device('tpu') and start one process per device.")
+    return f"`{f.op}` raises on TorchTPU, at {where}", text
+
+
+NATIVE_DESCRIPTIONS = {"graph-break": _graph_break, "recompile-limit": _recompile_limit,
+                       "unsupported-op": _unsupported_op, "tpu-incompatible": _tpu_incompatible}
+
+
+def _callers(f: Finding) -> str:
+    """"; recompiled from train.py:50 (2 of 3), eval.py:80 (1 of 3)": the lines that called a
+    compiled function whose recompiles came from more than one (a training and an evaluation
+    call); "" for one."""
+    counted = Counter(f.callers)
+    if len(counted) < 2:
+        return ""
+    total = sum(counted.values())
+    return "; recompiled from " + ", ".join(f"{relative(c.rsplit(':', 1)[0])}:{c.rsplit(':', 1)[1]} ({n} of {total})"
+                                             for c, n in counted.most_common())
