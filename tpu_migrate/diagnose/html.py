@@ -13,7 +13,7 @@ import html
 from tpu_migrate.diagnose.analysis import Finding, StepRecord, steps_text
 from tpu_migrate.diagnose.costs import RunCosts
 from tpu_migrate.diagnose.locations import relative, source_line, via_text
-from tpu_migrate.report.html_page import inline, page
+from tpu_migrate.html_page import inline, page
 
 MARKS = (("compiles", "#d62728", "compile"), ("syncs", "#1f77b4", "host sync"),
          ("dynamic", "#9467bd", "dynamic shape"), ("fallbacks", "#ff7f0e", "fallback"))

@@ -17,7 +17,7 @@ from pathlib import PurePath
 
 from tpu_migrate.findings import FileResult, with_cell
 from tpu_migrate.report import svg_charts
-from tpu_migrate.report.html_page import inline, page
+from tpu_migrate.html_page import inline, page
 from tpu_migrate.rewrite.registry import rule_code
 from tpu_migrate.rules import Catalog
 

@@ -44,7 +44,6 @@ class ImportPlan:
     """
 
     def __init__(self, analysis: Analysis):
-        self.missing: dict[str, str] = {}  # placeholder -> import statement to add
         self._used: set[str] = set()
         bound = analysis.bound_names
         torch = analysis.module_alias("torch")
@@ -159,8 +158,6 @@ class FileContext:
     removed_roots: Counter = field(default_factory=Counter)
     fixes: list[Fix] = field(default_factory=list)
     manual: list[Manual] = field(default_factory=list)
-    # Names of module-level functions that an `xmp.spawn` rewrite turned into workers.
-    workers: set[str] = field(default_factory=set)
     # (scope id, name) of variables bound to a device loader and rewritten to the plain loader.
     loader_vars: dict[tuple[int, str], cst.BaseExpression] = field(default_factory=dict)
     # Blocks that rules generated, by id (the node is kept, so the id stays its own): the body
@@ -226,9 +223,6 @@ class FileContext:
             return False
         rule = self.catalog.by_code(code)
         return rule.safety == "safe" and not rule.also_on_torch_xla
-
-    def rule(self, code: str) -> Rule:
-        return self.catalog.by_code(code)
 
 
 class StatementContext:

@@ -139,12 +139,12 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
         return ("one process already differs: a conversion changed the computation itself (a device, a dtype, "
                 "an optimizer step, a seed or a random number generator)")
     if step == 0 and quantity == "loss":
-        return (f"the processes' losses average to another value than the original's on the first step: they "
-                f"did not read equal slices of the same global batch (a rank answered 0, a sampler without "
-                f"num_replicas / rank, a per-process batch that is not a slice of a global one, data seeded "
-                f"differently per process), or the model takes a statistic over each process's slice where "
-                f"the original took it over the global batch (BatchNorm); if the program means its batch per "
-                f"process, its numbers depend on the world size by design and agree at 1 process only")
+        return ("the processes' losses average to another value than the original's on the first step: they "
+                "did not read equal slices of the same global batch (a rank answered 0, a sampler without "
+                "num_replicas / rank, a per-process batch that is not a slice of a global one, data seeded "
+                "differently per process), or the model takes a statistic over each process's slice where "
+                "the original took it over the global batch (BatchNorm); if the program means its batch per "
+                "process, its numbers depend on the world size by design and agree at 1 process only")
     return (f"it agrees at one process and differs at {world}: what differs is how the processes share the "
             "work (the slices they read, the gradient average, a statistic taken over one process's slice), "
             "or the program's numbers depend on the world size by design (a batch per process that is not a "

@@ -1,4 +1,4 @@
-"""`verify --html`: the comparison as one self-contained page (report/html_page.py): per run of
+"""`verify --html`: the comparison as one self-contained page (tpu_migrate/html_page.py): per run of
 the migrated program its verdict, and its steps beside the original's, the first divergence
 marked."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import html
 
-from tpu_migrate.report.html_page import inline, page
+from tpu_migrate.html_page import inline, page
 from tpu_migrate.verify import compare
 
 STYLE = """

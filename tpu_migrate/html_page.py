@@ -1,4 +1,4 @@
-"""What the HTML reports share (`diagnose --html`, `rewrite --html`): one self-contained page,
+"""What the HTML reports share (`diagnose --html`, `rewrite --html`, `verify --html`): one self-contained page,
 no network, no scripts, no external assets; every text from a file or a program is escaped."""
 
 from __future__ import annotations
