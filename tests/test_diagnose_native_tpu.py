@@ -76,8 +76,11 @@ def test_reads_of_host_tensors_are_not_syncs():
         ("sync", name, line_of(name, "copy to the host every step"), "to('cpu')"),
         ("sync", name, line_of(name, "sync in evaluation"), "item"),
         ("sync", name, line_of(name, "cannot place"), "__format__"),
+        ("sync", name, line_of(name, "save copies to the host every step"), "torch.save"),
     }
-    every, copy, cannot_place, evaluation = document["findings"]  # ranked: every step, surest first
+    save = next(f for f in document["findings"] if f["op"] == "torch.save")
+    assert "every step" in save["message"] and "async_save" in save["explanation"]
+    every, copy, cannot_place, evaluation = [f for f in document["findings"] if f is not save]
     assert {every["line"], copy["line"]} == {line_of(name, "sync every step"), line_of(name, "copy to the host every step")}
     assert "every step" in every["message"] and "every step" in copy["message"]
     assert "could not tell" in cannot_place["message"] and "could not tell" not in every["message"]
@@ -259,3 +262,20 @@ def test_xla_sync_wording_says_what_was_measured():
     assert describe(finding, "xla")[0].endswith("every step")
     finding.via = ["torch_xla/core/xla_model.py:1445 in mesh_reduce"]
     assert "exchange Python values" in describe(finding, "xla")[1]
+
+
+@pytest.mark.slow  # imports torch (2-5 s), which the fast lane's workers otherwise need not
+def test_a_save_on_a_real_device_is_found_in_its_state_dict():
+    """Where tensors are on an accelerator (not the CPU standing in), torch.save is a sync when
+    the saved object holds one: a tensor, or one inside a state dict, list or tuple."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tpu_migrate.diagnose.native import NativeHooks
+
+    hooks = SimpleNamespace(cpu_stands_in=False, torch=torch)
+    on_device = torch.empty(2, device="meta")  # any device but the CPU
+    assert NativeHooks._device_object(hooks, {"model": {"w": torch.zeros(1), "b": on_device}}, None)
+    assert NativeHooks._device_object(hooks, [torch.zeros(1), (on_device,)], None)
+    assert not NativeHooks._device_object(hooks, {"step": 3, "w": torch.zeros(2)}, None)

@@ -137,6 +137,12 @@ def _native_sync(f: Finding, where: str) -> tuple[str, str]:
     message = f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) {when}"
     if f.placement_unknown:
         message += "; could not tell whether the tensor read would live on the TPU"
+    if f.op == "torch.save":
+        return (message,
+                "torch.save copies every tensor on the TPU to the host before it writes: the host "
+                f"waits for all queued work and for the copies, {'every step' if every else 'each time'}. "
+                "Save every N steps or at the end; for a large model, "
+                "torch.distributed.checkpoint.async_save writes in the background.")
     return (message,
             f"The host waits for the TPU to finish all queued work before it can read the value, "
             f"{'every step' if every else 'each time'} (and in TorchTPU's fused eager mode it also "

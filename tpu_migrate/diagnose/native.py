@@ -135,6 +135,7 @@ class NativeHooks:
 
         self.optimizer_hook = register_optimizer_step_post_hook(_dynamo_skips(self._optimizer_step))
         self._patch(torch, "compile", self._compile_wrapper(torch.compile))
+        self._patch(torch, "save", self._save_wrapper(torch.save))
         import multiprocessing
         import multiprocessing.process
 
@@ -485,6 +486,50 @@ class NativeHooks:
         if recorder.optimizer_steps >= self.sample_steps:
             self._stop_op_coverage()
         recorder.flush_soon()  # what a killed program did up to its last steps survives
+
+    def _save_wrapper(self, original):
+        """torch.save of tensors on the device copies each to the host before it writes: a
+        sync (issue 27, item 5). With the CPU standing in, the source says whether the saved
+        object would be on the TPU (placement.py), as for a read at that line."""
+        hooks = self
+
+        @functools.wraps(original)
+        def save(obj, *args, **kwargs):
+            recorder = hooks.recorder
+            if recorder is None or recorder.busy():
+                return original(obj, *args, **kwargs)
+            try:
+                device = hooks._device_object(obj, sys._getframe(1))
+            except Exception:  # noqa: BLE001 - never break the program's save
+                device = False
+            recorder.local.busy = True  # torch.save's own reads of the tensors are not the user's
+            started = time.perf_counter()
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                recorder.local.busy = False
+                if device:
+                    recorder.at_user_line(Kind.SYNC, "torch.save", wait=time.perf_counter() - started)
+
+        return save
+
+    def _device_object(self, obj, caller) -> bool:
+        """Whether `obj` (a tensor, or a state dict, list or tuple of them) holds tensors on the
+        device; with the CPU standing in, whether the user's line `caller` saves such."""
+        if self.cpu_stands_in:
+            return not recording.is_library(caller.f_code.co_filename) and \
+                self._read_place(caller.f_code.co_filename, caller.f_lineno) == placement.DEVICE
+        pending, seen = [obj], 0
+        while pending and seen < 10_000:  # a state dict is flat; the bound keeps odd objects cheap
+            item, seen = pending.pop(), seen + 1
+            if isinstance(item, self.torch.Tensor):
+                if item.device.type != "cpu":
+                    return True
+            elif isinstance(item, dict):
+                pending.extend(item.values())
+            elif isinstance(item, (list, tuple)):
+                pending.extend(item)
+        return False
 
     def _compile_wrapper(self, original):
         hooks = self
