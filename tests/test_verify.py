@@ -112,10 +112,14 @@ def test_a_migration_mistake_is_caught_at_its_first_step(mutated_runs, mutation)
     assert divergence.ranks == ([0] if mutation in ONE_PROCESS else [0, 1])
 
 
+def _verify(cwd, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=120)
+
+
 def test_a_program_that_cannot_run_exits_2_naming_the_side(tmp_path):
     (tmp_path / "broken.py").write_text("import sys\nprint('starting')\nsys.exit('no data at /nowhere')\n")
-    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "broken.py"], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=120)
+    proc = _verify(tmp_path, "broken.py")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "the original run failed (exit status 1)" in proc.stdout
     assert "no data at /nowhere" in proc.stdout
@@ -123,15 +127,13 @@ def test_a_program_that_cannot_run_exits_2_naming_the_side(tmp_path):
 
 def test_a_program_without_an_optimizer_step_has_nothing_to_compare(tmp_path):
     (tmp_path / "no_steps.py").write_text("print('inference only')\n")
-    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "no_steps.py"], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=120)
+    proc = _verify(tmp_path, "no_steps.py")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "the original took no optimizer step: nothing to compare" in proc.stdout
     assert "running the original, again" not in proc.stdout  # it stopped after the first run
 
 
 def test_a_missing_script_is_one_line_and_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "nowhere.py"], capture_output=True,
-                          text=True, cwd=tmp_path, timeout=120)
+    proc = _verify(tmp_path, "nowhere.py")
     assert proc.returncode == 2
     assert "no such script: nowhere.py" in proc.stderr
