@@ -361,23 +361,15 @@ class StatementContext:
         for key in self.scope.import_keys(dotted, self.info.position):
             self.file.removed_roots[key] += 1
 
-    def dropped(self, node: cst.CSTNode) -> None:
-        """Code of the statement that a fix left out of the new code (an argument the new call
-        does not take): the imports it used may go with it (imports.orphaned_imports). Nothing
-        is recorded for code with scopes of its own (a lambda, a comprehension), where a name
-        need not be the import's: its imports stay."""
-        roots = _loaded_roots(node)
-        for name in roots or ():
-            self.removed(name)
-
-    def dropped_statements(self, statements: list[ast.stmt]) -> None:
-        """`dropped` for statements of the input (a branch a fold removed), read from their ast:
-        the names they load. Nothing is recorded where they define or import anything (a
-        function, a class, a lambda, a comprehension, an import, a walrus, global)."""
-        nodes = [inner for stmt in statements for inner in ast.walk(stmt)]
-        if any(isinstance(node, _BINDING_NODES) for node in nodes):
+    def dropped_code(self, nodes: list[ast.AST]) -> None:
+        """Code of the input that a fix left out (a branch a fold removed, an argument), read
+        from its ast: the names it loads count as removed uses. Nothing is recorded where it
+        defines or imports anything (a function, a class, a lambda, a comprehension, an import,
+        a walrus, global): a name there need not be the import's, and its imports stay."""
+        inner = [node for top in nodes for node in ast.walk(top)]
+        if any(isinstance(node, _BINDING_NODES) for node in inner):
             return
-        for node in nodes:
+        for node in inner:
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
                 self.removed(node.id)
 
@@ -448,38 +440,6 @@ def cst_dotted(node: cst.BaseExpression) -> str | None:
 # Code that binds names of its own: a dropped piece holding one records no removed use.
 _BINDING_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
                   ast.DictComp, ast.GeneratorExp, ast.Import, ast.ImportFrom, ast.Global, ast.Nonlocal, ast.NamedExpr)
-
-
-class _LoadedRoots(cst.CSTVisitor):
-    """The root name of every name reference in a node (`np` of `np.arange(n)`, and `n`)."""
-
-    def __init__(self):
-        self.roots: list[str] = []
-        self.scoped = False  # a lambda or comprehension: its names may be its own
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.roots.append(node.value)
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)  # `.attr` is no reference
-        return False
-
-    def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)  # nor is a keyword
-        return False
-
-    def _scope(self, node) -> bool:
-        self.scoped = True
-        return False
-
-    visit_Lambda = visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = _scope
-
-
-def _loaded_roots(node: cst.CSTNode) -> list[str] | None:
-    """The root names `node` refers to; None if it has a scope of its own."""
-    visitor = _LoadedRoots()
-    node.visit(visitor)
-    return None if visitor.scoped else visitor.roots
 
 
 @lru_cache(maxsize=512)

@@ -58,7 +58,7 @@ def unused_xla_names(file: FileContext) -> set[tuple[tuple[str, ...], str, str]]
 
 def orphaned_imports(file: FileContext) -> set[tuple[tuple[str, ...], str, str]]:
     """Module-level imports of other modules whose every use was in code a fix dropped
-    (StatementContext.dropped): numpy imported for an SPMD mesh's device ids. Never an import
+    (StatementContext.dropped_code): numpy imported for an SPMD mesh's device ids. Never an import
     the input did not use (a side effect, a re-export), one inside a function or a block (it may
     stand for another, as `try: import a except ImportError: import b as a`), one of torch's
     (the new code is written against them), one whose name the new code uses (ImportPlan's

@@ -378,7 +378,7 @@ class ModuleRewriter:
         if any(self.analysis.info(inner).interesting for branch in dropped for inner in ast.walk(branch)
                if isinstance(inner, ast.stmt)):
             return None
-        sc.dropped_statements(dropped)  # an import only the dead branch used goes with it
+        sc.dropped_code(dropped)  # an import only the dead branch used goes with it
         if truth:
             kept, footer = list(stmt.body.body), stmt.body.footer
         elif isinstance(stmt.orelse, cst.Else):

@@ -74,7 +74,7 @@ def _text(script, against, original, floor, verdicts) -> list[str]:
     what = against or "its portable migration"
     lines = [f"verify: {script} (torch_xla on the CPU, 1 process) against {what} (the CPU, gloo), "
              f"{len(original)} optimizer steps; the original's own run-to-run noise: "
-             + ", ".join(f"{q} {floor[q]:.1e}" for q in compare.QUANTITIES if q != "learning rate")]
+             + compare.noise_text(floor)]
     for verdict in verdicts:
         divergence = verdict.divergence
         if divergence is None:
@@ -86,7 +86,7 @@ def _text(script, against, original, floor, verdicts) -> list[str]:
                          f"{divergence.migrated} in the migrated program (every common step agreed)")
         else:
             lines.append(f"  {verdict.run.name}: differs first at step {divergence.step}, {divergence.quantity}: "
-                         f"{_number(divergence.original)} (original) vs {_number(divergence.migrated)} "
+                         f"{compare.shown(divergence.original)} (original) vs {compare.shown(divergence.migrated)} "
                          f"(migrated, ranks {_ranks(divergence.ranks)})")
         if divergence.where:
             lines.append(f"    at the step: {divergence.where}")
@@ -101,10 +101,6 @@ def _document(script, against, original, floor, verdicts) -> dict:
         "runs": [{"run": v.run.name, "processes": v.run.world, "steps": v.steps, "tolerance": v.tolerance,
                   "divergence": None if v.divergence is None else vars(v.divergence)} for v in verdicts],
     }
-
-
-def _number(value) -> str:
-    return f"{value:.8g}" if isinstance(value, float) else str(value)
 
 
 def _ranks(ranks: list[int]) -> str:

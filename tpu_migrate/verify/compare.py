@@ -117,6 +117,18 @@ def verdict(original: list[Step], run: Run, rtol: float, atol: float, floor: dic
     return result
 
 
+def shown(value: float | int | None) -> str:
+    """A figure as the reports print it."""
+    if value is None:
+        return "-"
+    return f"{value:.8g}" if isinstance(value, float) else str(value)
+
+
+def noise_text(floor: dict[str, float]) -> str:
+    """The original's own run-to-run noise, per figure (the learning rate has none to speak of)."""
+    return ", ".join(f"{q} {floor[q]:.1e}" for q in QUANTITIES if q != "learning rate")
+
+
 def _close(x: float, y: float, rtol: float, atol: float) -> bool:
     return math.isclose(x, y, rel_tol=rtol, abs_tol=atol)
 

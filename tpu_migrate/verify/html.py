@@ -19,7 +19,7 @@ MOST_ROWS = 500  # steps shown per run: the first divergence is always among the
 
 def render(script: str, against: str | None, original: list[compare.Step], floor: dict[str, float],
            verdicts: list[compare.Verdict]) -> str:
-    noise = ", ".join(f"{q} {floor[q]:.1e}" for q in compare.QUANTITIES if q != "learning rate")
+    noise = compare.noise_text(floor)
     body = [f"<p>{html.escape(script)} (torch_xla on the CPU, 1 process) against "
             f"{html.escape(against or 'its portable migration')} (the CPU, gloo): {len(original)} optimizer "
             f"steps. The original's own run-to-run noise: {html.escape(noise)}.</p>"]
@@ -62,6 +62,4 @@ def _section(original: list[compare.Step], verdict: compare.Verdict) -> str:
 
 
 def _value(value) -> str:
-    if value is None:
-        return "&ndash;"
-    return html.escape(f"{value:.8g}" if isinstance(value, float) else str(value))
+    return "&ndash;" if value is None else html.escape(compare.shown(value))

@@ -73,20 +73,16 @@ def _before_step(optimizer, args, kwargs) -> None:
 
 
 def _caller() -> str | None:
-    """The program's line that stepped the optimizer (past torch's and libraries' frames:
-    xm.optimizer_step's caller), as `file:line: code`."""
+    """The program's line that stepped the optimizer (past torch's, libraries' and the tool's
+    frames: xm.optimizer_step's caller), as `file:line: code`."""
     import linecache
-    import sys
 
-    from tpu_migrate.diagnose.recording import is_library
+    from tpu_migrate.diagnose.recording import user_frame
 
-    frame = sys._getframe(2)
-    while frame is not None and (is_library(frame.f_code.co_filename) or "tpu_migrate" in frame.f_code.co_filename):
-        frame = frame.f_back
-    if frame is None:
+    filename, line = user_frame(2)
+    if filename is None:
         return None
-    code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}: {code}"
+    return f"{os.path.basename(filename)}:{line}: {linecache.getline(filename, line).strip()}"
 
 
 def _after_step(optimizer, path: str) -> None:

@@ -126,8 +126,8 @@ def spmd_mesh(call, qualname, sc: StatementContext, rule):
         return call
     args, device_ids = converted
     sc.fixed(rule.code, qualname)
-    if device_ids is not None:
-        sc.dropped(device_ids)  # `np.arange(n)`: numpy may have been imported for it alone
+    if device_ids is not None:  # `np.arange(n)`: numpy may have been imported for it alone
+        sc.dropped_code([ast.parse(f"({code(device_ids)})", mode="eval")])
     return cst.Call(func=cst.Name(device_mesh(sc)), args=args)
 
 
