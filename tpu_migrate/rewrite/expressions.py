@@ -93,6 +93,13 @@ def map_children(node: cst.CSTNode, fn) -> cst.CSTNode:
     return node.with_changes(**changes) if changes else node
 
 
+# Where a plain name is a value read (`wrap = checkpoint_module if c else (lambda m: m)`): the
+# fields of these nodes that hold it. Names elsewhere (attributes, keywords, parameters,
+# targets) are never references, and calls' names and arguments have their own paths.
+_VALUE_FIELDS: dict[type, tuple[str, ...]] = {
+    cst.IfExp: ("body", "orelse"), cst.Assign: ("value",), cst.AnnAssign: ("value",),
+    cst.Return: ("value",), cst.Element: ("value",), cst.DictElement: ("value",),
+}
 # Expressions a conversion inside may make constant (constant_tests.folded).
 _FOLDABLE = frozenset({cst.Comparison, cst.BooleanOperation, cst.UnaryOperation})
 # Expressions whose parts may run several times or not at all.
@@ -118,6 +125,8 @@ class ExprRewriter:
         self.loose: set[int] = set()
         self.call_funcs: set[int] = set()  # a call's own name is handled by leave_Call
         self.deferred: set[int] = set()  # calls left to a statement-level rule
+        # The statement's plain-name references (`checkpoint_module` after a from-import).
+        self.plain_refs = frozenset(ref.dotted for ref in sc.info.refs if "." not in ref.dotted)
 
     def rewrite(self, node):
         if type(node) in _FOLDABLE:
@@ -135,6 +144,8 @@ class ExprRewriter:
         kind = type(node)
         if kind in _LEAF_TYPES:
             return node
+        if self.plain_refs and kind in _VALUE_FIELDS:
+            node = self._plain_values(node, _VALUE_FIELDS[kind])
         if kind is cst.Attribute and cst_dotted(node) is not None:
             # Nothing inside `torch.utils.data` can change; the whole name may be renamed.
             if id(node) in self.call_funcs:
@@ -187,13 +198,25 @@ class ExprRewriter:
             return node
         return self._wrap(transforms.apply_reference_rule(rule, qualname, node, sc))
 
+    def _plain_values(self, node: cst.CSTNode, fields: tuple[str, ...]) -> cst.CSTNode:
+        changes = {}
+        for field in fields:
+            value = getattr(node, field)
+            if type(value) is cst.Name and value.value in self.plain_refs:
+                new = self.name_argument(value)
+                if new is not value:
+                    changes[field] = new
+        return node.with_changes(**changes) if changes else node
+
     def name_argument(self, node: cst.Name) -> cst.BaseExpression:
-        """A plain name as a call's argument (or a class's base): only rename rules apply;
-        any other name stays for the leftover report (TPU099), as a name used elsewhere does."""
+        """A plain name read as a value (a call's argument, a class's base, an assigned or
+        returned value, a branch of `x if c else y`): rename rules and the transforms written
+        for a name used as a value apply; any other rule's name stays for the leftover report
+        (TPU099)."""
         sc = self.sc
         qualname = sc.resolve(node)
         rule = sc.file.catalog.lookup(qualname)
-        if rule is None or not rule.rename:
+        if rule is None or not (rule.rename or rule.transform in REGISTRY.reference):
             return node
         if not sc.may_fix(rule, qualname):
             return node
