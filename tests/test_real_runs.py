@@ -18,9 +18,6 @@ from conftest import ONE_WORKER_TESTS
 
 BLOCKED_IMPORT = "ImportError: torch_xla is blocked"
 ZERO = "torch_xla's ZeroRedundancyOptimizer (TPU169: torch's neither averages nor clips the gradients)"
-FSDP = ("the sharded-checkpoint consolidation (TPU176: FSDP2 saves another format) and "
-        "`checkpoint_module` used as a plain name in `x if c else y` (TPU099) keep the torch_xla import; "
-        "by hand, without them and with --no_ckpt_consolidation, it matches torch_xla")
 
 
 @dataclass(frozen=True)
@@ -34,7 +31,7 @@ EXPECTED = {
     "test_train_mp_mnist.py": Expected("match"),
     "test_train_mp_mnist.py --ddp": Expected("match"),
     "test_train_mp_mnist_zero1.py": Expected("fails", BLOCKED_IMPORT, ZERO),
-    "test_train_mp_mnist_fsdp_with_ckpt.py": Expected("fails", BLOCKED_IMPORT, FSDP),
+    "test_train_mp_mnist_fsdp_with_ckpt.py": Expected("match"),
     "train_resnet_base.py": Expected("match"),
     "train_resnet_xla_ddp.py": Expected("match"),
     "train_decoder_only_base.py": Expected("match"),

@@ -25,6 +25,7 @@ from tpu_migrate.rewrite.names import analyze, is_xla_name
 from tpu_migrate.rewrite.plans import make_plans
 from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
+from tpu_migrate.rewrite.transforms.fsdp_checkpoints import shard_metadata_reads
 from tpu_migrate.rules import Catalog, RuleError, load_catalog
 
 
@@ -372,6 +373,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
     file.plans = make_plans(
         analysis, catalog.canonical, lambda code, info: StatementContext(file, info).fix_allowed(code)
     )
+    file.plans.shard_metadata_reads = shard_metadata_reads(analysis)
     return file
 
 

@@ -53,6 +53,9 @@ class Plans:
     # Workers that only the converted launch runs, always in its process group: private
     # module-level functions the file names nowhere but at the launch (named_expressions.py).
     joined_workers: set[str] = field(default_factory=set)
+    # id(statement) -> (line, col) of each `model.get_shard_metadata()` in it, in a file that
+    # wraps a model with torch_xla's FSDP (transforms/fsdp_checkpoints.py).
+    shard_metadata_reads: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def workers(self) -> set[str]:

@@ -18,6 +18,7 @@ from tpu_migrate.rewrite.transforms import (
     device,
     environment,
     fsdp,
+    fsdp_checkpoints,
     guards,
     launch,
     loaders,
@@ -29,7 +30,7 @@ from tpu_migrate.rewrite.transforms import (
 from tpu_migrate.rewrite.transforms.common import atom, bind, code
 
 # Imported for their registrations.
-FAMILIES = (amp_compile, collectives, device, environment, fsdp, guards, launch, loaders, reporting, spmd, steps, utilities)
+FAMILIES = (amp_compile, collectives, device, environment, fsdp, fsdp_checkpoints, guards, launch, loaders, reporting, spmd, steps, utilities)
 
 # The registry's tables (tests patch a transform through CALL).
 CALL = REGISTRY.call
