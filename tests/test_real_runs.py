@@ -17,7 +17,6 @@ import real_runs as harness
 from conftest import ONE_WORKER_TESTS
 
 BLOCKED_IMPORT = "ImportError: torch_xla is blocked"
-ZERO = "torch_xla's ZeroRedundancyOptimizer (TPU169: torch's neither averages nor clips the gradients)"
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class Expected:
 EXPECTED = {
     "test_train_mp_mnist.py": Expected("match"),
     "test_train_mp_mnist.py --ddp": Expected("match"),
-    "test_train_mp_mnist_zero1.py": Expected("fails", BLOCKED_IMPORT, ZERO),
+    "test_train_mp_mnist_zero1.py": Expected("match"),
     "test_train_mp_mnist_fsdp_with_ckpt.py": Expected("match"),
     "train_resnet_base.py": Expected("match"),
     "train_resnet_xla_ddp.py": Expected("match"),

@@ -18,6 +18,7 @@ from tpu_migrate.rules import Catalog, Rule
 ALL_CODES = "*"
 # Placeholders of rule templates for standard-library modules (in the order they are imported).
 _STDLIB_MODULES = named_expressions.STDLIB_MODULES
+TORCH_SUBMODULES = named_expressions.TORCH_SUBMODULES
 
 
 @dataclass(frozen=True)
@@ -68,20 +69,22 @@ class ImportPlan:
             else:
                 self.names[module] = f"_{module}_module"
                 self._modules[module] = f"import {module} as _{module}_module"
-        # torch's FSDP wrap policies (TPU175): `import torch` does not import the module.
-        self.names["fsdp_wrap"] = f"{self.names['torch']}.distributed.fsdp.wrap"
-        self._fsdp_wrap_imported = any(
-            isinstance(node, ast.Import) and any(a.name == "torch.distributed.fsdp.wrap" and a.asname is None
-                                                 for a in node.names)
-            for node in analysis.tree.body
-        )
+        # torch's submodules that `import torch` does not import (FSDP's wrap policies, TPU175;
+        # its ZeRO optimizer, TPU169): named in full, imported unless the file imports them.
+        imported = {alias.name for node in analysis.tree.body if isinstance(node, ast.Import)
+                    for alias in node.names if alias.asname is None}
+        self._submodules_imported = set()
+        for placeholder, module in TORCH_SUBMODULES.items():
+            self.names[placeholder] = self.names["torch"] + module.removeprefix("torch")
+            if module in imported:
+                self._submodules_imported.add(placeholder)
         transformers = analysis.module_alias("transformers")
         self._transformers_imported = transformers is not None
         self.names["transformers"] = transformers or "transformers"
 
     def use(self, placeholder: str) -> str:
         self._used.add(placeholder)
-        if placeholder == "dist" and self._dist_as_attribute or placeholder == "fsdp_wrap":
+        if placeholder == "dist" and self._dist_as_attribute or placeholder in TORCH_SUBMODULES:
             self._used.add("torch")
         return self.names[placeholder]
 
@@ -113,8 +116,9 @@ class ImportPlan:
                 lines.append("import torch.distributed")
             else:
                 lines.append(f"import torch.distributed as {self.names['dist']}")
-        if "fsdp_wrap" in self._used and not self._fsdp_wrap_imported:
-            lines.append("import torch.distributed.fsdp.wrap")
+        for placeholder, module in TORCH_SUBMODULES.items():
+            if placeholder in self._used and placeholder not in self._submodules_imported:
+                lines.append(f"import {module}")
         if "transformers" in self._used and not self._transformers_imported:
             lines.append("import transformers")
         if "loguru" in self._used and self._modules["loguru"]:

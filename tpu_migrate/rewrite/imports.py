@@ -153,10 +153,55 @@ def _add_imports(module: cst.Module, lines: list[str], hint: RemovedImports | No
 
 
 def _add_helpers(module: cst.Module, helpers: list[str]) -> cst.Module:
+    """Helper functions after the leading imports; helper classes, whose bases are read when the
+    class is defined (`class _X(torch.nn.Module)`), after the file's last module-level import
+    (a script may import torch after parsing its flags), unless module-level code uses them
+    before it."""
+    parsed = [parse_stmt(code) for code in helpers]
+    functions = [stmt for stmt in parsed if not isinstance(stmt, cst.ClassDef)]
+    classes = [stmt for stmt in parsed if isinstance(stmt, cst.ClassDef)]
     body = list(module.body)
-    index = _leading_imports_end(body)
+    first = _leading_imports_end(body)
+    late = _late_position(body, first, {stmt.name.value for stmt in classes}) if classes else first
+    if late == first:
+        return _insert_helpers(module, first, parsed)
+    module = _insert_helpers(module, late, classes)
+    return _insert_helpers(module, first, functions) if functions else module
+
+
+def _late_position(body: list[cst.BaseStatement], first: int, names: set[str]) -> int:
+    """After the last module-level import line, or before the first module-level statement
+    (other than a function definition, whose body runs later) that names one of `names`."""
+    late = first
+    for index in range(first, len(body)):
+        stmt = body[index]
+        if _is_import_line(stmt):
+            late = index + 1
+        elif not isinstance(stmt, cst.FunctionDef) and any(
+                name.value in names for name in _names_in(stmt)):
+            break
+    return late
+
+
+class _Names(cst.CSTVisitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[cst.Name] = []
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.found.append(node)
+
+
+def _names_in(node: cst.CSTNode) -> list[cst.Name]:
+    names = _Names()
+    node.visit(names)
+    return names.found
+
+
+def _insert_helpers(module: cst.Module, index: int, helpers: list[cst.BaseStatement]) -> cst.Module:
+    body = list(module.body)
     blank = [cst.EmptyLine(), cst.EmptyLine()]
-    new = [parse_stmt(code).with_changes(leading_lines=blank) for code in helpers]
+    new = [stmt.with_changes(leading_lines=blank) for stmt in helpers]
     if index < len(body):
         following = body[index]
         lines = list(following.leading_lines)

@@ -34,7 +34,9 @@ _FUNCTIONS = {"map_tensors": ("_map_tensors", MAP_TENSORS), "batch_slice": ("_ba
 # The modules a template may name (ImportPlan gives each the file's own name, importing it
 # where needed), then every other placeholder a rule table may use besides its `params`.
 STDLIB_MODULES = ("copy", "functools", "os", "time")
-MODULES = ("torch", "dist", "transformers", "fsdp_wrap", *STDLIB_MODULES, "loguru")
+# Placeholders for torch's submodules that `import torch` does not import.
+TORCH_SUBMODULES = {"fsdp_wrap": "torch.distributed.fsdp.wrap", "dist_optim": "torch.distributed.optim"}
+MODULES = ("torch", "dist", "transformers", *TORCH_SUBMODULES, *STDLIB_MODULES, "loguru")
 PLACEHOLDERS = frozenset({*MODULES, *NAMES, *_FUNCTIONS, "name"})
 
 

@@ -26,11 +26,13 @@ from tpu_migrate.rewrite.transforms import (
     spmd,
     steps,
     utilities,
+    zero_redundancy,
 )
 from tpu_migrate.rewrite.transforms.common import atom, bind, code
 
 # Imported for their registrations.
-FAMILIES = (amp_compile, collectives, device, environment, fsdp, fsdp_checkpoints, guards, launch, loaders, reporting, spmd, steps, utilities)
+FAMILIES = (amp_compile, collectives, device, environment, fsdp, fsdp_checkpoints, guards, launch, loaders,
+            reporting, spmd, steps, utilities, zero_redundancy)
 
 # The registry's tables (tests patch a transform through CALL).
 CALL = REGISTRY.call
