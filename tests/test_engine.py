@@ -411,7 +411,7 @@ def test_whole_file_scans_run_once_per_file_not_once_per_statement(monkeypatch):
 
     scans = []
     real = steps._wrapping_scopes
-    monkeypatch.setattr(steps, "_wrapping_scopes", lambda analysis: scans.append(1) or real(analysis))
+    monkeypatch.setattr(steps, "_wrapping_scopes", lambda *args: scans.append(1) or real(*args))
     body = "".join(f"def step_{i}(opt):\n    xm.optimizer_step(opt)\n" for i in range(50))
     result = run(("import torch_xla.core.xla_model as xm\n" + body).encode())
     assert len(result.fixes) == 50 and len(scans) == 1

@@ -26,6 +26,7 @@ from tpu_migrate.rewrite.plans import make_plans
 from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rewrite.transforms.fsdp_checkpoints import shard_metadata_reads
+from tpu_migrate.rewrite.transforms.spmd_parameters import parameter_marking_loops
 from tpu_migrate.rules import Catalog, RuleError, load_catalog
 
 
@@ -370,10 +371,13 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
         convert_guards=convert_guards,
         waiting_for=waiting_for,
     )
-    file.plans = make_plans(
-        analysis, catalog.canonical, lambda code, info: StatementContext(file, info).fix_allowed(code)
-    )
+    def fix_allowed(code, info):
+        return StatementContext(file, info).fix_allowed(code)
+
+    file.plans = make_plans(analysis, catalog.canonical, fix_allowed)
     file.plans.shard_metadata_reads = shard_metadata_reads(analysis)
+    file.plans.sharded_parameter_loops, file.plans.parameter_mark_refusals = parameter_marking_loops(
+        analysis, catalog.canonical, fix_allowed)
     return file
 
 

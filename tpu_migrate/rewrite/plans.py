@@ -56,6 +56,11 @@ class Plans:
     # id(statement) -> (line, col) of each `model.get_shard_metadata()` in it, in a file that
     # wraps a model with torch_xla's FSDP (transforms/fsdp_checkpoints.py).
     shard_metadata_reads: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # id(`for` statement) -> the model's name, for the loops that mark each of an SPMD model's
+    # parameters and become fully_shard (transforms/spmd_parameters.py).
+    sharded_parameter_loops: dict[int, str] = field(default_factory=dict)
+    # id(`xs.mark_sharding(param, ...)` statement) -> why its loop over a model's parameters stays.
+    parameter_mark_refusals: dict[int, str] = field(default_factory=dict)
 
     @property
     def workers(self) -> set[str]:

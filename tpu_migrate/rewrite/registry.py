@@ -69,6 +69,8 @@ KINDS = {
     "with": "a with statement",
     # `(for, sc, plans, expr_rewriter)` -> (for, statements to put first in its body).
     "loop": "a for loop",
+    # `(for, sc)` -> the statements that replace the whole loop, or None to go on.
+    "replace_loop": "a for loop replaced as a whole",
 }
 
 

@@ -319,6 +319,11 @@ class ModuleRewriter:
                     if isinstance(stmt, list):
                         return self.unwrapped(stmt, node, info, sc)
             elif isinstance(stmt, cst.For):
+                for hook in HOOKS["replace_loop"]:
+                    replaced = hook(stmt, sc)
+                    if replaced is not None:
+                        self.report_leftovers(sc)
+                        return replaced, []
                 for hook in HOOKS["loop"]:
                     stmt, first = hook(stmt, sc, self.plans, ExprRewriter(sc, stmt))
                     prefix.extend(first)

@@ -24,6 +24,7 @@ from tpu_migrate.rewrite.transforms import (
     loaders,
     reporting,
     spmd,
+    spmd_parameters,
     steps,
     utilities,
     zero_redundancy,
@@ -32,7 +33,7 @@ from tpu_migrate.rewrite.transforms.common import atom, bind, code
 
 # Imported for their registrations.
 FAMILIES = (amp_compile, collectives, device, environment, fsdp, fsdp_checkpoints, guards, launch, loaders,
-            reporting, spmd, steps, utilities, zero_redundancy)
+            reporting, spmd, spmd_parameters, steps, utilities, zero_redundancy)
 
 # The registry's tables (tests patch a transform through CALL).
 CALL = REGISTRY.call

@@ -110,7 +110,8 @@ def join_world(sc: StatementContext) -> str:
     return helper(sc, "_join_world", for_target(sc, JOIN_WORLD))
 
 
-def _helper(sc: StatementContext) -> str:
+def fully_shard_helper(sc: StatementContext) -> str:
+    """The name of the `_fully_shard` helper (torch_xla's FSDP wrap as FSDP2)."""
     return helper(sc, "_fully_shard", for_target(sc, FULLY_SHARD), join_world=join_world(sc))
 
 
@@ -206,7 +207,7 @@ def fully_shard_call(call, qualname, sc: StatementContext, rule, params: list[st
             args.append(cst.Arg(bound[arg].value, keyword=cst.Name(arg),
                                 equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
                                                       whitespace_after=cst.SimpleWhitespace(""))))
-    return cst.Call(func=cst.Name(_helper(sc)), args=clean_args([*args, *stars]))
+    return cst.Call(func=cst.Name(fully_shard_helper(sc)), args=clean_args([*args, *stars]))
 
 
 @transform("xla_fsdp", form=REFERENCE, emits=("TPU174",))
@@ -273,4 +274,4 @@ FSDP_NAMES = frozenset({
 })
 
 __all__ = ["xla_fsdp", "xla_fsdp_reference", "checkpoint_module", "checkpoint_module_reference", "FSDP_NAMES",
-           "SPMD_FSDP", "fully_shard_call", "join_world", "for_target"]
+           "SPMD_FSDP", "fully_shard_call", "fully_shard_helper", "join_world", "for_target"]

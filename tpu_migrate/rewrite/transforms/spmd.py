@@ -248,9 +248,11 @@ def batch_axis(spec: cst.BaseExpression) -> cst.BaseExpression | None:
 
 
 def gradients_averaged(sc: StatementContext) -> bool:
-    """Whether the file wraps its model in SpmdFullyShardedDataParallel and may convert it: then
-    FSDP2 averages the processes' gradients, and each process may read a slice of the batch."""
-    return SPMD_FSDP in sc.file.analysis.qualnames and sc.fix_allowed(SPMD_FSDP_CODE)
+    """Whether the file wraps its model in SpmdFullyShardedDataParallel and may convert it, or
+    converts a loop that marks its parameters (TPU185): then FSDP2 averages the processes'
+    gradients, and each process may read a slice of the batch."""
+    return (SPMD_FSDP in sc.file.analysis.qualnames and sc.fix_allowed(SPMD_FSDP_CODE)
+            or bool(sc.file.plans.sharded_parameter_loops))
 
 
 def sharding_mesh(sharding: cst.Call) -> cst.BaseExpression:
@@ -367,6 +369,10 @@ def _ancestors(tree: ast.AST, target: ast.stmt) -> list[ast.AST] | None:
 def spmd_sharding(call, qualname, sc: StatementContext, rule):
     """An SPMD annotation left for a human, with the DTensor call that replaces it."""
     if qualname == MARK_SHARDING:
+        refused = sc.file.plans.parameter_mark_refusals.get(id(sc.info.node))
+        if refused is not None:
+            sc.needs_manual(rule.code, "`xs.mark_sharding` of each parameter is FSDP style, but " + refused, qualname)
+            return call
         bound = bind(call, ["t", "mesh", "partition_spec"])
         placements = _placements(bound["partition_spec"].value) if bound and "partition_spec" in bound else None
         if placements is not None:

@@ -218,18 +218,21 @@ def _ddp_on_every_path(sc: StatementContext) -> bool:
     all-reduce of the sharded gradients would also add up different shards)."""
     scopes = sc.file.memo.get("wrapping_scopes")
     if scopes is None:
-        scopes = sc.file.memo["wrapping_scopes"] = _wrapping_scopes(sc.file.analysis)
+        scopes = sc.file.memo["wrapping_scopes"] = _wrapping_scopes(
+            sc.file.analysis, sc.file.plans.sharded_parameter_loops)
     return id(sc.info.scope) in scopes
 
 
-def _wrapping_scopes(analysis) -> frozenset[int]:
-    """The scopes (ids) with a DDP / FSDP wrapper statement in their top-level body."""
+def _wrapping_scopes(analysis, sharding_loops) -> frozenset[int]:
+    """The scopes (ids) with a DDP / FSDP wrapper statement in their top-level body (or a loop
+    over the parameters that becomes FSDP2, TPU185)."""
     bodies = [analysis.tree.body] + [node.body for node in analysis.nodes
                                      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
     top_level = {id(stmt) for body in bodies for stmt in body}
     return frozenset(id(info.scope) for info in analysis.infos.values()
-                     if id(info.node) in top_level
-                     and any(ref.qualname in DDP_NAMES or ref.qualname in FSDP_NAMES for ref in info.refs))
+                     if id(info.node) in top_level and (
+                         id(info.node) in sharding_loops
+                         or any(ref.qualname in DDP_NAMES or ref.qualname in FSDP_NAMES for ref in info.refs)))
 
 
 @transform("xla_save", form=STATEMENT)
