@@ -41,6 +41,25 @@ def test_native_compiled_function_in_a_loop_without_steps():
     # Lengths 4, 5, 6, 7: three recompiles of `predict` (its first compile is its warm-up).
     assert found == {("recompile", 10, 3), ("sync", 17, 7)}
     assert "total" in result.stderr  # the program's own output, moved to stderr by --format json
+    # Every call of the compiled function is timed at the line that called it: the first call at
+    # each new input shape (compile + run) apart from the later calls at a shape seen before.
+    costs = document["costs"]
+    [site] = costs["compiled_calls"]
+    assert (site["line"], site["function"], site["first_calls"], site["later_calls"]) == (17, "predict", 4, 3)
+    shapes = {s["inputs"]: s for s in site["signatures"]}
+    assert list(shapes) == [f"arg0 ({n}, 8) float32" for n in (4, 5, 6, 7)]
+    assert all(s["first_call_compiled"] for s in shapes.values())
+    four = shapes["arg0 (4, 8) float32"]
+    assert four["later_calls"] == 3 and not four["later_calls_that_compiled"]
+    assert four["later_mean_seconds"] < four["first_call_seconds"]  # a compile is no steady-state call
+    # No steps, yet it compiled: the run's compile time is Dynamo's, not 0.
+    assert costs["compile_seconds"] > 0
+    # The recompiles cost the first calls at the new shapes (it was "not measured" without steps).
+    recompile = next(f for f in document["findings"] if f["kind"] == "recompile")
+    assert recompile["cost"]["seconds"] > 0 and "3 new input shape(s)" in recompile["cost"]["how"]
+    text = diagnose(str(NATIVE / "compiled_inference_loop.py")).stderr
+    assert "compiled_inference_loop.py:17 predict: 4 first call(s) at a new input shape" in text
+    assert "arg0 (4, 8) float32: first" in text and "then 3 x" in text
 
 
 def test_clean_program_without_steps_never_says_no_problems(tmp_path):

@@ -17,7 +17,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from tpu_migrate.diagnose import compiled_calls
 from tpu_migrate.diagnose.analysis import Finding, StepRecord, Summary, busiest_process
+from tpu_migrate.diagnose.compiled_calls import CallSite
 from tpu_migrate.diagnose.events import Event, Kind
 from tpu_migrate.diagnose.locations import relative
 
@@ -56,6 +58,7 @@ class RunCosts:
     steady_high: float | None
     slow_steps: dict[int, list[str]]  # step -> why it was slow (compile, sync, ...)
     headline: str = ""
+    compiled_calls: list[CallSite] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         first = "n/a" if self.first_step_seconds is None else _duration(self.first_step_seconds)
@@ -75,7 +78,7 @@ class RunCosts:
                          + (f": {because}" if because else ""))
         if self.headline:
             lines.append(self.headline)
-        return lines
+        return lines + compiled_calls.lines(self.compiled_calls)
 
     def to_json(self) -> dict:
         return {"run_seconds": self.run_seconds, "first_step_seconds": self.first_step_seconds,
@@ -83,11 +86,10 @@ class RunCosts:
                 "steady_median_seconds": self.steady_median, "steady_p10_seconds": self.steady_low,
                 "steady_p90_seconds": self.steady_high,
                 "slow_steps": [{"step": s, "why": why} for s, why in sorted(self.slow_steps.items())],
-                "summary": self.headline}
+                "summary": self.headline, "compiled_calls": [site.to_json() for site in self.compiled_calls]}
 
 
-def _duration(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+_duration = compiled_calls.duration
 
 
 def _share(fraction: float) -> str:
@@ -141,10 +143,11 @@ def measure(summary: Summary, records: list[StepRecord], events_by_process: dict
         if f.kind in COMPILE_KINDS:
             for step in f.steps:
                 compile_steps[step] = compile_steps.get(step, 0) + 1
+    sites = compiled_calls.collect(events_by_process)
     # A host read that recompiles compiles inside the read: its wait holds that compile.
     compiling_reads = {(f.file, f.line) for f in summary.findings if f.kind == "recompile" and f.op == "host read"}
     for f in summary.findings:
-        f.cost = _finding_cost(f, records, median, compile_steps, backend, device)
+        f.cost = _finding_cost(f, records, median, compile_steps, backend, device, sites)
         if f.kind == "sync" and f.cost.seconds is not None and (f.file, f.line) in compiling_reads:
             f.cost.why += ", including the recompiles at this line"
         if f.cost.seconds is not None and run_seconds:
@@ -152,17 +155,52 @@ def measure(summary: Summary, records: list[StepRecord], events_by_process: dict
         f.cost.steps = sorted(s for s in f.steps if s in slow) if f.kind in COMPILE_KINDS else []
         f.message = f"{f.message}; {f.cost.text()}"
     summary.findings.sort(key=lambda f: -(f.cost.seconds or 0.0))  # stable: ties keep their order
-    costs = RunCosts(run_seconds, first, sum(r.compile_seconds for r in records),
+    costs = RunCosts(run_seconds, first, _compile_seconds(records, events_by_process),
                      "torch_xla CompileTime" if backend == "xla" else "Dynamo compile time",
                      median, _percentile(steady, 0.1) if median else None,
-                     _percentile(steady, 0.9) if median else None, slow)
+                     _percentile(steady, 0.9) if median else None, slow,
+                     compiled_calls=sites)
     lost = _lost_together(summary.findings, records, median, busiest_process(events_by_process))
     costs.headline = _headline(summary.findings, lost, run_seconds)
     return costs
 
 
+def _recompiles_timed(f: Finding, sites: list[CallSite]) -> Cost | None:
+    """A program without steps: a recompile costs the first calls at the new input shapes of the
+    compiled calls it was recompiled from (the call sites, or the compiled function's own line),
+    over the time a later call took there: the compiles and what else a first call does."""
+    places = {f"{f.file}:{f.line}", *f.callers}
+    matched = [site for site in sites if f"{site.file}:{site.line}" in places]
+    new_shapes = [(site, s) for site in matched for s in site.signatures[1:] if s.first_compiled]
+    if not new_shapes:
+        return None
+    seconds = 0.0
+    for site, s in new_shapes:
+        steady = s.later_min_seconds
+        if steady is None:  # no later call at that shape: the site's other shapes' calls
+            later = [t.later_min_seconds for t in site.signatures if t.later_min_seconds is not None]
+            steady = min(later) if later else 0.0
+        seconds += max(s.first_seconds - steady, 0.0)
+    return Cost(seconds, why=f"the first calls at {len(new_shapes)} new input shape(s), over a later call's "
+                             "time (compile and first run)")
+
+
+def _compile_seconds(records: list[StepRecord], events_by_process: dict[int, list[Event]]) -> float:
+    """The compile time of the steps, or of the whole run where there are none (a generation or
+    evaluation program: all of its compiles, which no step holds, of its busiest process)."""
+    if records:
+        return sum(r.compile_seconds for r in records)
+    return max((sum(e.get("seconds", 0.0) for e in events if e["kind"] == Kind.COMPILE_TIME)
+                for events in events_by_process.values()), default=0.0)
+
+
 def _finding_cost(f: Finding, records: list[StepRecord], median: float | None,
-                  compile_steps: dict[int, int], backend: str, device: str | None) -> Cost:
+                  compile_steps: dict[int, int], backend: str, device: str | None,
+                  sites: list[CallSite] = ()) -> Cost:
+    if f.kind == "recompile" and f.per_call:
+        timed = _recompiles_timed(f, sites)
+        if timed is not None:
+            return timed
     if f.kind in COMPILE_KINDS and not f.per_call and not f.traced:
         steps = [records[s] for s in sorted(f.steps) if s < len(records) and s > 0]
         if not steps:

@@ -17,7 +17,9 @@ line, each an object whose first key is `kind` (the recorder's counting mode rel
 - `accumulator`, `opt_state`: what changes the next step's graph once (causes.py);
 - `backend`, `rank`, `end`: which backend traced the process, its rank, its end;
 - native backend only: `compile`, `compile_time`, `recompile`, `graph_break`, `recompile_limit`,
-  `unsupported`, `incompatible` (native.py).
+  `unsupported`, `incompatible` (native.py), and `call_time` at the process's end: per call site
+  and input signature of a compiled function, its first call apart from the later ones
+  (call_timing.py).
 
 Past its event limit a process counts events in tally.<pid>.json instead (recording.Recorder);
 read_events turns the tally back into events: a `counted` event, and each tally entry as one
@@ -56,6 +58,7 @@ class Kind:
     RECOMPILE_LIMIT = "recompile_limit"
     UNSUPPORTED = "unsupported"
     INCOMPATIBLE = "incompatible"
+    CALL_TIME = "call_time"
     COUNTED = "counted"  # made by read_events, never written
 
 
@@ -129,6 +132,18 @@ class DynamoEvent(Event):
     gb: NotRequired[str | None]  # the graph break's id (GB0001)
     hint: NotRequired[str | None]
     seconds: NotRequired[float]  # compile_time
+
+
+class CallTimeEvent(Event):
+    """Native: `call_time` (op: the compiled function's name), at the user's line that called it."""
+
+    inputs: str  # the tensors it got: "arg0 (16, 12) float32, attention_mask (1, 7) int64"
+    first_seconds: float  # the first call with these inputs (compile + run)
+    first_compiled: bool  # Dynamo compiled during it
+    later_calls: int  # calls with the same inputs after it (steady state)
+    later_seconds: float  # their total
+    later_min_seconds: float | None
+    later_compiled: int  # later calls that compiled all the same (another guard failed)
 
 
 class CountedEvent(Event):

@@ -37,7 +37,7 @@ import re
 import sys
 import time
 
-from tpu_migrate.diagnose import guards, inheritance, placement, recording
+from tpu_migrate.diagnose import call_timing, guards, inheritance, placement, recording
 from tpu_migrate.diagnose.events import Kind
 from tpu_migrate.diagnose.modes import leave_dispatch_mode
 
@@ -105,6 +105,9 @@ class NativeHooks:
         self.function_originals: dict[str, object] = {}
         self.mode = None
         self.compile_started: float | None = None
+        self.compiles = 0  # compiles Dynamo started: a timed call that saw one compiled
+        self.timer = call_timing.CallTimer(recorder, torch, lambda: self.compiles)
+        recorder.finishers.append(self.timer.report)
         self.table: dict[str, str] | None = None  # rules/torchtpu-ops.json, read when first needed
         self.verdicts: dict[object, str] = {}  # OpOverload -> its name if TorchTPU cannot run it
         self.optimizer_hook = None
@@ -260,6 +263,7 @@ class NativeHooks:
             self.optimizer_hook = None
         self.recorder.emit({"kind": Kind.COMPILE, "op": str(getattr(args, "compile_id", "")),
                             "file": None, "line": None})
+        self.compiles += 1
         self.compile_started = time.perf_counter()
 
     def _compile_ended(self, args) -> None:
@@ -546,7 +550,10 @@ class NativeHooks:
             importlib.import_module("torch._dynamo")  # torch.compile imports it anyway; hook it first
             if not hooks.dynamo_hooked:
                 hooks.install_dynamo_hooks()
-            return original(*args, **kwargs)
+            compiled = original(*args, **kwargs)
+            model = args[0] if args else kwargs.get("model")
+            # `torch.compile(mode=...)` returns a decorator, which calls torch.compile(fn) again.
+            return compiled if model is None else hooks.timer.wrap(compiled, model)
 
         return compile
 

@@ -145,6 +145,7 @@ class Recorder:
         self.tally_written = 0.0
         self.last_boundary: dict[str, tuple] = {}
         self.started = time.perf_counter()  # the time to the first step counts from here
+        self.finishers: list = []  # called first by finish(): what a backend reports at the end
 
     # Re-entrancy: printing a tensor calls .tolist()/.item() internally; count the outer call only.
     def busy(self) -> bool:
@@ -310,6 +311,11 @@ class Recorder:
             self.finished = True
         if self.forked and not self.recorded:
             return
+        for finisher in self.finishers:
+            try:
+                finisher()
+            except Exception:  # noqa: BLE001 - a report's fault must not cost the others
+                pass
         try:
             self.read_fallbacks()
         except Exception:  # noqa: BLE001 - the runtime may already be shutting down
