@@ -220,6 +220,10 @@ def test_shape_guards_name_their_input():
         assert keyword.describe() == "`input_ids` dimension 1 changed (5 -> 7)"
     attribute = guards.shape_guard("tensor 'L['self'].cache[0]' size mismatch at index 2. expected 3, actual 4")
     assert attribute.path == ("self", ".cache", 0) and attribute.name == "cache"
+    # A tensor inside an object passed by keyword (Transformers' cache): the path to it.
+    cache = guards.shape_guard("tensor 'L['kwargs']['cache'].layers[0].keys' size mismatch at index 2. "
+                               "expected 8, actual 9")
+    assert cache.name == "cache.layers[0].keys"
 
 
 def _guards(source: str, dim: int, values: list[int]) -> list:
@@ -229,6 +233,11 @@ def _guards(source: str, dim: int, values: list[int]) -> list:
 
 def test_the_values_a_dimension_takes_name_the_pattern():
     assert "per generated token" in guards.pattern(_guards("L['kwargs']['past']", 1, [6, 7, 8]))
+    # generate: the prompt's length changes once (prefill, then one token), the cache every token;
+    # the input that changed most often names the pattern.
+    prefill = _guards("L['kwargs']['input_ids']", 1, [1])
+    growing = _guards("L['kwargs']['cache'].layers[0].keys", 2, [4, 5, 6, 7])
+    assert "`cache.layers[0].keys` dimension 2 grew by one" in guards.pattern(prefill + growing)
     assert "in a batch its batch size" in guards.pattern(_guards("x", 0, [5, 3]))
     by_length = guards.pattern(_guards("L['kwargs']['input_ids']", 1, [7, 12, 9]))
     assert "a graph per length" in by_length and "(7, 12, 9)" in by_length

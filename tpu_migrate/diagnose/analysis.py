@@ -316,6 +316,9 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
                     finding.callers.append(event["caller"])
             finding.hint = finding.hint or event.get("hint")
             finding.via = finding.via or event.get("via", [])
+            if kind == "sync" and event.get("via"):
+                inner = event["via"][-1]
+                finding.library_reads[inner] = finding.library_reads.get(inner, 0) + event.get("count", 1)
             finding.placement_unknown |= event.get("placement") == "unknown"
             finding.exact = finding.exact or bool(event.get("exact"))
             finding.traced |= bool(event.get("traced"))

@@ -80,7 +80,7 @@ class CallTimer:
     def signature(self, args, kwargs) -> str:
         """"arg0 (16, 12) float32, attention_mask (1, 7) int64": the tensors a call got."""
         parts: list[str] = []
-        Tensor = self.torch.Tensor
+        Tensor, Module = self.torch.Tensor, self.torch.nn.Module
 
         def visit(value, name: str, depth: int) -> None:
             if len(parts) >= MAX_TENSORS:
@@ -93,6 +93,12 @@ class CallTimer:
             elif depth < MAX_DEPTH and isinstance(value, dict):
                 for key, item in value.items():
                     visit(item, f"{name}[{key!r}]", depth + 1)
+            elif depth < MAX_DEPTH and hasattr(value, "__dict__") and not isinstance(value, (Module, type)):
+                # An object holding tensors (Transformers' cache: past_key_values.layers[0].keys),
+                # whose shapes Dynamo guards on; never a module (its parameters do not change).
+                for key, item in vars(value).items():
+                    if isinstance(item, (Tensor, list, tuple, dict)) or hasattr(item, "__dict__"):
+                        visit(item, f"{name}.{key}", depth + 1)
 
         for index, value in enumerate(args):
             visit(value, f"arg{index}", 0)

@@ -10,6 +10,7 @@ from tpu_migrate.diagnose.events import Event, Kind
 from tpu_migrate.diagnose.locations import relative
 
 SHOWN_SIGNATURES = 4  # per call site in the text report (the JSON has them all)
+SHOWN_INPUTS = 160  # characters of a signature in the text report
 
 
 def duration(seconds: float) -> str:
@@ -71,7 +72,8 @@ class CallSite:
         for s in self.signatures[:SHOWN_SIGNATURES]:
             steady = (f"then {s.later_calls} x {duration(s.later_mean)}" if s.later_calls else "no later call")
             recompiled = f" ({s.later_compiled} of them compiled again)" if s.later_compiled else ""
-            lines.append(f"    {s.inputs}: first {duration(s.first_seconds)}"
+            inputs = s.inputs if len(s.inputs) <= SHOWN_INPUTS else s.inputs[:SHOWN_INPUTS - 3] + "..."
+            lines.append(f"    {inputs}: first {duration(s.first_seconds)}"
                          f"{' (compiled)' if s.first_compiled else ''}, {steady}{recompiled}")
         if len(self.signatures) > SHOWN_SIGNATURES:
             lines.append(f"    ... {len(self.signatures) - SHOWN_SIGNATURES} more input shape(s) (the JSON lists all)")

@@ -36,6 +36,8 @@ class Finding:
     cost: object = field(default=None, repr=False)  # costs.Cost, once measured
     # Inside a library: the call the user's line made and the library line it happened at.
     via: list = field(default_factory=list, repr=False)
+    # A read made inside library code: its count per library line ("path:line in function").
+    library_reads: dict = field(default_factory=dict, repr=False)
 
     @property
     def step_count(self) -> int:
@@ -48,6 +50,8 @@ class Finding:
                     "message": self.message, "explanation": self.explanation,
                     "source": linecache.getline(self.file, self.line).strip() or None,
                     "via": self.via}
+        if self.library_reads:
+            document["library_reads"] = dict(self.library_reads)
         if self.cost is not None:
             document["cost"] = self.cost.to_json()
         return document

@@ -36,13 +36,22 @@ class ShapeGuard:
 
     @property
     def name(self) -> str:
-        """The input as the user passed it: `input_ids`, not `L['kwargs']['input_ids']`."""
-        named = [step.lstrip(".") for step in self.path if isinstance(step, str) and step not in ("kwargs", "args")]
-        if named:
-            return named[-1]
-        if self.path[:1] == ("args",) and len(self.path) == 2:
-            return f"positional input {self.path[1]}"
-        return self.source
+        """The input as the user passed it: `input_ids`, not `L['kwargs']['input_ids']`; a tensor
+        inside one as the path to it: `cache.layers[0].keys` (a cache object's)."""
+        path = list(self.path)
+        while path and path[0] in ("kwargs", "args", "self"):
+            if path[0] == "args" and len(path) == 2 and isinstance(path[1], int):
+                return f"positional input {path[1]}"
+            path = path[1:]
+        if not path or isinstance(path[0], int):
+            return self.source
+        named = [step for step in path if isinstance(step, str)]
+        if len(named) == 1 or not any(step.startswith(".") for step in named):
+            return named[-1].lstrip(".")  # `cache`; `inputs['input_ids']`: the keyword passed
+        text = path[0].lstrip(".")
+        for step in path[1:]:
+            text += f"[{step}]" if isinstance(step, int) else step if step.startswith(".") else f"['{step}']"
+        return text
 
     def find(self, frame_locals: dict):
         """The tensor in the frame whose guard failed, or None."""
@@ -94,8 +103,12 @@ def pattern(guards: list[ShapeGuard]) -> str | None:
     sized = [g for g in guards if g.what == "size" and g.dim is not None and g.actual is not None]
     if not sized:
         return None
-    name, dim = sized[0].name, sized[0].dim
-    values = [g.actual for g in sized if g.name == name and g.dim == dim]
+    # The input and dimension that changed most often: a generation's prefill changes the prompt's
+    # length once, then every token grows the cache.
+    groups: dict[tuple, list[int]] = {}
+    for g in sized:
+        groups.setdefault((g.name, g.dim), []).append(g.actual)
+    (name, dim), values = max(groups.items(), key=lambda item: len(item[1]))
     shown = ", ".join(str(v) for v in values[:6]) + (", ..." if len(values) > 6 else "")
     if dim > 0 and len(values) >= 2 and all(b == a + 1 for a, b in zip(values, values[1:])):
         return (f"`{name}` dimension {dim} grew by one at each of {len(values)} recompiles ({shown}): a "

@@ -143,6 +143,9 @@ def _native_sync(f: Finding, where: str) -> tuple[str, str]:
                 f"waits for all queued work and for the copies, {'every step' if every else 'each time'}. "
                 "Save every N steps or at the end; for a large model, "
                 "torch.distributed.checkpoint.async_save writes in the background.")
+    if f.library_reads:
+        message += "; inside library code: " + _library_sites(f.library_reads)
+        return message, _library_read_advice(f, every)
     return (message,
             f"The host waits for the TPU to finish all queued work before it can read the value, "
             f"{'every step' if every else 'each time'} (and in TorchTPU's fused eager mode it also "
@@ -153,6 +156,35 @@ def _native_sync(f: Finding, where: str) -> tuple[str, str]:
             + (" With the CPU standing in, the source did not show whether this tensor is moved "
                "to the device (.to(device), device=) or made on the host: a host tensor's read "
                "waits for nothing." if f.placement_unknown else ""))
+
+
+LIBRARY_SITES_SHOWN = 3
+
+
+def _library_sites(reads: dict) -> str:
+    """"18 at transformers/generation/utils.py:2505 in _has_unfinished_sequences, 3 at ...", the
+    most frequent first."""
+    ordered = sorted(reads.items(), key=lambda item: -item[1])
+    shown = ", ".join(f"{count} at {site}" for site, count in ordered[:LIBRARY_SITES_SHOWN])
+    more = len(ordered) - LIBRARY_SITES_SHOWN
+    return shown + (f" and {more} more place(s)" if more > 0 else "")
+
+
+def _library_read_advice(f: Finding, every: bool) -> str:
+    """What the user can change about reads a library makes in the call their line made."""
+    waits = (f"The library your line calls reads the device {'every step' if every else 'each time'}: the "
+             "host waits for the TPU to finish all queued work before each read (and in TorchTPU's "
+             "fused eager mode each read also cuts the fused graph). ")
+    if any("generation/utils.py" in site for site in f.library_reads):
+        return waits + (
+            "Transformers' generate checks after every generated token whether all sequences have "
+            "finished (a bool() of a device tensor), so each call reads the device once per token, and a "
+            "few times more to prepare. Generate fewer tokens (max_new_tokens), fewer calls (batch "
+            "the prompts: one check per token serves the whole batch), and make each token one "
+            "compiled graph (a static cache, cache_implementation=\"static\", with the model "
+            "compiled), so each read waits for one graph rather than many small ops.")
+    return waits + ("Look in the library's options for a way to read less often (a logging or "
+                    "checking interval), or call it less often with more work per call.")
 
 
 def _when(f: Finding) -> str:

@@ -404,19 +404,37 @@ class NativeHooks:
         kind = self.read_places.get(key)
         if kind is None:  # once per reading line: this runs on every host read
             kind = self.read_places[key] = self._read_place(frame.f_code.co_filename, frame.f_lineno)
+        if kind == _LIBRARY:
+            kind = self._library_read_place(frame)
         return None if kind == placement.HOST else kind
 
     def _read_place(self, filename: str, line: int) -> str:
         """With the CPU standing in, every tensor is a CPU tensor: the source says which would be
-        on the TPU (placement.py). Reads by torch's or a library's code are of host tensors
-        (the optimizer's step counter stays on the host on a TPU too)."""
+        on the TPU (placement.py). Reads by torch's own code are of host tensors (the optimizer's
+        step counter stays on the host on a TPU too); another library's read (Transformers'
+        `generate` checking whether to stop, every token) is decided by the user's call into it
+        (_LIBRARY)."""
         if recording.is_library(filename):
-            return placement.HOST
+            return _LIBRARY if recording.is_shown_library(filename) and not _is_torch(filename) else placement.HOST
         if self.program_places is None:
             from tpu_migrate.diagnose import incompatible
 
             self.program_places = placement.program_places(_program_files(incompatible.user_sources()))
         return placement.read_kind(filename, line, self.program_places)
+
+    def _library_read_place(self, frame) -> str:
+        """A library's read, in a call from the user's line: on the TPU when that statement works
+        on what the source put there (`model.generate(prompt)` with the model moved to the
+        device): the library computes with the user's tensors, and reads what it computed."""
+        while frame is not None and recording.is_library(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is None:
+            return placement.HOST
+        key = (frame.f_code, frame.f_lineno, _LIBRARY)
+        kind = self.read_places.get(key)
+        if kind is None:
+            kind = self.read_places[key] = self._read_place(frame.f_code.co_filename, frame.f_lineno)
+        return placement.HOST if kind == placement.UNKNOWN else kind
 
     def _host_copy(self, args, kwargs) -> bool:
         """`t.to(...)` that copies to the CPU as the source writes it (placement.host_copy_at):
@@ -631,6 +649,14 @@ class NativeHooks:
             return original(code_options, reason, *args, **kwargs)
 
         return log_graph_break
+
+
+_LIBRARY = "library"  # a read_places value: a library's read, placed by the user's call into it
+_TORCH = tuple(os.sep + name + os.sep for name in ("torch", "torch_xla", "torchvision", "torchaudio"))
+
+
+def _is_torch(filename: str) -> bool:
+    return any(marker in filename for marker in _TORCH)
 
 
 def _shape_origin(reason: str, frame) -> str | None:

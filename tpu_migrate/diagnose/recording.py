@@ -85,13 +85,19 @@ def call_site(start_depth: int = 2):
         if not is_library(filename):
             shown = [f for f in (outermost, innermost) if f is not None]
             return os.path.abspath(filename), frame.f_lineno, [
-                library_location(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+                library_location(f.f_code.co_filename, f.f_lineno, _frame_name(f.f_code))
                 for f in dict.fromkeys(shown)]
         if is_shown_library(filename):
             innermost = innermost or frame
             outermost = frame
         frame = frame.f_back
     return None, None, []
+
+
+def _frame_name(code) -> str:
+    """A function's name, with its class where the name alone says nothing (`StopCheck.__call__`,
+    not `__call__`)."""
+    return code.co_qualname if code.co_name.startswith("__") else code.co_name
 
 
 # Decorator plumbing in site-packages: a frame there says nothing about which library call
