@@ -14,7 +14,8 @@ from test_diagnose import diagnose
 pytestmark = pytest.mark.slow  # each run imports transformers and generates; compiled, it compiles
 
 PROGRAM = ROOT / "fixtures" / "diagnose" / "native" / "transformers_generate.py"
-GENERATE_LINE = 26  # `out = model.generate(prompt, max_new_tokens=6, ...)`
+GENERATE_LINE = next(number for number, text in enumerate(PROGRAM.read_text().splitlines(), 1)
+                     if "model.generate(" in text)
 CALLS, NEW_TOKENS = 3, 6  # prompts of lengths 3, 3 and 5, six new tokens each
 
 
@@ -32,6 +33,18 @@ def eager() -> dict:
 @pytest.fixture(scope="module")
 def compiled() -> dict:
     return _run("--compiled")
+
+
+def test_generate_with_a_static_cache_would_compile_itself_as_torchtpu_refuses(eager):
+    """On a TPU, generate compiles the forward itself with a static cache, with CompileConfig's
+    backend='inductor' and mode='reduce-overhead': both raise on TorchTPU. The CPU standing in
+    does not compile (not on Transformers' device list), so this is predicted from the call."""
+    document = _run("--static")
+    [incompatible] = [f for f in document["findings"] if f["kind"] == "tpu-incompatible"]
+    assert incompatible["line"] == GENERATE_LINE
+    assert incompatible["op"] == "generate's own torch.compile(backend='inductor', mode='reduce-overhead')"
+    assert "disable_compile=True" in incompatible["explanation"]
+    assert not any(f["kind"] == "tpu-incompatible" for f in eager["findings"])  # a growing cache: no compile
 
 
 def test_generates_stop_check_is_a_host_sync_at_the_users_generate_line(eager):

@@ -233,6 +233,13 @@ def _tpu_incompatible(f: Finding, where: str) -> tuple[str, str]:
                                                       "(the same gradient-free compute).",
     }
     text = advice.get(f.op)
+    if text is None and f.op.startswith("generate's own torch.compile("):
+        text = ("On a TPU, Transformers' generate compiles the model's forward itself when the cache is "
+                "static (its auto-compile covers the tpu device), with generation_config.compile_config: "
+                "by default backend='inductor' and mode='reduce-overhead', and TorchTPU raises on both "
+                "(backend='inductor' with TPU tensors, any mode=). Set disable_compile=True in the "
+                "generation config and compile the forward yourself (torch.compile(model.forward): "
+                "TorchTPU's defaults are backend 'tpu' and dynamic=False).")
     if text is None and f.op.startswith("torch.compile(mode="):
         text = "Any mode= raises TypeError on the TPU backend: remove it."
     if text is None and f.op.startswith("torch.tpu."):

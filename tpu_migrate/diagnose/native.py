@@ -145,6 +145,11 @@ class NativeHooks:
         self._patch(multiprocessing.process.BaseProcess, "start",
                     self._process_start_wrapper(multiprocessing.process.BaseProcess.start))
         self._start_op_coverage()
+        from tpu_migrate.diagnose import library_compiles
+        from tpu_migrate.diagnose.import_hooks import after_import
+
+        after_import(library_compiles.GENERATION,
+                            lambda: library_compiles.install_generate_hook(self.recorder, _compile_problems))
         if "torch._dynamo" in sys.modules:
             self.install_dynamo_hooks()
         if self.scan_sources and multiprocessing.parent_process() is None:  # once, by the main process

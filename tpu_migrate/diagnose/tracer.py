@@ -10,48 +10,13 @@ from __future__ import annotations
 
 import atexit
 import functools
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 
 from tpu_migrate.diagnose import inheritance, recording, xla_hooks
+from tpu_migrate.diagnose.import_hooks import after_import
 from tpu_migrate.diagnose.events import Kind
 from tpu_migrate.diagnose.recording import ENV_BACKEND, ENV_DIR
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a callback right after `import NAME` finishes: the hooks go in only once the
-    program's own set-up before that import (PJRT_DEVICE, ...) has run."""
-
-    def __init__(self, name: str, callback):
-        self.name = name
-        self.callback = callback
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != self.name:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        original_exec = loader.exec_module
-
-        def exec_module(module):
-            original_exec(module)
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            self.callback()
-
-        loader.exec_module = exec_module
-        return spec
-
-
-def after_import(name: str, callback) -> None:
-    if name in sys.modules:
-        callback()
-    elif not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(name, callback))
 
 
 def _safely(what: str, install_hooks) -> None:

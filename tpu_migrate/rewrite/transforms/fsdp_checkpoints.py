@@ -14,8 +14,6 @@ entry is its ranks' local shards joined on the dimension it is sharded on. Files
 
 from __future__ import annotations
 
-import ast
-
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext
