@@ -1,6 +1,7 @@
 """`diagnose` on real Hugging Face Transformers code (issue 27): `generate` on a tiny random-init
-Llama built from a config (nothing downloaded), eager and with the model's forward compiled,
-prompts whose lengths repeat and differ (fixtures/diagnose/native/transformers_generate.py)."""
+Llama built from a config (nothing downloaded), eager, with the model's forward compiled, with a
+static cache, and through a text-generation pipeline, prompts whose lengths repeat and differ
+(fixtures/diagnose/native/transformers_generate.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from test_diagnose import diagnose
 pytestmark = pytest.mark.slow  # each run imports transformers and generates; compiled, it compiles
 
 PROGRAM = ROOT / "fixtures" / "diagnose" / "native" / "transformers_generate.py"
-GENERATE_LINE = next(number for number, text in enumerate(PROGRAM.read_text().splitlines(), 1)
-                     if "model.generate(" in text)
+LINES = PROGRAM.read_text().splitlines()
+GENERATE_LINE = next(number for number, text in enumerate(LINES, 1) if "model.generate(" in text)
+PIPELINE_LINE = next(number for number, text in enumerate(LINES, 1) if "expect: pipeline call" in text)
 CALLS, NEW_TOKENS = 3, 6  # prompts of lengths 3, 3 and 5, six new tokens each
 
 
@@ -60,6 +62,16 @@ def test_generates_stop_check_is_a_host_sync_at_the_users_generate_line(eager):
     assert "max_new_tokens" in sync["explanation"] and "batch the prompts" in sync["explanation"]
     # torch's own reads (none of them the user's) are not reported; nothing else is found.
     assert {f["kind"] for f in eager["findings"]} == {"sync"}
+
+
+def test_a_pipeline_call_reports_the_generate_it_makes(eager):
+    """A text-generation pipeline calls generate per prompt: the stop check is the pipeline
+    call's, as it is the generate line's without one (the same count, the same library line)."""
+    document = _run("--pipeline")
+    [sync] = [f for f in document["findings"] if f["kind"] == "sync" and f["op"] == "__bool__"]
+    assert sync["line"] == PIPELINE_LINE
+    [direct] = [f for f in eager["findings"] if f["kind"] == "sync"]
+    assert sync["library_reads"] == direct["library_reads"]
 
 
 def test_compiled_forward_is_timed_at_the_generate_line_first_call_per_shape_apart(compiled):
