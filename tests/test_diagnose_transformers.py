@@ -72,6 +72,12 @@ def test_a_pipeline_call_reports_the_generate_it_makes(eager):
     assert sync["line"] == PIPELINE_LINE
     [direct] = [f for f in eager["findings"] if f["kind"] == "sync"]
     assert sync["library_reads"] == direct["library_reads"]
+    # The pipeline copies its outputs to the host itself (device=torch.device("cpu")): that copy is
+    # the sync, and its postprocessing's reads of the copies (.numpy()) wait for nothing.
+    ops = {f["op"] for f in document["findings"] if f["kind"] == "sync"}
+    assert ops == {"__bool__", "to('cpu')"}
+    copy = next(f for f in document["findings"] if f["op"] == "to('cpu')")
+    assert all("pipelines/base.py" in site for site in copy["library_reads"])
 
 
 def test_compiled_forward_is_timed_at_the_generate_line_first_call_per_shape_apart(compiled):

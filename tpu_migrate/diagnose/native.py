@@ -113,7 +113,8 @@ class NativeHooks:
         self.optimizer_hook = None
         self.saved = []  # (owner, name, original) patched once, restored by uninstall
         self.read_places: dict[tuple, str] = {}  # (code, line) -> where the tensors read there live
-        self.host_copies: dict[tuple, bool] = {}  # (code, line) -> does it write .to("cpu")
+        self.host_copies: dict[tuple, object] = {}  # (code, line) -> does it write .to("cpu")
+        self.host_storages: set[int] = set()  # storages a library copied to the host (data_ptr)
         self.program_places: bool | None = None  # does the program name a device anywhere
 
     # -- installation ----------------------------------------------------------------------
@@ -410,6 +411,8 @@ class NativeHooks:
         if kind is None:  # once per reading line: this runs on every host read
             kind = self.read_places[key] = self._read_place(frame.f_code.co_filename, frame.f_lineno)
         if kind == _LIBRARY:
+            if self.host_storages and tensor.untyped_storage().data_ptr() in self.host_storages:
+                return None  # the library copied it to the host itself (a pipeline's outputs)
             kind = self._library_read_place(frame)
         return None if kind == placement.HOST else kind
 
@@ -453,9 +456,33 @@ class NativeHooks:
         found = self.host_copies.get(key)
         if found is None:  # once per line: this runs on every .to("cpu")
             filename = frame.f_code.co_filename
-            found = self.host_copies[key] = (not recording.is_library(filename)
-                                             and placement.host_copy_at(filename, frame.f_lineno))
+            if not recording.is_library(filename):
+                found = placement.host_copy_at(filename, frame.f_lineno)
+            elif recording.is_shown_library(filename) and not _is_torch(filename):
+                found = _LIBRARY
+            else:
+                found = False
+            self.host_copies[key] = found
+        if found == _LIBRARY:
+            return self._library_host_copy(frame)
         return found
+
+    def _library_host_copy(self, frame) -> bool:
+        """A library's `.to(...)` that the CPU answers: a copy to the host where the library names
+        the CPU itself on the way (a pipeline's `device=torch.device("cpu")` for its outputs),
+        in a call from a user line that works on the device; else the library moving a tensor to
+        the user's device, which the CPU only stands in for."""
+        names_cpu = False
+        while frame is not None and recording.is_library(frame.f_code.co_filename):
+            key = (frame.f_code, frame.f_lineno, "cpu")
+            named = self.host_copies.get(key)
+            if named is None:
+                named = self.host_copies[key] = placement.names_the_cpu(frame.f_code.co_filename, frame.f_lineno)
+            names_cpu = names_cpu or named
+            frame = frame.f_back
+        if len(self.host_storages) > MAX_HOST_COPIES:
+            self.host_storages.clear()
+        return names_cpu and frame is not None and self._library_read_place(frame) != placement.HOST
 
     def _method_wrapper(self, original, name, kind, only_if=None):
         """`only_if(args, kwargs)`: the calls that count (`to` only when it copies to the host)."""
@@ -467,6 +494,7 @@ class NativeHooks:
         label = {"__getitem__": "boolean mask indexing", "to": "to('cpu')"}.get(name, name)
         torch = self.torch
         masks_only = name == "__getitem__"
+        copies, host_copies = name == "to", self.host_storages
 
         @functools.wraps(original)
         def wrapper(self, *args, **kwargs):
@@ -480,7 +508,10 @@ class NativeHooks:
             local.busy = True
             started = time.perf_counter()
             try:
-                return original(self, *args, **kwargs)
+                result = original(self, *args, **kwargs)
+                if copies:  # a copy to the host: later reads of it (or of views of it) wait for nothing
+                    host_copies.add(result.untyped_storage().data_ptr())
+                return result
             finally:  # with how long the host waited (on a real accelerator; costs.py knows)
                 waited = time.perf_counter() - started
                 if where == UNKNOWN:
@@ -657,6 +688,7 @@ class NativeHooks:
 
 
 _LIBRARY = "library"  # a read_places value: a library's read, placed by the user's call into it
+MAX_HOST_COPIES = 4096  # storages remembered as host copies (the oldest are forgotten together)
 _TORCH = tuple(os.sep + name + os.sep for name in ("torch", "torch_xla", "torchvision", "torchaudio"))
 
 

@@ -324,5 +324,15 @@ def host_copy_at(filename: str, line: int) -> bool:
                                          for n in ast.walk(statement))
 
 
+def names_the_cpu(filename: str, line: int) -> bool:
+    """Whether the statement at filename:line names the CPU as a device (`"cpu"`,
+    `torch.device("cpu")`) in a call: a library choosing the host on purpose."""
+    parsed = module(filename)
+    statement = parsed.statement_at(line)[1] if parsed is not None else None
+    return statement is not None and any(
+        isinstance(node, ast.Call) and any(_is_cpu_literal(a) for a in (*node.args, *(k.value for k in node.keywords)))
+        for node in ast.walk(statement))
+
+
 def program_places(filenames) -> bool:
     return any(m is not None and m.places for m in map(module, filenames))
