@@ -247,8 +247,10 @@ def _lost_together(findings: list[Finding], records: list[StepRecord], median: f
             step = event.get(step_key, 0)
             waited[step] = waited.get(step, 0.0) + event["wait"]
     unplaced = sum(f.cost.seconds for f in findings if f.kind in WAIT_KINDS and f.cost.seconds) - sum(waited.values())
+    # Without steps a recompile is costed from its first calls (_recompiles_timed): its own time.
+    stepless = sum(f.cost.seconds for f in findings if f.kind in COMPILE_KINDS and f.per_call and f.cost.seconds)
     return (sum(max(compiled.get(step, 0.0), waited.get(step, 0.0)) for step in compiled.keys() | waited.keys())
-            + max(unplaced, 0.0))
+            + max(unplaced, 0.0) + stepless)
 
 
 def _headline(findings: list[Finding], lost: float, run_seconds: float | None) -> str:
