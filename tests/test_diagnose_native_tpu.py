@@ -80,9 +80,12 @@ def test_reads_of_host_tensors_are_not_syncs():
     }
     save = next(f for f in document["findings"] if f["op"] == "torch.save")
     assert "every step" in save["message"] and "async_save" in save["explanation"]
-    every, copy, cannot_place, evaluation = [f for f in document["findings"] if f is not save]
-    assert {every["line"], copy["line"]} == {line_of(name, "sync every step"), line_of(name, "copy to the host every step")}
+    by_place = {f["line"]: f for f in document["findings"] if f is not save}
+    every, copy = by_place[line_of(name, "sync every step")], by_place[line_of(name, "copy to the host every step")]
+    cannot_place, evaluation = by_place[line_of(name, "cannot place")], by_place[line_of(name, "sync in evaluation")]
     assert "every step" in every["message"] and "every step" in copy["message"]
+    # With the CPU standing in, each read's cost is estimated from the work queued before it.
+    assert every["cost"]["estimate"] and every["cost"]["seconds"] > 0 and "estimated cost" in every["message"]
     assert "could not tell" in cannot_place["message"] and "could not tell" not in every["message"]
     assert evaluation["count"] == 18 and "in 3 of 6 steps (not every step)" in evaluation["message"]
 
@@ -116,12 +119,15 @@ def test_advice_fits_the_cause():
     graph_break = next(f for f in document["findings"] if f["kind"] == "graph-break")
     assert "capture_scalar_outputs = True" in graph_break["explanation"]
     assert "capture_scalar_outputs = True" in log
-    # The read of every step ranks above the more frequent read of evaluation steps only.
+    # The read of every step (a training step queued before it) ranks above the more frequent read
+    # of evaluation steps only (a forward each): by the work queued before them, estimated on the CPU.
     syncs = [f for f in document["findings"] if f["kind"] == "sync"]
-    evaluation = line_of(name, "sync in evaluation steps")
-    assert syncs[-1]["line"] == evaluation and syncs[-1]["count"] == 10
-    assert "in 2 of 8 steps (not every step)" in syncs[-1]["message"]
-    assert all("every step" in f["message"] and "not every" not in f["message"] for f in syncs[:-1])
+    lines = [f["line"] for f in syncs]
+    evaluation, every = line_of(name, "sync in evaluation steps"), line_of(name, "sync every step")
+    assert lines.index(every) < lines.index(evaluation)
+    in_evaluation = syncs[lines.index(evaluation)]
+    assert in_evaluation["count"] == 10 and "in 2 of 8 steps (not every step)" in in_evaluation["message"]
+    assert all("every step" in f["message"] and "not every" not in f["message"] for f in syncs if f is not in_evaluation)
 
 
 # -- units ---------------------------------------------------------------------------------------
@@ -170,6 +176,34 @@ for step in range(2):
 def test_placement_of_reads(statement, kind):
     module = placement.Module(ast.parse(PROGRAM))
     line = next(i for i, text in enumerate(PROGRAM.splitlines(), 1) if text.strip() == statement)
+    assert module.read_at(line) == kind
+
+
+MIGRATED = '''
+import torch
+device = torch.accelerator.current_accelerator(check_available=True) or torch.device("cpu")
+class _DeviceLoader:
+    def __init__(self, loader, device):
+        self._loader, self._device = loader, device
+    def __iter__(self):
+        for batch in self._loader:
+            yield batch.to(self._device)
+for x in _DeviceLoader([torch.zeros(2)], device):
+    print(x.sum().item())
+host = torch.device("cpu")
+print(torch.zeros(2).to(host))
+'''
+
+
+@pytest.mark.parametrize("statement, kind", [
+    ("print(x.sum().item())", placement.DEVICE),  # the tool's own device loader, given the device
+    ("print(torch.zeros(2).to(host))", placement.HOST),
+])
+def test_placement_follows_the_programs_device_choice(statement, kind):
+    """A migrated program names its device by a query (issue 27, item 7): the batches its
+    generated loader yields live there; they were "could not tell" before."""
+    module = placement.Module(ast.parse(MIGRATED))
+    line = next(i for i, text in enumerate(MIGRATED.splitlines(), 1) if text.strip() == statement)
     assert module.read_at(line) == kind
 
 

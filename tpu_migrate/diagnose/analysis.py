@@ -325,6 +325,8 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
             finding.runs_graph |= bool(event.get("graph"))
             if "wait" in event:
                 finding.waited = (finding.waited or 0.0) + event["wait"]
+            if "queued" in event:
+                finding.queued = (finding.queued or 0.0) + event["queued"]
     stepless = main_steps == 0
     if not evidence.debug_log and backend(evidence)[0] == "xla":
         _add_counted_compiles(findings, processes, warmup_steps)

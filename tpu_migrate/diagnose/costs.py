@@ -35,16 +35,18 @@ class Cost:
     share: float | None = None  # of the run's wall time
     why: str = ""
     steps: list[int] = field(default_factory=list)  # the slow steps it was in
+    estimate: bool = False  # from the CPU standing in for the TPU, not measured on it
 
     def text(self) -> str:
         if self.seconds is None:
             return f"cost not measured: {self.why}"
         share = f" ({_share(self.share)} of the run)" if self.share is not None else ""
-        return f"cost {_duration(self.seconds)}{share}{': ' + self.why if self.why else ''}"
+        what = "estimated cost" if self.estimate else "cost"
+        return f"{what} {_duration(self.seconds)}{share}{': ' + self.why if self.why else ''}"
 
     def to_json(self) -> dict:
         return {"seconds": self.seconds, "share": self.share, "how": self.why,
-                "slow_steps": self.steps}
+                "slow_steps": self.steps, "estimate": self.estimate}
 
 
 @dataclass
@@ -216,6 +218,10 @@ def _finding_cost(f: Finding, records: list[StepRecord], median: float | None,
                               f"compiling {_duration(compiled)}")
     if f.kind in WAIT_KINDS:
         if backend == "native" and device == "cpu":  # the call's time is the CPU's compute
+            if f.queued:
+                return Cost(f.queued, estimate=True, why=(
+                    "from the CPU run, the work queued before its reads, which each read waits for (the "
+                    "CPU stood in for the TPU: a TPU computes it faster, the host still waits)"))
             return Cost(None, why="the CPU stands in for the TPU, so there is no device to wait for")
         if f.waited is not None:
             return Cost(f.waited, why="time the host waited in the call")
@@ -258,6 +264,7 @@ def _headline(findings: list[Finding], lost: float, run_seconds: float | None) -
     if not costed or not run_seconds:
         return ""
     top = costed[0]
+    estimated = " (estimated from the CPU run)" if any(f.cost.estimate for f in costed) else ""
     return (f"{len(costed)} finding(s) cost {_share(min(lost / run_seconds, 1.0))} of the run "
-            f"({_duration(run_seconds)}); the {top.kind} at {relative(top.file)}:{top.line} alone "
+            f"({_duration(run_seconds)}){estimated}; the {top.kind} at {relative(top.file)}:{top.line} alone "
             f"{_share(top.cost.share)}")

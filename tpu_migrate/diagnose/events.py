@@ -95,6 +95,7 @@ class ReadEvent(Event):
     """`sync`, `dynamic` (op: the method or function) and `accumulator`."""
 
     wait: NotRequired[float]  # seconds the host waited for the value or the shape
+    queued: NotRequired[float]  # native, the CPU standing in: seconds of work since the last read
     closure: NotRequired[str]  # "sync" / "async": read in an xm.add_step_closure callback
     graph: NotRequired[bool]  # a closure's read that ran a graph (it computed on the device)
     placement: NotRequired[str]  # native, the CPU standing in: placement.UNKNOWN

@@ -33,6 +33,8 @@ class Finding:
     traced: bool = field(default=False, repr=False)
     runs_graph: bool = field(default=False, repr=False)  # a closure's read that ran a graph of its own
     waited: float | None = field(default=None, repr=False)  # seconds the host waited in its calls
+    # The CPU standing in: seconds of work before its reads that a TPU would have queued.
+    queued: float | None = field(default=None, repr=False)
     cost: object = field(default=None, repr=False)  # costs.Cost, once measured
     # Inside a library: the call the user's line made and the library line it happened at.
     via: list = field(default_factory=list, repr=False)

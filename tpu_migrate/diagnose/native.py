@@ -115,6 +115,9 @@ class NativeHooks:
         self.read_places: dict[tuple, str] = {}  # (code, line) -> where the tensors read there live
         self.host_copies: dict[tuple, object] = {}  # (code, line) -> does it write .to("cpu")
         self.host_storages: set[int] = set()  # storages a library copied to the host (data_ptr)
+        self.last_read: float | None = None  # perf_counter at the end of the last counted host read
+        self.compiling = 0.0  # seconds Dynamo spent compiling so far
+        self.compiling_at_read = 0.0  # ... at the end of the last counted host read
         self.program_places: bool | None = None  # does the program name a device anywhere
 
     # -- installation ----------------------------------------------------------------------
@@ -274,8 +277,10 @@ class NativeHooks:
 
     def _compile_ended(self, args) -> None:
         if self.compile_started is not None:  # Dynamo's compile time, for the cost of a recompile
+            seconds = time.perf_counter() - self.compile_started
+            self.compiling += seconds
             self.recorder.emit({"kind": Kind.COMPILE_TIME, "op": None, "file": None, "line": None,
-                                "seconds": time.perf_counter() - self.compile_started})
+                                "seconds": seconds})
             self.compile_started = None
         self._put_methods(wrapped=True)
         if self.optimizer_hook is None:
@@ -495,6 +500,7 @@ class NativeHooks:
         torch = self.torch
         masks_only = name == "__getitem__"
         copies, host_copies = name == "to", self.host_storages
+        hooks, stands_in = self, self.cpu_stands_in
 
         @functools.wraps(original)
         def wrapper(self, *args, **kwargs):
@@ -507,17 +513,22 @@ class NativeHooks:
                 return original(self, *args, **kwargs)
             local.busy = True
             started = time.perf_counter()
+            # With the CPU standing in, the work since the last read is what a TPU would have
+            # queued and this read would wait for (the first read has no such mark).
+            queued = None if hooks.last_read is None or not stands_in else (
+                started - hooks.last_read - (hooks.compiling - hooks.compiling_at_read))  # not Dynamo's time
             try:
                 result = original(self, *args, **kwargs)
                 if copies:  # a copy to the host: later reads of it (or of views of it) wait for nothing
                     host_copies.add(result.untyped_storage().data_ptr())
                 return result
             finally:  # with how long the host waited (on a real accelerator; costs.py knows)
-                waited = time.perf_counter() - started
-                if where == UNKNOWN:
-                    recorder.at_user_line(kind, label, placement=UNKNOWN, wait=waited)
-                else:
-                    recorder.at_user_line(kind, label, wait=waited)
+                hooks.last_read, hooks.compiling_at_read = time.perf_counter(), hooks.compiling
+                waited = hooks.last_read - started
+                extra = {"placement": UNKNOWN} if where == UNKNOWN else {}
+                if queued is not None:
+                    extra["queued"] = queued
+                recorder.at_user_line(kind, label, wait=waited, **extra)
                 local.busy = False
 
         return _dynamo_skips(wrapper)

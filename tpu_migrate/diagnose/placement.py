@@ -8,6 +8,9 @@ waits for nothing. The source says which: each name gets the join of what is ass
 (flow-insensitive), a user function the join of what it returns, and a read is classified by
 the expression of the statement that reads.
 
+A device object counts as where it points: `torch.device("tpu")` and
+`torch.accelerator.current_accelerator()` are the device, `torch.device("cpu")` the host, so a
+call given the program's device (a device loader, `make_batch(device)`) makes device tensors.
 A program that names no device at all (no `.to(...)`, no `device=`) is taken to run wholly on
 the device: the CPU stands in for it.
 """
@@ -22,6 +25,10 @@ _ORDER = {NEUTRAL: 0, HOST: 1, UNKNOWN: 2, DEVICE: 3}
 MOVES = ("to", "cuda", "tpu", "xpu")
 HOST_COPIES = ("cpu", "numpy")
 SCALARS = ("item", "tolist")  # Python numbers: neutral (they take the place of what they join)
+# Calls whose value is the program's device (the migrated `torch.accelerator.current_accelerator(
+# check_available=True) or torch.device("cpu")`): what is made with it lives there, a loader's
+# batches too (`_DeviceLoader(loader, device)`).
+DEVICE_QUERIES = ("current_accelerator", "current_device")
 FACTORIES = ("zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange",
              "linspace", "logspace", "eye", "tensor", "as_tensor", "from_numpy", "empty_strided")
 
@@ -141,7 +148,7 @@ class Module:
         if key in self._busy:  # x = x.to(device): the other assignments decide
             return NEUTRAL
         if name in scope.params:
-            return UNKNOWN
+            return self.parameter(scope.node, name)
         sources = scope.sources.get(name)
         if sources is None:
             return self.name(scope.parent, name) if scope.parent is not None else NEUTRAL
@@ -152,6 +159,41 @@ class Module:
             self._busy.discard(key)
         self._memo[key] = kind
         return kind
+
+    def parameter(self, function: ast.AST, name: str) -> str:
+        """A parameter is what the file's calls of its function pass it (`_train_update(device,
+        step, loss, ...)` with the loss of a device batch), joined; UNKNOWN where no call of it
+        is seen (a callback, a method, a function of another file)."""
+        key = ("param", id(function), name)
+        if key in self._memo:
+            return self._memo[key]
+        if key in self._busy or not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return UNKNOWN
+        self._busy.add(key)
+        arguments = function.args
+        positional = [a.arg for a in (*arguments.posonlyargs, *arguments.args)]
+        kinds = []
+        for call in self._calls_of(function.name):
+            passed = next((k.value for k in call.keywords if k.arg == name), None)
+            if passed is None and name in positional and positional.index(name) < len(call.args):
+                passed = call.args[positional.index(name)]
+                if any(isinstance(a, ast.Starred) for a in call.args[:positional.index(name) + 1]):
+                    passed = None
+            if passed is not None:
+                caller, _ = self.statement_at(call.lineno)
+                kinds.append(self.expression(passed, self.scope_of(caller)))
+        self._busy.discard(key)
+        kind = join(*kinds) if kinds else UNKNOWN
+        self._memo[key] = kind
+        return kind
+
+    def _calls_of(self, function_name: str) -> list[ast.Call]:
+        calls = self._memo.get(("calls", function_name))
+        if calls is None:
+            calls = self._memo[("calls", function_name)] = [
+                n for n in ast.walk(self.tree)
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == function_name]
+        return calls
 
     def returns(self, function: ast.AST) -> str:
         key = ("return", id(function))
@@ -190,13 +232,18 @@ class Module:
             if func.attr in MOVES:
                 places = [a for a in call.args if not _is_dtype(a)] + ([device] if device is not None else [])
                 if func.attr != "to" or places:
-                    return HOST if any(_is_cpu_literal(p) for p in places) else DEVICE
+                    host = any(_is_cpu_literal(p) or self.expression(p, scope) == HOST for p in places)
+                    return HOST if host else DEVICE
                 return self.expression(receiver, scope)
             if func.attr in HOST_COPIES:
                 return HOST
             if func.attr in SCALARS:
                 return NEUTRAL
+            if func.attr in DEVICE_QUERIES:  # torch.accelerator.current_accelerator(): the device
+                return DEVICE
             if isinstance(receiver, ast.Name) and receiver.id == "torch":
+                if func.attr == "device" and call.args:  # torch.device("tpu"): a device, the CPU apart
+                    return HOST if _is_cpu_literal(call) else DEVICE
                 if device is not None:
                     return HOST if _is_cpu_literal(device) else DEVICE
                 if func.attr in FACTORIES:
