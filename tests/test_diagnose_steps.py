@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import ROOT
-from test_diagnose import diagnose, findings_of
+from test_diagnose import diagnose, diagnosed, diagnosed_page, findings_of
 
 pytestmark = pytest.mark.slow  # real torch_xla training scripts under diagnose
 
@@ -35,7 +35,7 @@ def test_xla_inference_loop_without_steps():
 
 
 def test_native_compiled_function_in_a_loop_without_steps():
-    result = diagnose("--format", "json", str(NATIVE / "compiled_inference_loop.py"))
+    result = diagnosed(NATIVE / "compiled_inference_loop.py")  # JSON, text report and page in one run
     document = json.loads(result.stdout)
     found = {(f["kind"], f["line"], f["count"]) for f in document["findings"]}
     # Lengths 4, 5, 6, 7: three recompiles of `predict` (its first compile is its warm-up).
@@ -63,9 +63,11 @@ def test_native_compiled_function_in_a_loop_without_steps():
     assert sync["cost"]["estimate"] and sync["cost"]["seconds"] > 0
     lost = float(re.match(r"2 finding\(s\) cost ([\d.]+)% of the run", costs["summary"])[1]) / 100
     assert lost >= recompile["cost"]["share"] - 0.001 and "(estimated from the CPU run)" in costs["summary"]
-    text = diagnose(str(NATIVE / "compiled_inference_loop.py")).stderr
-    assert "compiled_inference_loop.py:17 predict: 4 first call(s) at a new input shape" in text
-    assert "arg0 (4, 8) float32: first" in text and "then 3 x" in text
+    # The first calls and the steady state as separate figures in the text report and the page.
+    page = diagnosed_page(NATIVE / "compiled_inference_loop.py").read_text()
+    for text in (result.stderr, page):
+        assert "compiled_inference_loop.py:17 predict: 4 first call(s) at a new input shape" in text
+        assert "arg0 (4, 8) float32: first" in text and "then 3 x" in text
 
 
 def test_clean_program_without_steps_never_says_no_problems(tmp_path):
