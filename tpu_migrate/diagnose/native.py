@@ -153,7 +153,7 @@ class NativeHooks:
         from tpu_migrate.diagnose.import_hooks import after_import
 
         after_import(library_compiles.GENERATION,
-                            lambda: library_compiles.install_generate_hook(self.recorder, _compile_problems))
+                     lambda: library_compiles.install_generate_hook(self.recorder, _compile_problems))
         if "torch._dynamo" in sys.modules:
             self.install_dynamo_hooks()
         if self.scan_sources and multiprocessing.parent_process() is None:  # once, by the main process
@@ -416,7 +416,7 @@ class NativeHooks:
         if kind is None:  # once per reading line: this runs on every host read
             kind = self.read_places[key] = self._read_place(frame.f_code.co_filename, frame.f_lineno)
         if kind == _LIBRARY:
-            if self.host_storages and tensor.untyped_storage().data_ptr() in self.host_storages:
+            if self.host_storages and _storage(tensor) in self.host_storages:  # never holds None
                 return None  # the library copied it to the host itself (a pipeline's outputs)
             kind = self._library_read_place(frame)
         return None if kind == placement.HOST else kind
@@ -520,7 +520,8 @@ class NativeHooks:
             try:
                 result = original(self, *args, **kwargs)
                 if copies:  # a copy to the host: later reads of it (or of views of it) wait for nothing
-                    host_copies.add(result.untyped_storage().data_ptr())
+                    host_copies.add(_storage(result))
+                    host_copies.discard(None)
                 return result
             finally:  # with how long the host waited (on a real accelerator; costs.py knows)
                 hooks.last_read, hooks.compiling_at_read = time.perf_counter(), hooks.compiling
@@ -701,6 +702,14 @@ class NativeHooks:
 _LIBRARY = "library"  # a read_places value: a library's read, placed by the user's call into it
 MAX_HOST_COPIES = 4096  # storages remembered as host copies (the oldest are forgotten together)
 _TORCH = tuple(os.sep + name + os.sep for name in ("torch", "torch_xla", "torchvision", "torchaudio"))
+
+
+def _storage(tensor) -> int | None:
+    """Where a tensor's data lives (views share it), or None for one without storage (a DTensor)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
 
 
 def _is_torch(filename: str) -> bool:
