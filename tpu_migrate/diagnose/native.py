@@ -40,6 +40,7 @@ import time
 from tpu_migrate.diagnose import call_timing, guards, inheritance, placement, recording
 from tpu_migrate.diagnose.events import Kind
 from tpu_migrate.diagnose.modes import leave_dispatch_mode
+from tpu_migrate.diagnose.read_places import ReadPlaces, program_files
 
 TENSOR_DYNAMIC = ("nonzero", "masked_select", "unique", "argwhere")
 GRAPH_BREAK_ID = re.compile(r"/gb/(gb\d+)\.html")
@@ -112,13 +113,10 @@ class NativeHooks:
         self.verdicts: dict[object, str] = {}  # OpOverload -> its name if TorchTPU cannot run it
         self.optimizer_hook = None
         self.saved = []  # (owner, name, original) patched once, restored by uninstall
-        self.read_places: dict[tuple, str] = {}  # (code, line) -> where the tensors read there live
-        self.host_copies: dict[tuple, object] = {}  # (code, line) -> does it write .to("cpu")
-        self.host_storages: set[int] = set()  # storages a library copied to the host (data_ptr)
+        self.places = ReadPlaces(self.device_types, self.cpu_stands_in)  # would a read wait for the TPU
         self.last_read: float | None = None  # perf_counter at the end of the last counted host read
         self.compiling = 0.0  # seconds Dynamo spent compiling so far
         self.compiling_at_read = 0.0  # ... at the end of the last counted host read
-        self.program_places: bool | None = None  # does the program name a device anywhere
 
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
@@ -131,7 +129,7 @@ class NativeHooks:
             self.method_wrappers[name] = self._method_wrapper(getattr(torch.Tensor, name), name, kind)
         # `t.to("cpu")`: a copy to the host, which waits for the device as `t.cpu()` does.
         self.method_originals["to"] = torch.Tensor.__dict__.get("to")
-        self.method_wrappers["to"] = self._method_wrapper(torch.Tensor.to, "to", Kind.SYNC, only_if=self._host_copy)
+        self.method_wrappers["to"] = self._method_wrapper(torch.Tensor.to, "to", Kind.SYNC, only_if=self.places.host_copy)
         self._put_methods(wrapped=True)
         for name in TENSOR_DYNAMIC:
             original = getattr(torch, name, None)
@@ -195,7 +193,7 @@ class NativeHooks:
             return
         from tpu_migrate.diagnose import incompatible
 
-        files = _program_files(incompatible.user_sources())
+        files = program_files(incompatible.user_sources())
         places = placement.program_places(files)
         for filename in files:
             parsed = placement.module(filename)
@@ -402,104 +400,17 @@ class NativeHooks:
         return any(isinstance(a, Tensor) and a.device.type in self.device_types for a in args)
 
     # -- wrappers ----------------------------------------------------------------------------
-    def _counts(self, tensor, caller_depth: int) -> str | None:
-        """Would this read of `tensor` wait for the TPU: placement.DEVICE, placement.UNKNOWN
-        (counted, with a note), or None (it would not)."""
-        device = getattr(tensor, "device", None)
-        if device is None or device.type not in self.device_types:
-            return None
-        if not self.cpu_stands_in:
-            return placement.DEVICE
-        frame = sys._getframe(caller_depth)
-        key = (frame.f_code, frame.f_lineno)
-        kind = self.read_places.get(key)
-        if kind is None:  # once per reading line: this runs on every host read
-            kind = self.read_places[key] = self._read_place(frame.f_code.co_filename, frame.f_lineno)
-        if kind == _LIBRARY:
-            if self.host_storages and _storage(tensor) in self.host_storages:  # never holds None
-                return None  # the library copied it to the host itself (a pipeline's outputs)
-            kind = self._library_read_place(frame)
-        return None if kind == placement.HOST else kind
-
-    def _read_place(self, filename: str, line: int) -> str:
-        """With the CPU standing in, every tensor is a CPU tensor: the source says which would be
-        on the TPU (placement.py). Reads by torch's own code are of host tensors (the optimizer's
-        step counter stays on the host on a TPU too); another library's read (Transformers'
-        `generate` checking whether to stop, every token) is decided by the user's call into it
-        (_LIBRARY)."""
-        if recording.is_library(filename):
-            return _LIBRARY if recording.is_shown_library(filename) and not _is_torch(filename) else placement.HOST
-        if self.program_places is None:
-            from tpu_migrate.diagnose import incompatible
-
-            self.program_places = placement.program_places(_program_files(incompatible.user_sources()))
-        return placement.read_kind(filename, line, self.program_places)
-
-    def _library_read_place(self, frame) -> str:
-        """A library's read, in a call from the user's line: on the TPU when that statement works
-        on what the source put there (`model.generate(prompt)` with the model moved to the
-        device): the library computes with the user's tensors, and reads what it computed."""
-        while frame is not None and recording.is_library(frame.f_code.co_filename):
-            frame = frame.f_back
-        if frame is None:
-            return placement.HOST
-        key = (frame.f_code, frame.f_lineno, _LIBRARY)
-        kind = self.read_places.get(key)
-        if kind is None:
-            kind = self.read_places[key] = self._read_place(frame.f_code.co_filename, frame.f_lineno)
-        return placement.HOST if kind == placement.UNKNOWN else kind
-
-    def _host_copy(self, args, kwargs) -> bool:
-        """`t.to(...)` that copies to the CPU as the source writes it (placement.host_copy_at):
-        the CPU given by name at run time, and by name in the statement."""
-        if not _to_the_host(args, kwargs):
-            return False
-        if not self.cpu_stands_in:
-            return True
-        frame = sys._getframe(2)  # the caller of Tensor.to
-        key = (frame.f_code, frame.f_lineno)
-        found = self.host_copies.get(key)
-        if found is None:  # once per line: this runs on every .to("cpu")
-            filename = frame.f_code.co_filename
-            if not recording.is_library(filename):
-                found = placement.host_copy_at(filename, frame.f_lineno)
-            elif recording.is_shown_library(filename) and not _is_torch(filename):
-                found = _LIBRARY
-            else:
-                found = False
-            self.host_copies[key] = found
-        if found == _LIBRARY:
-            return self._library_host_copy(frame)
-        return found
-
-    def _library_host_copy(self, frame) -> bool:
-        """A library's `.to(...)` that the CPU answers: a copy to the host where the library names
-        the CPU itself on the way (a pipeline's `device=torch.device("cpu")` for its outputs),
-        in a call from a user line that works on the device; else the library moving a tensor to
-        the user's device, which the CPU only stands in for."""
-        names_cpu = False
-        while frame is not None and recording.is_library(frame.f_code.co_filename):
-            key = (frame.f_code, frame.f_lineno, "cpu")
-            named = self.host_copies.get(key)
-            if named is None:
-                named = self.host_copies[key] = placement.names_the_cpu(frame.f_code.co_filename, frame.f_lineno)
-            names_cpu = names_cpu or named
-            frame = frame.f_back
-        if len(self.host_storages) > MAX_HOST_COPIES:
-            self.host_storages.clear()
-        return names_cpu and frame is not None and self._library_read_place(frame) != placement.HOST
-
     def _method_wrapper(self, original, name, kind, only_if=None):
         """`only_if(args, kwargs)`: the calls that count (`to` only when it copies to the host)."""
         # The fast path runs on every host read in the program (the optimizer's own reads of
         # its step counters too): it is kept to attribute reads and one dict lookup.
         recorder = self.recorder
         local = recorder.local
-        counts = self._counts
+        counts = self.places.counts
         label = {"__getitem__": "boolean mask indexing", "to": "to('cpu')"}.get(name, name)
         torch = self.torch
         masks_only = name == "__getitem__"
-        copies, host_copies = name == "to", self.host_storages
+        copies, places = name == "to", self.places
         hooks, stands_in = self, self.cpu_stands_in
 
         @functools.wraps(original)
@@ -520,8 +431,7 @@ class NativeHooks:
             try:
                 result = original(self, *args, **kwargs)
                 if copies:  # a copy to the host: later reads of it (or of views of it) wait for nothing
-                    host_copies.add(_storage(result))
-                    host_copies.discard(None)
+                    places.remember_host_copy(result)
                 return result
             finally:  # with how long the host waited (on a real accelerator; costs.py knows)
                 hooks.last_read, hooks.compiling_at_read = time.perf_counter(), hooks.compiling
@@ -536,7 +446,7 @@ class NativeHooks:
 
     def _function_wrapper(self, original, name):
         recorder = self.recorder
-        counts = self._counts
+        counts = self.places.counts
 
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
@@ -588,7 +498,7 @@ class NativeHooks:
         device; with the CPU standing in, whether the user's line `caller` saves such."""
         if self.cpu_stands_in:
             return not recording.is_library(caller.f_code.co_filename) and \
-                self._read_place(caller.f_code.co_filename, caller.f_lineno) == placement.DEVICE
+                self.places.read_place(caller.f_code.co_filename, caller.f_lineno) == placement.DEVICE
         pending, seen = [obj], 0
         while pending and seen < 10_000:  # a state dict is flat; the bound keeps odd objects cheap
             item, seen = pending.pop(), seen + 1
@@ -697,23 +607,6 @@ class NativeHooks:
             return original(code_options, reason, *args, **kwargs)
 
         return log_graph_break
-
-
-_LIBRARY = "library"  # a read_places value: a library's read, placed by the user's call into it
-MAX_HOST_COPIES = 4096  # storages remembered as host copies (the oldest are forgotten together)
-_TORCH = tuple(os.sep + name + os.sep for name in ("torch", "torch_xla", "torchvision", "torchaudio"))
-
-
-def _storage(tensor) -> int | None:
-    """Where a tensor's data lives (views share it), or None for one without storage (a DTensor)."""
-    try:
-        return tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError, AttributeError):
-        return None
-
-
-def _is_torch(filename: str) -> bool:
-    return any(marker in filename for marker in _TORCH)
 
 
 def _shape_origin(reason: str, frame) -> str | None:
@@ -833,18 +726,6 @@ def unsupported_on_tpu(func, table: dict[str, str]) -> str:
     return key if table.get(key) == "none" else ""
 
 
-def _program_files(files: list[str]) -> list[str]:
-    """The program's own files: those under its script's folder (not the modules torch writes to
-    a temporary folder and imports, nor our sitecustomize). The script is argv[0]: at exit
-    runpy has given `__main__` back to our bootstrap."""
-    main = sys.argv[0] if sys.argv and os.path.isfile(sys.argv[0]) else \
-        getattr(sys.modules.get("__main__"), "__file__", None)
-    if not main:
-        return files
-    root = os.path.join(os.path.dirname(os.path.abspath(main)), "")
-    return [f for f in files if os.path.abspath(f).startswith(root)]
-
-
 def _node_line(node) -> tuple[str, int] | None:
     """The user's line an FX node of a Dynamo graph came from (its recorded stack trace)."""
     trace = node.meta.get("stack_trace") if node is not None else None
@@ -873,17 +754,6 @@ def _fresh_fake(fake_mode, value):
 
 
 INFERENCE_MODE = "torch.compile under torch.inference_mode()"
-
-
-def _to_the_host(args, kwargs) -> bool:
-    """Whether `t.to(*args, **kwargs)` copies to the CPU and waits for it (`non_blocking=True`
-    does not wait)."""
-    if kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True):
-        return False
-    device = kwargs.get("device", args[0] if args else None)
-    if isinstance(device, str):
-        return device == "cpu" or device.startswith("cpu:")
-    return getattr(device, "type", None) == "cpu"
 
 
 def _compile_problems(kwargs: dict) -> list[str]:

@@ -1,0 +1,172 @@
+"""Would a host read, or a copy to the host, wait for the TPU? (native backend)
+
+On an accelerator the tensor says where it lives. With the CPU standing in, every tensor is a
+CPU tensor, and the program's source says which would live on the TPU (placement.py): a read
+by the user's code is placed by the statement that reads; torch's own reads are of host tensors
+(the optimizer's step counter stays on the host on a TPU too); another library's read
+(Transformers' `generate` checking whether to stop, every token) is placed by the user's
+statement that called into the library. A library's copy to the host is one where the library
+names the CPU itself on the way (a pipeline's `device=torch.device("cpu")` for its outputs);
+its copies' storages are remembered, so reads of them, or of views of them, wait for nothing.
+
+Every decision is cached per (code, line): this runs on every host read of the program.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+
+from tpu_migrate.diagnose import placement, recording
+
+_LIBRARY = "library"  # a read_places value: a library's read, placed by the user's call into it
+MAX_HOST_COPIES = 4096  # host copies remembered at once (the dead ones are dropped past it)
+_TORCH = tuple(os.sep + name + os.sep for name in ("torch", "torch_xla", "torchvision", "torchaudio"))
+
+
+def storage_of(tensor) -> int | None:
+    """Where a tensor's data lives (views share it), or None for one without storage (a DTensor)."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return None
+
+
+def _is_torch(filename: str) -> bool:
+    return any(marker in filename for marker in _TORCH)
+
+
+def to_the_host(args, kwargs) -> bool:
+    """Whether `t.to(*args, **kwargs)` copies to the CPU and waits for it (`non_blocking=True`
+    does not wait)."""
+    if kwargs.get("non_blocking") or (len(args) > 2 and args[2] is True):
+        return False
+    device = kwargs.get("device", args[0] if args else None)
+    if isinstance(device, str):
+        return device == "cpu" or device.startswith("cpu:")
+    return getattr(device, "type", None) == "cpu"
+
+
+def program_files(files: list[str]) -> list[str]:
+    """The program's own files: those under its script's folder (not the modules torch writes to
+    a temporary folder and imports, nor our sitecustomize). The script is argv[0]: at exit
+    runpy has given `__main__` back to our bootstrap."""
+    main = sys.argv[0] if sys.argv and os.path.isfile(sys.argv[0]) else \
+        getattr(sys.modules.get("__main__"), "__file__", None)
+    if not main:
+        return files
+    root = os.path.join(os.path.dirname(os.path.abspath(main)), "")
+    return [f for f in files if os.path.abspath(f).startswith(root)]
+
+
+class ReadPlaces:
+    def __init__(self, device_types: set[str], cpu_stands_in: bool):
+        self.device_types = device_types
+        self.cpu_stands_in = cpu_stands_in
+        self.read_places: dict[tuple, str] = {}  # (code, line) -> where the tensors read there live
+        self.host_copies: dict[tuple, object] = {}  # (code, line) -> does it write .to("cpu")
+        # A library's copies to the host, by their storage's address, while the copy lives (an
+        # address is reused once its storage is freed: a later device tensor is no copy).
+        self.host_storages: dict[int, weakref.ref] = {}
+        self.program_places: bool | None = None  # does the program name a device anywhere
+
+    def counts(self, tensor, caller_depth: int) -> str | None:
+        """Would this read of `tensor` wait for the TPU: placement.DEVICE, placement.UNKNOWN
+        (counted, with a note), or None (it would not)."""
+        device = getattr(tensor, "device", None)
+        if device is None or device.type not in self.device_types:
+            return None
+        if not self.cpu_stands_in:
+            return placement.DEVICE
+        frame = sys._getframe(caller_depth)
+        key = (frame.f_code, frame.f_lineno)
+        kind = self.read_places.get(key)
+        if kind is None:  # once per reading line: this runs on every host read
+            kind = self.read_places[key] = self.read_place(frame.f_code.co_filename, frame.f_lineno)
+        if kind == _LIBRARY:
+            if self.host_storages and self._host_copy_of(tensor):
+                return None  # the library copied it to the host itself (a pipeline's outputs)
+            kind = self.library_read_place(frame)
+        return None if kind == placement.HOST else kind
+
+    def read_place(self, filename: str, line: int) -> str:
+        """With the CPU standing in, every tensor is a CPU tensor: the source says which would be
+        on the TPU (placement.py). Reads by torch's own code are of host tensors (the optimizer's
+        step counter stays on the host on a TPU too); another library's read (Transformers'
+        `generate` checking whether to stop, every token) is decided by the user's call into it
+        (_LIBRARY)."""
+        if recording.is_library(filename):
+            return _LIBRARY if recording.is_shown_library(filename) and not _is_torch(filename) else placement.HOST
+        if self.program_places is None:
+            from tpu_migrate.diagnose import incompatible
+
+            self.program_places = placement.program_places(program_files(incompatible.user_sources()))
+        return placement.read_kind(filename, line, self.program_places)
+
+    def remember_host_copy(self, copy) -> None:
+        """`copy` is a library's copy to the host (see library_host_copy)."""
+        storage = storage_of(copy)
+        if storage is None:
+            return
+        if len(self.host_storages) >= MAX_HOST_COPIES:  # keep the live ones (a copy a step adds one)
+            live = {key: ref for key, ref in self.host_storages.items() if ref() is not None}
+            self.host_storages = live if len(live) < MAX_HOST_COPIES else {}
+        self.host_storages[storage] = weakref.ref(copy)
+
+    def _host_copy_of(self, tensor) -> bool:
+        """Whether `tensor` is (a view of) a library's copy to the host that is still alive."""
+        copy = self.host_storages.get(storage_of(tensor))
+        return copy is not None and copy() is not None
+
+    def library_read_place(self, frame) -> str:
+        """A library's read, in a call from the user's line: on the TPU when that statement works
+        on what the source put there (`model.generate(prompt)` with the model moved to the
+        device): the library computes with the user's tensors, and reads what it computed."""
+        while frame is not None and recording.is_library(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is None:
+            return placement.HOST
+        key = (frame.f_code, frame.f_lineno, _LIBRARY)
+        kind = self.read_places.get(key)
+        if kind is None:
+            kind = self.read_places[key] = self.read_place(frame.f_code.co_filename, frame.f_lineno)
+        return placement.HOST if kind == placement.UNKNOWN else kind
+
+    def host_copy(self, args, kwargs) -> bool:
+        """`t.to(...)` that copies to the CPU as the source writes it (placement.host_copy_at):
+        the CPU given by name at run time, and by name in the statement."""
+        if not to_the_host(args, kwargs):
+            return False
+        if not self.cpu_stands_in:
+            return True
+        frame = sys._getframe(2)  # the caller of Tensor.to
+        key = (frame.f_code, frame.f_lineno)
+        found = self.host_copies.get(key)
+        if found is None:  # once per line: this runs on every .to("cpu")
+            filename = frame.f_code.co_filename
+            if not recording.is_library(filename):
+                found = placement.host_copy_at(filename, frame.f_lineno)
+            elif recording.is_shown_library(filename) and not _is_torch(filename):
+                found = _LIBRARY
+            else:
+                found = False
+            self.host_copies[key] = found
+        if found == _LIBRARY:
+            return self.library_host_copy(frame)
+        return found
+
+    def library_host_copy(self, frame) -> bool:
+        """A library's `.to(...)` that the CPU answers: a copy to the host where the library names
+        the CPU itself on the way (a pipeline's `device=torch.device("cpu")` for its outputs),
+        in a call from a user line that works on the device; else the library moving a tensor to
+        the user's device, which the CPU only stands in for."""
+        names_cpu = False
+        while frame is not None and recording.is_library(frame.f_code.co_filename):
+            key = (frame.f_code, frame.f_lineno, "cpu")
+            named = self.host_copies.get(key)
+            if named is None:
+                named = self.host_copies[key] = placement.names_the_cpu(frame.f_code.co_filename, frame.f_lineno)
+            names_cpu = names_cpu or named
+            frame = frame.f_back
+        return names_cpu and frame is not None and self.library_read_place(frame) != placement.HOST
