@@ -112,6 +112,10 @@ def literal_bool(arg: cst.Arg | None, default: bool) -> bool | None:
     return None
 
 
+# `name=value` as generated keyword arguments are written (no spaces around `=`).
+KEYWORD_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
 def clean_args(args: list[cst.Arg]) -> list[cst.Arg]:
     if not args:
         return args

@@ -10,6 +10,7 @@ import libcst as cst
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
 from tpu_migrate.rewrite.registry import CALL, emits, transform
 from tpu_migrate.rewrite.transforms.common import (
+    KEYWORD_EQUAL,
     XLA_DEVICE,
     PORTABLE_DEVICE,
     bind,
@@ -541,7 +542,5 @@ def autocast(call: cst.Call, sc: StatementContext):
         bf16 = parse_expr(sc.file.plan.fill("{torch}.bfloat16"))
         args = [*clean_args(args)[:-1], args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
                 cst.Arg(keyword=cst.Name("dtype"), value=bf16,
-                        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                              whitespace_after=cst.SimpleWhitespace("")),
-                        comma=args[-1].comma)]
+                        equal=KEYWORD_EQUAL, comma=args[-1].comma)]
     return call.with_changes(args=args)

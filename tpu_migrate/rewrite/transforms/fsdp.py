@@ -18,7 +18,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, transform
-from tpu_migrate.rewrite.transforms.common import PORTABLE_DEVICE, bind, clean_args, code, given, helper
+from tpu_migrate.rewrite.transforms.common import KEYWORD_EQUAL, PORTABLE_DEVICE, bind, clean_args, code, given, helper
 
 # XlaFullyShardedDataParallel.__init__'s parameters, in order (torch_xla 2.9).
 PARAMS = [
@@ -204,9 +204,7 @@ def fully_shard_call(call, qualname, sc: StatementContext, rule, params: list[st
     args = [cst.Arg(bound["module"].value)]
     for arg in KEPT:
         if arg in bound:
-            args.append(cst.Arg(bound[arg].value, keyword=cst.Name(arg),
-                                equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""),
-                                                      whitespace_after=cst.SimpleWhitespace(""))))
+            args.append(cst.Arg(bound[arg].value, keyword=cst.Name(arg), equal=KEYWORD_EQUAL))
     return cst.Call(func=cst.Name(fully_shard_helper(sc)), args=clean_args([*args, *stars]))
 
 

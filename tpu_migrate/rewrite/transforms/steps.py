@@ -13,6 +13,7 @@ from tpu_migrate.rewrite.names import DDP_NAMES
 from tpu_migrate.rewrite.transforms.fsdp import FSDP_NAMES
 from tpu_migrate.rewrite.registry import CALL, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
+    KEYWORD_EQUAL,
     atom,
     GLOBAL_MASTER,
     LOCAL_MASTER,
@@ -150,7 +151,6 @@ def _optimizer_step_parts(call, qualname, sc: StatementContext, rule):
     return optimizer, cst.Call(func=cst.Attribute(value=optimizer, attr=cst.Name("step")), args=step_args)
 
 
-_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 
 def _keyword_args(value: cst.BaseExpression) -> list[cst.Arg]:
@@ -167,7 +167,7 @@ def _keyword_args(value: cst.BaseExpression) -> list[cst.Arg]:
             keys.append(key)
         else:
             return clean_args([
-                cst.Arg(element.value, keyword=cst.Name(key), equal=_EQUAL)
+                cst.Arg(element.value, keyword=cst.Name(key), equal=KEYWORD_EQUAL)
                 for key, element in zip(keys, value.elements)
             ])
     return [cst.Arg(value, star="**")]

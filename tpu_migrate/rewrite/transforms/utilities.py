@@ -12,6 +12,7 @@ from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, rule_code, 
 from tpu_migrate.rewrite.todos import TEXT_MARKER
 from tpu_migrate.rewrite.transforms.collectives import world_guard
 from tpu_migrate.rewrite.transforms.common import (
+    KEYWORD_EQUAL,
     bind,
     code,
     helper,
@@ -21,7 +22,6 @@ from tpu_migrate.rewrite.transforms.common import (
 # -- TPU125: torch_xla.utils.checkpoint.checkpoint ------------------------------------------
 
 CHECKPOINT = "{torch}.utils.checkpoint.checkpoint"
-_EQUAL = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 
 @transform("xla_checkpoint", form=CALL)
@@ -40,7 +40,7 @@ def xla_checkpoint(call, qualname, sc: StatementContext, rule):
     args = list(call.args)
     if args:
         args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-    args.append(cst.Arg(cst.Name("True"), keyword=cst.Name("use_reentrant"), equal=_EQUAL))
+    args.append(cst.Arg(cst.Name("True"), keyword=cst.Name("use_reentrant"), equal=KEYWORD_EQUAL))
     sc.fixed(rule.code, qualname)
     return call.with_changes(func=func, args=args)
 

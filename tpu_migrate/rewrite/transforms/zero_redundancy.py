@@ -17,7 +17,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted
 from tpu_migrate.rewrite.registry import CALL, transform
-from tpu_migrate.rewrite.transforms.common import bind, clean_args, code, given, helper
+from tpu_migrate.rewrite.transforms.common import KEYWORD_EQUAL, bind, clean_args, code, given, helper
 from tpu_migrate.rewrite.transforms.fsdp import join_world
 
 # ZeroRedundancyOptimizer.__init__'s parameters before **defaults (torch_xla 2.9).
@@ -80,8 +80,7 @@ def _default(name: str, value: cst.BaseExpression) -> bool:
 
 
 def _keyword(name: str, arg: cst.Arg) -> cst.Arg:
-    return arg.with_changes(keyword=cst.Name(name), equal=cst.AssignEqual(
-        whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")))
+    return arg.with_changes(keyword=cst.Name(name), equal=KEYWORD_EQUAL)
 
 
 def _positional(arg: cst.Arg) -> cst.Arg:
