@@ -160,7 +160,7 @@ def _inline_loader(analysis: Analysis, assign: ast.Assign, loops: list[ast.stmt]
     later = block[index + 1 :]
     if not all(any(loop is n for stmt in later for n in ast.walk(stmt)) for loop in loops):
         return None
-    function = _enclosing_function(analysis.nodes, assign)
+    function = enclosing_function(analysis.nodes, assign)
     stores = _stores(function.body if function is not None else tree.body)
     if any(name == loader.id and line >= assign.lineno for name, line in stores):
         return None
@@ -184,7 +184,8 @@ def _enclosing_body(nodes: list[ast.AST], target: ast.stmt) -> tuple[list[ast.st
     return None
 
 
-def _enclosing_function(nodes: list[ast.AST], target: ast.stmt):
+def enclosing_function(nodes: list[ast.AST], target: ast.stmt):
+    """The innermost function holding `target`, or None at module level."""
     best = None
     for node in nodes:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(n is target for n in ast.walk(node)):
@@ -332,7 +333,7 @@ def _aliased_function(fn: ast.Name, statement: ast.stmt, analysis: Analysis) -> 
     tree = analysis.tree
     if any(isinstance(n, (ast.Global, ast.Nonlocal)) and fn.id in n.names for n in analysis.nodes):
         return None
-    function = _enclosing_function(analysis.nodes, statement)
+    function = enclosing_function(analysis.nodes, statement)
     bodies = [tree.body]
     if function is not None:
         params = function.args

@@ -21,6 +21,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_stmt
 from tpu_migrate.rewrite.names import Analysis, mark_subtrees
+from tpu_migrate.rewrite.plans import enclosing_function
 from tpu_migrate.rewrite.registry import rule_code, transform
 from tpu_migrate.rewrite.transforms.common import helper
 from tpu_migrate.rewrite.transforms.fsdp import SPMD_FSDP, fully_shard_helper
@@ -55,10 +56,10 @@ def parameter_marking_loops(analysis: Analysis, canonical, enabled) -> tuple[dic
         if not marks:
             why = (f"the loop does more than mark `{model}`'s parameters: keep the rest, and call FSDP2's "
                    f"fully_shard({model}) after it in place of the marks, before any optimizer takes the parameters")
-        elif not _made_here(model, node, analysis):
+        elif not _made_here(model, node, enclosing_function(analysis.nodes, node)):
             why = (f"`{model}` comes from a caller the rewrite cannot see: call FSDP2's fully_shard({model}) "
                    "where it is made, before any optimizer takes its parameters")
-        elif _read_before(model, node, analysis):
+        elif _read_before(model, node, enclosing_function(analysis.nodes, node) or analysis.tree):
             why = (f"code before the loop reads `{model}`'s parameters (an optimizer made first?), and FSDP2 "
                    f"replaces them: make the optimizer after the loop, and the loop becomes fully_shard({model})")
         if why is None and spmd:
@@ -134,10 +135,9 @@ def _only_reads(test: ast.expr) -> bool:
     return True
 
 
-def _made_here(model: str, loop: ast.For, analysis: Analysis) -> bool:
-    """The model is a name the loop's function (or module) binds itself before the loop, not
-    only a parameter of the function (made by callers the rewrite does not see)."""
-    function = _enclosing_function(analysis.tree, loop)
+def _made_here(model: str, loop: ast.For, function) -> bool:
+    """The model is a name the loop's function (or module: `function` None) binds itself before
+    the loop, not only a parameter of the function (made by callers the rewrite does not see)."""
     if function is None:
         return True
     arguments = function.args
@@ -149,12 +149,10 @@ def _made_here(model: str, loop: ast.For, analysis: Analysis) -> bool:
                and node.lineno < loop.lineno for stmt in function.body for node in ast.walk(stmt))
 
 
-def _read_before(model: str, loop: ast.For, analysis: Analysis) -> bool:
-    """Whether code of the loop's function (or module) that runs before it reads the model's
-    parameters (`torch.optim.AdamW(model.parameters())`): FSDP2 would replace them under it."""
-    function = _enclosing_function(analysis.tree, loop)
-    body = function.body if function is not None else analysis.tree.body
-    for stmt in body:
+def _read_before(model: str, loop: ast.For, scope) -> bool:
+    """Whether code of the loop's function (or module) `scope` that runs before it reads the
+    model's parameters (`torch.optim.AdamW(model.parameters())`): FSDP2 would replace them under it."""
+    for stmt in scope.body:
         if stmt.lineno >= loop.lineno:
             break
         for node in ast.walk(stmt):
@@ -162,16 +160,6 @@ def _read_before(model: str, loop: ast.For, analysis: Analysis) -> bool:
                     and isinstance(node.value, ast.Name) and node.value.id == model):
                 return True
     return False
-
-
-def _enclosing_function(tree: ast.Module, target: ast.stmt):
-    found = None
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno < target.lineno <= (
-                node.end_lineno or 0):
-            if found is None or node.lineno > found.lineno:
-                found = node  # the innermost
-    return found
 
 
 @transform("spmd_parameter_sharding", on="replace_loop")
