@@ -361,12 +361,17 @@ def read_kind(filename: str, line: int, program_places: bool) -> str:
     return UNKNOWN if parsed is None else parsed.read_at(line)
 
 
+def _statement(filename: str, line: int) -> ast.AST | None:
+    """The statement (or compound statement's header) at filename:line, if the file parses."""
+    parsed = module(filename)
+    return parsed.statement_at(line)[1] if parsed is not None else None
+
+
 def host_copy_at(filename: str, line: int) -> bool:
     """Whether the statement at filename:line writes a copy to the CPU (`t.to("cpu")`): a
     `torch.device("cpu")` or `"cpu"` the program computed (its own device choice, which the CPU
     answers here) is not one."""
-    parsed = module(filename)
-    statement = parsed.statement_at(line)[1] if parsed is not None else None
+    statement = _statement(filename, line)
     return statement is not None and any(isinstance(n, ast.Call) and _copies_to_the_host(n)
                                          for n in ast.walk(statement))
 
@@ -374,8 +379,7 @@ def host_copy_at(filename: str, line: int) -> bool:
 def names_the_cpu(filename: str, line: int) -> bool:
     """Whether the statement at filename:line names the CPU as a device (`"cpu"`,
     `torch.device("cpu")`) in a call: a library choosing the host on purpose."""
-    parsed = module(filename)
-    statement = parsed.statement_at(line)[1] if parsed is not None else None
+    statement = _statement(filename, line)
     return statement is not None and any(
         isinstance(node, ast.Call) and any(_is_cpu_literal(a) for a in (*node.args, *(k.value for k in node.keywords)))
         for node in ast.walk(statement))
