@@ -16,9 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import differential
+import warm_python
 from conftest import ROOT
 from tpu_migrate.verify import compare
-from tpu_migrate.verify.runs import Workspace
+from tpu_migrate.verify.runs import Target, Workspace
 
 pytestmark = pytest.mark.slow  # torch_xla originals and torchrun worlds
 
@@ -65,35 +67,45 @@ MUTATIONS = {
 ONE_PROCESS = {"a seed on another generator"}
 
 
+def warm(env: dict[str, str]) -> str:
+    """verify's interpreter in the suite: a warm python (tests/warm_python.py) with torch, and
+    torch_xla for the originals, imported."""
+    modules = differential.WARM_XLA_MODULES if "PJRT_DEVICE" in env else differential.WARM_MODULES
+    return warm_python.python_for(env, modules)
+
+
 @pytest.fixture(scope="module")
 def mutated_runs(tmp_path_factory):
     """The original twice, the migration at one process, and each mutation of it at 2
     processes (ONE_PROCESS: at 1), two runs at a time."""
-    workspace = Workspace()
+    workspace = Workspace(warm)
     try:
-        script = PROGRAM
-        migrated = workspace.migrate(script, script.parent)
+        script = Target(PROGRAM, None, False)
+        migrated = workspace.migrate(script).path
         text = migrated.read_text()
         copies = {}
         for name, (old, new, *_) in MUTATIONS.items():
             assert text.count(old) == 1, f"{name}: the migration changed, update the mutation"
-            copies[name] = migrated.with_name(f"mutated-{len(copies)}.py")
-            copies[name].write_text(text.replace(old, new))
+            copies[name] = Target(migrated.with_name(f"mutated-{len(copies)}.py"), None, True)
+            copies[name].path.write_text(text.replace(old, new))
         with ThreadPoolExecutor(2) as pool:
-            originals = [pool.submit(workspace.run, f"original {k}", "original", script, [], 1, 300) for k in (1, 2)]
+            # The originals one after the other: two xmp.spawn launches at once from one warm python
+            # once lost the spawned child's pipe (EBADF); they overlap the migrated runs only.
+            originals = pool.submit(lambda: [workspace.run(f"original {k}", "original", script, [], 1, 300)
+                                             for k in (1, 2)])
             runs = {name: pool.submit(workspace.run, name, "migrated", copy, [], 1 if name in ONE_PROCESS else 2, 300)
                     for name, copy in copies.items()}
-            runs["none"] = pool.submit(workspace.run, "migrated", "migrated", migrated, [], 1, 300)
-            yield [f.result() for f in originals], {name: f.result() for name, f in runs.items()}
+            runs["none"] = pool.submit(workspace.run, "migrated", "migrated", Target(migrated, None, True), [], 1, 300)
+            yield originals.result(), {name: f.result() for name, f in runs.items()}
     finally:
         workspace.close()
 
 
 def test_the_migration_is_the_same_at_one_process(mutated_runs):
     (first, second), runs = mutated_runs
-    original = compare.steps(first)
-    result = compare.verdict(original, runs["none"], 1e-4, 1e-5, compare.noise(original, compare.steps(second)))
-    assert result.divergence is None and result.steps == len(original) == 5
+    result = compare.verdict(compare.original(first, second), runs["none"], 1e-4, 1e-5)
+    assert result.divergence is None and result.steps == 5, runs["none"].output
+    assert result.printed.compared == 11 and not result.printed.noisy  # its @step lines, in its printed numbers
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
@@ -102,8 +114,7 @@ def test_a_migration_mistake_is_caught_at_its_first_step(mutated_runs, mutation)
     assert first.returncode == 0 and second.returncode == 0, first.output
     run = runs[mutation]
     assert run.returncode == 0, run.output  # it runs: only the comparison can tell
-    original = compare.steps(first)
-    result = compare.verdict(original, run, 1e-4, 1e-5, compare.noise(original, compare.steps(second)))
+    result = compare.verdict(compare.original(first, second), run, 1e-4, 1e-5)
     _, _, quantity, cause = MUTATIONS[mutation]
     divergence = result.divergence
     assert divergence is not None, f"{mutation} was not caught"
@@ -129,8 +140,66 @@ def test_a_program_without_an_optimizer_step_has_nothing_to_compare(tmp_path):
     (tmp_path / "no_steps.py").write_text("print('inference only')\n")
     proc = _verify(tmp_path, "no_steps.py")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "the original took no optimizer step: nothing to compare" in proc.stdout
+    assert "the original took no optimizer step, called no backward() and printed no number: nothing to compare" \
+        in proc.stdout
     assert "running the original, again" not in proc.stdout  # it stopped after the first run
+
+
+# A package whose training module updates its weights by hand (no optimizer: compared per
+# backward() call) and prints a held-out error (compared as a printed number).
+HAND_WRITTEN = """\
+import torch
+import torch_xla.core.xla_model as xm
+
+torch.manual_seed(0)
+device = xm.xla_device()
+truth = torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+x, held_out = torch.randn(32, 4), torch.randn(16, 4)
+x, y = x.to(device), (x @ truth).to(device)
+w = torch.zeros(4, 1, device=device, requires_grad=True)
+for step in range(4):
+    loss = ((x @ w - y) ** 2).mean()
+    loss.backward()
+    with torch.no_grad():
+        w -= 0.05 * w.grad
+        w.grad.zero_()
+    xm.mark_step()
+error = ((held_out.to(device) @ w - (held_out @ truth).to(device)) ** 2).mean()
+print(f"step {step}: held-out error {error.item():.4f} (lr 0.05)")
+"""
+
+
+def test_a_module_without_an_optimizer_is_compared_per_backward_call_and_by_what_it_prints(tmp_path, monkeypatch):
+    """`verify -m pkg.train`: the package's tree copied and migrated, the copy's module run (not
+    the original's, which the working directory holds too); the same, then a hand-port that
+    evaluates another way: every backward call agrees, the printed error is the divergence."""
+    from tpu_migrate.verify.command import run_verify
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text(HAND_WRITTEN)
+    monkeypatch.chdir(tmp_path)
+    said = []
+    status, document = run_verify("pkg.train", [], None, None, [1], 1e-4, 1e-5, 300, said.append, module=True,
+                                  interpreter=warm)
+    assert status == 0, "\n".join(said)
+    assert (document["unit"], document["steps"]) == ("backward call", 4)
+    assert "4 backward calls (no optimizer step), 3 printed numbers on 1 line(s)" in said[-2]
+    assert "migrated, 1 process: same (4 backward calls: loss within rtol 1e-04; 3 printed numbers the same)" in said[-1]
+
+    port = tmp_path / "ported.py"  # a hand-port whose evaluation sums where the original averaged
+    port.write_text(HAND_WRITTEN.replace("import torch_xla.core.xla_model as xm\n", "").replace(
+        "xm.xla_device()", "torch.device('cpu')").replace("    xm.mark_step()\n", "").replace(
+        "** 2).mean()\nprint", "** 2).sum()\nprint"))
+    said.clear()
+    status, document = run_verify(str(tmp_path / "pkg" / "train.py"), [], str(port), None, [1], 1e-4, 1e-5, 300,
+                                  said.append, interpreter=warm)
+    assert status == 1, "\n".join(said)
+    divergence = document["runs"][0]["divergence"]
+    assert (divergence["unit"], divergence["step"], divergence["quantity"]) == ("printed line", 1, "printed number")
+    assert divergence["migrated"] == pytest.approx(16 * divergence["original"], rel=1e-3)
+    assert divergence["cause"].startswith("every backward call's loss agrees, so what differs is computed outside "
+                                          "the training steps, already at one process")
 
 
 def test_a_missing_script_is_one_line_and_exit_2(tmp_path):

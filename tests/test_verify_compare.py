@@ -1,9 +1,10 @@
-"""verify's comparison on step records written by hand: FSDP shards added over the ranks, whole
-tensors required to agree between them, and the first divergence with its cause."""
+"""verify's comparison on step records and printed output written by hand: FSDP shards added over
+the ranks, whole tensors required to agree between them, backward calls where no optimizer
+steps, printed numbers (rounding, noise, the world size), and the first divergence with its cause."""
 
 from __future__ import annotations
 
-from tpu_migrate.verify import compare
+from tpu_migrate.verify import compare, printed
 from tpu_migrate.verify.runs import Run
 
 
@@ -14,12 +15,19 @@ def _record(step, rank, world, loss, grad_sq=0.0, grad_sq_sharded=0.0, param_sum
             "param_sum_sharded": param_sum_sharded, "where": "train.py:9: optimizer.step()"}
 
 
-def _run(records, world=1):
-    return Run("run", "migrated", world, 0, "", records)
+def _run(records, world=1, printed=""):
+    return Run("run", "migrated", world, 0, "", records, printed)
 
 
-ORIGINAL = compare.steps(_run([_record(0, 0, 1, 2.0, grad_sq=25.0, param_sum=10.0),
-                               _record(1, 0, 1, 1.5, grad_sq=9.0, param_sum=9.0)]))
+def _original(records, printed="", again=None, floor=None):
+    """The original's two runs (`again`: the second one's printed output, if it differs)."""
+    reference = compare.original(_run(records, printed=printed), _run(records, printed=again or printed))
+    reference.floor = floor or reference.floor
+    return reference
+
+
+ORIGINAL_RECORDS = [_record(0, 0, 1, 2.0, grad_sq=25.0, param_sum=10.0), _record(1, 0, 1, 1.5, grad_sq=9.0, param_sum=9.0)]
+ORIGINAL = _original(ORIGINAL_RECORDS)
 
 
 def test_fsdp_shards_add_up_over_the_ranks():
@@ -28,13 +36,13 @@ def test_fsdp_shards_add_up_over_the_ranks():
                    + [_record(1, r, 2, 1.5, grad_sq_sharded=4.5, param_sum_sharded=4.5) for r in (0, 1)], world=2)
     steps = compare.steps(sharded)
     assert steps[0].figures["gradient norm"] == 5.0 and steps[0].figures["parameters"] == 10.0
-    assert compare.verdict(ORIGINAL, sharded, 1e-4, 1e-5, {}).divergence is None
+    assert compare.verdict(ORIGINAL, sharded, 1e-4, 1e-5).divergence is None
 
 
 def test_ranks_with_different_whole_gradients_are_the_first_divergence():
     apart = _run([_record(0, 0, 2, 2.0, grad_sq=25.0, param_sum=10.0),
                   _record(0, 1, 2, 2.0, grad_sq=16.0, param_sum=10.0)], world=2)
-    divergence = compare.verdict(ORIGINAL, apart, 1e-4, 1e-5, {}).divergence
+    divergence = compare.verdict(ORIGINAL, apart, 1e-4, 1e-5).divergence
     assert (divergence.step, divergence.quantity, divergence.ranks) == (0, "gradient norm", [0, 1])
     assert "rank 0 5, rank 1 4" in divergence.cause and divergence.where == "train.py:9: optimizer.step()"
 
@@ -42,16 +50,16 @@ def test_ranks_with_different_whole_gradients_are_the_first_divergence():
 def test_the_original_s_own_noise_widens_the_tolerance():
     late = _run([_record(0, 0, 1, 2.0, grad_sq=25.0, param_sum=10.0),
                  _record(1, 0, 1, 1.5 * (1 + 3e-4), grad_sq=9.0, param_sum=9.0)])
-    assert compare.verdict(ORIGINAL, late, 1e-4, 0.0, {}).divergence.quantity == "loss"
-    noisy = {"loss": 1e-4}  # the original's two runs differed by 1e-4: ten times that is tolerated
-    assert compare.verdict(ORIGINAL, late, 1e-4, 0.0, noisy).divergence is None
+    assert compare.verdict(ORIGINAL, late, 1e-4, 0.0).divergence.quantity == "loss"
+    noisy = _original(ORIGINAL_RECORDS, floor={"loss": 1e-4})  # its two runs differed by 1e-4: ten times that is tolerated
+    assert compare.verdict(noisy, late, 1e-4, 0.0).divergence is None
 
 
 def test_more_steps_by_the_world_size_names_the_sampler():
     """Every common step agrees, and each of 2 processes took the original's steps twice over."""
-    one_step = compare.steps(_run([_record(0, 0, 1, 2.0, grad_sq=25.0, param_sum=10.0)]))
+    one_step = _original([_record(0, 0, 1, 2.0, grad_sq=25.0, param_sum=10.0)])
     twice = _run([_record(s, r, 2, 2.0, grad_sq=25.0, param_sum=10.0) for s in (0, 1) for r in (0, 1)], world=2)
-    divergence = compare.verdict(one_step, twice, 1e-4, 1e-5, {}).divergence
+    divergence = compare.verdict(one_step, twice, 1e-4, 1e-5).divergence
     assert (divergence.step, divergence.quantity, divergence.original, divergence.migrated) == (
         None, "optimizer steps", 1, 2)
     assert "does not shard" in divergence.cause
@@ -62,9 +70,76 @@ def test_the_html_page_marks_the_first_divergence():
 
     apart = _run([_record(0, 0, 2, 2.0, grad_sq=25.0, param_sum=10.0),
                   _record(0, 1, 2, 2.0, grad_sq=16.0, param_sum=10.0)], world=2)
-    verdict = compare.verdict(ORIGINAL, apart, 1e-4, 1e-5, {})
-    page = html.render("train.py <1>", None, ORIGINAL, dict.fromkeys(compare.QUANTITIES, 0.0), [verdict])
+    verdict = compare.verdict(ORIGINAL, apart, 1e-4, 1e-5)
+    page = html.render("train.py <1>", None, ORIGINAL, [verdict])
     assert "train.py &lt;1&gt;" in page and "<1>" not in page  # escaped
     assert 'class="differs">differs</span> first at step 0, gradient norm' in page
     assert page.count('class="number diverged"') == 2  # the original's and the migrated value
     assert page.count("<tr><td") == 2  # a row per step, the original's second step shown too
+
+
+def _backward(losses, rank=0, world=1):
+    return {"backward": losses, "rank": rank, "world": world}
+
+
+def test_a_program_without_optimizer_steps_is_compared_per_backward_call():
+    """A hand-written update: no optimizer, a loss per backward() call, averaged over the ranks."""
+    reference = _original([_backward([2.0, 1.5, 1.2])])
+    assert reference.unit == "backward call" and len(reference.steps) == 3
+    same = _run([_backward([2.5, 1.0, 1.4], 0, 2), _backward([1.5, 2.0, 1.0], 1, 2)], world=2)
+    assert compare.verdict(reference, same, 1e-4, 1e-5).divergence is None
+    later = _run([_backward([2.0, 1.5, 1.3])])
+    divergence = compare.verdict(reference, later, 1e-4, 1e-5).divergence
+    assert (divergence.unit, divergence.step, divergence.quantity) == ("backward call", 2, "loss")
+    fewer = compare.verdict(reference, _run([_backward([2.0, 1.5])]), 1e-4, 1e-5).divergence
+    assert (fewer.step, fewer.quantity, fewer.original, fewer.migrated) == (None, "backward calls", 3, 2)
+
+
+ACCURACY = "epoch 1 loss=0.6931 took 12.31s\ntest accuracy 91.25% on 64 samples\n"
+
+
+def test_printed_numbers_agree_up_to_their_last_digit_and_the_original_s_noise():
+    """0.6932 for 0.6931 is float rounding in the last printed digit; the time differs between
+    the original's own runs, so it is not compared; a line only one side prints shifts nothing."""
+    reference = _original(ORIGINAL_RECORDS, ACCURACY, again=ACCURACY.replace("12.31", "11.87"))
+    migrated = _run(ORIGINAL_RECORDS, printed="using device cpu:0\n" + ACCURACY.replace("0.6931 took 12.31",
+                                                                                           "0.6932 took 3.02"))
+    verdict = compare.verdict(reference, migrated, 1e-4, 1e-5)
+    assert verdict.divergence is None
+    assert (verdict.printed.compared, verdict.printed.noisy, verdict.printed.one_side) == (4, 1, 1)
+    assert compare.printed_summary(verdict.printed) == (
+        "4 printed numbers the same, 1 that differ between two runs of the original (times?) not compared, "
+        "1 line(s) printed by one side only")
+
+
+def test_a_printed_number_is_the_divergence_where_the_steps_agree():
+    """An evaluation over rank 0's slice only (the reduction dropped): every step agrees."""
+    reference = _original(ORIGINAL_RECORDS, ACCURACY)
+    migrated = _run([{**r, "world": 2, "rank": k} for r in ORIGINAL_RECORDS for k in (0, 1)], world=2,
+                    printed=ACCURACY.replace("91.25", "87.50"))
+    divergence = compare.verdict(reference, migrated, 1e-4, 1e-5).divergence
+    assert (divergence.unit, divergence.step, divergence.quantity) == ("printed line", 2, "printed number")
+    assert (divergence.original, divergence.migrated) == (91.25, 87.5)
+    assert "test accuracy 91.25% on 64 samples" in divergence.where
+    assert "every step's loss, gradient norm and parameters agree" in divergence.cause
+    assert "mesh_reduce" in divergence.cause
+
+
+def test_a_printed_count_by_the_world_size_agrees_at_one_process_only():
+    """64 samples in all at one process, 32 per process at two: by design, not a divergence."""
+    reference = _original(ORIGINAL_RECORDS, ACCURACY + "world size 1\n")
+    migrated = _run([{**r, "world": 2, "rank": k} for r in ORIGINAL_RECORDS for k in (0, 1)], world=2,
+                    printed=ACCURACY.replace("64 samples", "32 samples") + "world size 2\n")
+    verdict = compare.verdict(reference, migrated, 1e-4, 1e-5)
+    assert verdict.divergence is None
+    assert [(item["line"], item["why"].split(":")[0]) for item in verdict.printed.world_only] == [
+        (2, "1/2 of the original's"), (3, "the world size itself (2)")]
+    at_one = compare.verdict(reference, _run(ORIGINAL_RECORDS, printed=ACCURACY.replace("64 samples", "32 samples")
+                                             + "world size 1\n"), 1e-4, 1e-5)
+    assert at_one.divergence is not None and at_one.divergence.migrated == 32  # at one process, no excuse
+
+
+def test_printed_numbers_are_found_where_a_reader_sees_them():
+    lines = printed.lines("Loss is 0.5.\nv1.2.3 step10 x=-0.25 on xla:0\nno number here\n100%|####| 3/3\r")
+    assert [(line.index, line.template, [n.value for n in line.numbers]) for line in lines] == [
+        (1, "Loss is #.", [0.5]), (2, "v1.2.3 step10 x=# on xla:#", [-0.25, 0.0]), (4, "#%|####| #/#", [100, 3, 3])]

@@ -45,10 +45,11 @@ LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOMP_", "L
 # TORCH_NCCL_ASYNC_ERROR_HANDLING: torchrun sets it for its workers; ProcessGroupNCCL reads it
 # when it is made.
 # TORCH_TPU_*: the TorchTPU launcher's variables (the pod tests' hosts), read by torch_tpu alone,
-# which no server imports.
+# which no server imports. TPU_MIGRATE_*: the tool's own (verify's record directory), read by its
+# sitecustomize, which runs per run.
 PER_RUN = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC", "TMPDIR", "TEMP", "TMP",
            "PJRT_DYNAMIC_PLUGINS", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
-PER_RUN_PREFIXES = ("TORCH_TPU_",)
+PER_RUN_PREFIXES = ("TORCH_TPU_", "TPU_MIGRATE_")
 
 
 def per_run(name: str) -> bool:
@@ -375,7 +376,8 @@ def become(request: dict, fds: list[int], client: str, changes: dict[str, str | 
         first = os.getcwd()
     else:
         first = ""
-    sys.path[:] = [first, *extra, *base_path]
+    # PYTHONSAFEPATH (python -P): neither the script's folder nor the working directory goes first.
+    sys.path[:] = [*([] if env.get("PYTHONSAFEPATH") else [first]), *extra, *base_path]
     importlib.invalidate_caches()
     tempfile.tempdir = None  # TMPDIR is the run's
     _fresh_process_state(client)

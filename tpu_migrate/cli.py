@@ -388,19 +388,29 @@ def _process_counts(ctx, param, value):
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True),
               help="Write a self-contained HTML page (each run's steps beside the original's) here.")
-@click.argument("script")
+@click.option("-m", "module", metavar="MODULE",
+              help="Run a module, like `python -m MODULE` (its tree: --root, default the working directory).")
+@click.argument("script", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def verify(against, root, nprocs, rtol, atol, timeout, output_format, html_file, script, args) -> None:
-    """Run SCRIPT [ARGS]... under torch_xla on the CPU (one process, twice: its own noise), and its
-    migration with torch_xla unimportable, at each --nproc; compare, per optimizer step, the loss,
-    the gradient norm and the parameters. Exit 0: the same; 1: they differ (the first divergence
-    and its likely cause); 2: a program failed."""
+def verify(against, root, nprocs, rtol, atol, timeout, output_format, html_file, module, script, args) -> None:
+    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under torch_xla on the CPU (one process, twice:
+    its own noise), and its migration with torch_xla unimportable, at each --nproc; compare, per
+    optimizer step, the loss, the gradient norm and the parameters, then the numbers it prints.
+    Exit 0: the same; 1: they differ (the first divergence and its likely cause); 2: a program
+    failed."""
     from tpu_migrate.verify.command import VerifyError, dumps, run_verify
 
+    if module is not None:  # `-m pkg.train ARGS`: SCRIPT took the first argument
+        args = (script, *args) if script is not None else args
+        if against is not None:
+            raise click.UsageError("--against compares with a migrated script; with -m MODULE, verify migrates "
+                                   "the module's tree itself")
+    elif script is None:
+        raise click.UsageError("give a SCRIPT or -m MODULE")
     echo = (lambda line: click.echo(line, err=True)) if output_format == "json" else click.echo
     try:
-        status, document = run_verify(script, list(args), against, root, nprocs, rtol, atol, timeout, echo,
-                                      html_file)
+        status, document = run_verify(module or script, list(args), against, root, nprocs, rtol, atol, timeout,
+                                      echo, html_file, module=module is not None)
     except VerifyError as exc:
         raise click.UsageError(str(exc)) from None
     if output_format == "json":

@@ -9,53 +9,49 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tpu_migrate.verify import compare
-from tpu_migrate.verify.runs import Run, VerifyError, Workspace
+from tpu_migrate.verify import compare, printed
+from tpu_migrate.verify.runs import Run, Target, VerifyError, Workspace
 
 __all__ = ["VerifyError", "run_verify"]
 
 
 def run_verify(script: str, args: list[str], against: str | None, root: str | None, nprocs: list[int],
-               rtol: float, atol: float, timeout: float, echo, html_file: str | None = None) -> tuple[int, dict]:
+               rtol: float, atol: float, timeout: float, echo, html_file: str | None = None,
+               module: bool = False, interpreter=None) -> tuple[int, dict]:
     """Run everything and return (exit status, the JSON document); `echo(line)` says progress
-    and the text report; `html_file` gets the page (verify/html.py)."""
-    script_path = Path(script)
-    if not script_path.is_file():
-        raise VerifyError(f"no such script: {script}")
-    tree = Path(root) if root else script_path.resolve().parent
-    if not script_path.resolve().is_relative_to(tree.resolve()):
-        raise VerifyError(f"{script} is not under --root {root}")
+    and the text report; `html_file` gets the page (verify/html.py). With `module`, `script` is
+    a module name run as `python -m` (its tree: --root, default the current directory);
+    `interpreter`: see Workspace."""
+    target = Target.find(script, module, root)
     if against is not None and not Path(against).is_file():
         raise VerifyError(f"no such script: {against}")
-    workspace = Workspace()
+    workspace = Workspace(interpreter)
     try:
-        migrated = Path(against) if against else workspace.migrate(script_path, tree)
+        migrated = Target(Path(against), None, False) if against else workspace.migrate(target, root)
         runs = []
-        for name, side, path, world in (
-                ("original", "original", script_path, 1), ("original, again", "original", script_path, 1),
+        for name, side, program, world in (
+                ("original", "original", target, 1), ("original, again", "original", target, 1),
                 *((f"migrated, {_processes(n)}", "migrated", migrated, n) for n in nprocs)):
             echo(f"verify: running the {name} ...")
-            run = workspace.run(name, side, path, args, world, timeout)
+            run = workspace.run(name, side, program, args, world, timeout)
             runs.append(run)
             if run.returncode != 0:
                 return 2, _failed(run, echo)
-            if not run.records and len(runs) == 1:  # no need to run the rest
-                echo(f"verify: {script}: the original took no optimizer step: nothing to compare "
-                     "(verify compares the losses, gradients and parameters of optimizer steps)")
-                return 2, {"script": script, "error": "the original took no optimizer step"}
+            if len(runs) == 1 and not compare.steps(run) and not printed.lines(run.printed):  # no need to run the rest
+                echo(f"verify: {script}: the original took no optimizer step, called no backward() and printed no "
+                     "number: nothing to compare")
+                return 2, {"script": script, "error": "the original took no step and printed no number"}
     finally:
         workspace.close()
-    first, second, *migrated_runs = runs
-    original = compare.steps(first)
-    floor = compare.noise(original, compare.steps(second))
-    verdicts = [compare.verdict(original, run, rtol, atol, floor) for run in migrated_runs]
-    document = _document(script, against, original, floor, verdicts)
-    for line in _text(script, against, original, floor, verdicts):
+    reference = compare.original(*runs[:2])
+    verdicts = [compare.verdict(reference, run, rtol, atol) for run in runs[2:]]
+    document = _document(script, against, reference, verdicts)
+    for line in _text(script, against, reference, verdicts):
         echo(line)
     if html_file is not None:
         from tpu_migrate.verify import html
 
-        Path(html_file).write_text(html.render(script, against, original, floor, verdicts), encoding="utf-8")
+        Path(html_file).write_text(html.render(script, against, reference, verdicts), encoding="utf-8")
     return (1 if any(v.divergence for v in verdicts) else 0), document
 
 
@@ -70,42 +66,52 @@ def _failed(run: Run, echo) -> dict:
             "returncode": run.returncode, "output": run.output[-3000:]}
 
 
-def _text(script, against, original, floor, verdicts) -> list[str]:
+def _text(script, against, reference: compare.Original, verdicts) -> list[str]:
     what = against or "its portable migration"
     lines = [f"verify: {script} (torch_xla on the CPU, 1 process) against {what} (the CPU, gloo), "
-             f"{len(original)} optimizer steps; the original's own run-to-run noise: "
-             + compare.noise_text(floor)]
+             f"{compare.counted(reference)}; the original's own run-to-run noise: " + compare.noise_text(reference.floor)]
     for verdict in verdicts:
         divergence = verdict.divergence
         if divergence is None:
-            lines.append(f"  {verdict.run.name}: same ({verdict.steps} steps: learning rate, loss, gradient norm and "
-                         f"parameters within rtol {max(verdict.tolerance.values()):.0e})")
-            continue
-        if divergence.step is None:
-            lines.append(f"  {verdict.run.name}: differs: {divergence.original} optimizer steps in the original, "
-                         f"{divergence.migrated} in the migrated program (every common step agreed)")
+            figures = "learning rate, loss, gradient norm and parameters" if reference.unit == "step" else "loss"
+            lines.append(f"  {verdict.run.name}: same ({verdict.steps} {reference.unit}s: {figures} within rtol "
+                         f"{max(verdict.tolerance.values()):.0e}; {compare.printed_summary(verdict.printed)})")
+        elif divergence.step is None:
+            lines.append(f"  {verdict.run.name}: differs: {divergence.original} {divergence.quantity} in the original, "
+                         f"{divergence.migrated} in the migrated program (every common {divergence.unit} agreed)")
         else:
-            lines.append(f"  {verdict.run.name}: differs first at step {divergence.step}, {divergence.quantity}: "
-                         f"{compare.shown(divergence.original)} (original) vs {compare.shown(divergence.migrated)} "
-                         f"(migrated, ranks {_ranks(divergence.ranks)})")
-        if divergence.where:
-            lines.append(f"    at the step: {divergence.where}")
-        lines.append(f"    likely: {divergence.cause}")
+            lines.append(f"  {verdict.run.name}: differs first at {divergence.unit} {divergence.step}, "
+                         f"{divergence.quantity}: {compare.shown(divergence.original)} (original) vs "
+                         f"{compare.shown(divergence.migrated)} (migrated, {_ranks(divergence.ranks)})")
+        if divergence is not None and divergence.where:
+            label = "printed" if divergence.unit == "printed line" else f"at the {divergence.unit}"
+            lines.append(f"    {label}: {divergence.where}")
+        if divergence is not None:
+            lines.append(f"    likely: {divergence.cause}")
+        for item in (verdict.printed.world_only if verdict.printed else [])[:5]:
+            lines.append(f"    agrees at 1 process only (can be right by design): printed line {item['line']} "
+                         f"`{item['migrated']}`: {compare.shown(item['values'][1])} for the original's "
+                         f"{compare.shown(item['values'][0])}, {item['why']}")
     return lines
 
 
-def _document(script, against, original, floor, verdicts) -> dict:
+def _document(script, against, reference: compare.Original, verdicts) -> dict:
     return {
-        "script": script, "against": against, "steps": len(original), "noise": floor,
-        "same": not any(v.divergence for v in verdicts),
+        "script": script, "against": against, "unit": reference.unit, "steps": len(reference.steps),
+        "noise": reference.floor, "same": not any(v.divergence for v in verdicts),
         "runs": [{"run": v.run.name, "processes": v.run.world, "steps": v.steps, "tolerance": v.tolerance,
+                  "printed": None if v.printed is None else
+                  {"same": v.printed.compared, "noisy": v.printed.noisy, "one_side": v.printed.one_side,
+                   "world_only": v.printed.world_only},
                   "divergence": None if v.divergence is None else vars(v.divergence)} for v in verdicts],
     }
 
 
 def _ranks(ranks: list[int]) -> str:
-    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)) \
-        else ", ".join(map(str, ranks))
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"ranks {ranks[0]}-{ranks[-1]}" if ranks == list(range(ranks[0], ranks[-1] + 1)) \
+        else "ranks " + ", ".join(map(str, ranks))
 
 
 def dumps(document: dict) -> str:

@@ -11,6 +11,10 @@ Per optimizer step, each run gives four figures for the whole world:
 - a parameter checksum after the step, made the same way.
 Where every rank must hold the same whole tensors, the ranks are compared first: ranks that
 step with different gradients have not averaged them.
+
+A program that never steps an optimizer but calls backward() (a hand-written update) is
+compared call by call on the loss alone. Then, where the steps agree, the numbers the program
+printed (printed.py).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tpu_migrate.verify import printed
 from tpu_migrate.verify.runs import Run
 
 QUANTITIES = ("learning rate", "loss", "gradient norm", "parameters")
@@ -31,6 +36,7 @@ class Step:
     figures: dict[str, float | None]   # quantity -> value (loss None where no backward was seen)
     where: str | None = None           # the program line that called optimizer.step()
     rank_mismatch: str | None = None   # a whole-tensor figure the ranks disagree on, and how
+    unit: str = "step"                 # or "backward call", in a program without optimizer steps
 
 
 @dataclass
@@ -43,6 +49,20 @@ class Divergence:
     ranks: list[int]
     cause: str
     where: str | None = None
+    unit: str = "step"                # "step", "backward call" or "printed line" (step is then its number)
+
+
+@dataclass
+class Original:
+    """The original's two runs: its figures, and its own noise between them."""
+    steps: list[Step]
+    floor: dict[str, float]            # relative difference per quantity between the two runs
+    printed: list[printed.Line]
+    printed_noise: set[tuple[int, int]]
+
+    @property
+    def unit(self) -> str:
+        return self.steps[0].unit if self.steps else "step"
 
 
 @dataclass
@@ -51,12 +71,23 @@ class Verdict:
     steps: int
     divergence: Divergence | None
     tolerance: dict[str, float] = field(default_factory=dict)  # rtol per quantity, noise included
+    printed: printed.Printed | None = None  # None: not compared (the steps differ first)
+
+
+def original(first: Run, second: Run) -> Original:
+    figures = steps(first)
+    lines = printed.lines(first.printed)
+    return Original(figures, noise(figures, steps(second)), lines, printed.noise(lines, printed.lines(second.printed)))
 
 
 def steps(run: Run) -> list[Step]:
+    """The run's optimizer steps; in a program without any, its backward() calls."""
     by_step: dict[tuple[int, int], list[dict]] = {}
     for record in run.records:
-        by_step.setdefault((record["optimizer"], record["step"]), []).append(record)
+        if "backward" not in record:
+            by_step.setdefault((record["optimizer"], record["step"]), []).append(record)
+    if not by_step:
+        return _backward_calls(run)
     out = []
     for (optimizer, index), records in sorted(by_step.items(), key=lambda item: (item[0][1], item[0][0])):
         records.sort(key=lambda r: r["rank"])
@@ -77,6 +108,16 @@ def steps(run: Run) -> list[Step]:
     return out
 
 
+def _backward_calls(run: Run) -> list[Step]:
+    """Per backward() call of a program that steps no optimizer: its loss, averaged over the ranks."""
+    by_rank = {r["rank"]: r["backward"] for r in run.records if "backward" in r}
+    calls = min((len(losses) for losses in by_rank.values()), default=0)
+    ranks = sorted(by_rank)
+    return [Step(0, k, ranks, {"learning rate": None, "loss": sum(by_rank[r][k] for r in ranks) / len(ranks),
+                               "gradient norm": None, "parameters": None}, unit="backward call")
+            for k in range(calls)]
+
+
 def noise(first: list[Step], second: list[Step]) -> dict[str, float]:
     """The largest relative difference of each figure between two runs of the original."""
     worst = dict.fromkeys(QUANTITIES, 0.0)
@@ -88,8 +129,23 @@ def noise(first: list[Step], second: list[Step]) -> dict[str, float]:
     return worst
 
 
-def verdict(original: list[Step], run: Run, rtol: float, atol: float, floor: dict[str, float]) -> Verdict:
-    """`run` against the original's steps: the first step and quantity that differ."""
+def verdict(reference: Original, run: Run, rtol: float, atol: float) -> Verdict:
+    """`run` against the original: the first step and quantity that differ; where every step
+    agrees, the first printed number."""
+    result = _steps_verdict(reference.steps, run, rtol, atol, reference.floor)
+    if result.divergence is None:
+        result.printed = printed.compare(reference.printed, printed.lines(run.printed), reference.printed_noise,
+                                         rtol, atol, run.world)
+        mismatch = result.printed.divergence
+        if mismatch is not None:
+            result.divergence = Divergence(
+                run.name, mismatch.line, "printed number", mismatch.original, mismatch.migrated, [0],
+                _printed_cause(run.world, reference.unit if reference.steps else None), f"{mismatch.text}  |  {mismatch.migrated_text}",
+                unit="printed line")
+    return result
+
+
+def _steps_verdict(original: list[Step], run: Run, rtol: float, atol: float, floor: dict[str, float]) -> Verdict:
     tolerance = {q: max(rtol, 10 * floor.get(q, 0.0)) for q in QUANTITIES}
     migrated = steps(run)
     result = Verdict(run, len(migrated), None, tolerance)
@@ -108,12 +164,13 @@ def verdict(original: list[Step], run: Run, rtol: float, atol: float, floor: dic
                 continue
             if not _close(x, y, tolerance[quantity], atol):
                 result.divergence = Divergence(run.name, b.index, quantity, x, y, b.ranks,
-                                               _cause(quantity, x, y, run.world, b.index), b.where)
+                                               _cause(quantity, x, y, run.world, b.index), b.where, a.unit)
                 return result
     if len(original) != len(migrated):
-        result.divergence = Divergence(run.name, None, "optimizer steps", len(original), len(migrated),
-                                       sorted({r for s in migrated for r in s.ranks}),
-                                       _count_cause(len(original), len(migrated), run.world))
+        unit = (original or migrated)[0].unit
+        result.divergence = Divergence(run.name, None, "optimizer steps" if unit == "step" else "backward calls",
+                                       len(original), len(migrated), sorted({r for s in migrated for r in s.ranks}),
+                                       _count_cause(len(original), len(migrated), run.world), unit=unit)
     return result
 
 
@@ -122,6 +179,32 @@ def shown(value: float | int | None) -> str:
     if value is None:
         return "-"
     return f"{value:.8g}" if isinstance(value, float) else str(value)
+
+
+def counted(reference: Original) -> str:
+    """What the original gave to compare: "5 optimizer steps", "3 backward calls (no optimizer
+    step)", "no optimizer step"; and its printed numbers."""
+    n = len(reference.steps)
+    if reference.unit == "backward call":
+        what = f"{n} backward call{'s' * (n != 1)} (no optimizer step)"
+    else:
+        what = f"{n} optimizer step{'s' * (n != 1)}" if n else "no optimizer step or backward call"
+    numbers = sum(len(line.numbers) for line in reference.printed)
+    return f"{what}, {numbers} printed number{'s' * (numbers != 1)} on {len(reference.printed)} line(s)"
+
+
+def printed_summary(result: printed.Printed | None) -> str:
+    """What the printed numbers came to, in a few words."""
+    if result is None:
+        return "printed numbers not compared"
+    parts = [f"{result.compared} printed number{'s' * (result.compared != 1)} the same"]
+    if result.noisy:
+        parts.append(f"{result.noisy} that differ between two runs of the original (times?) not compared")
+    if result.world_only:
+        parts.append(f"{len(result.world_only)} at 1 process only, by the world size")
+    if result.one_side:
+        parts.append(f"{result.one_side} line(s) printed by one side only")
+    return ", ".join(parts)
 
 
 def noise_text(floor: dict[str, float]) -> str:
@@ -161,6 +244,19 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
             "work (the slices they read, the gradient average, a statistic taken over one process's slice), "
             "or the program's numbers depend on the world size by design (a batch per process that is not a "
             "slice of a global one): then they agree at one process only")
+
+
+def _printed_cause(world: int, unit: str | None) -> str:
+    computed = {"step": "every step's loss, gradient norm and parameters agree, so ",
+                "backward call": "every backward call's loss agrees, so ", None: ""}[unit]
+    if world == 1:
+        return (f"{computed}what differs is computed outside the training steps, already at one process: an "
+                "evaluation, a metric, a value read from another tensor than the original read (a conversion "
+                "of the code that computes or prints it)")
+    return (f"{computed}what differs is a figure of one process's share at {world} processes: an evaluation or "
+            "metric over rank 0's slice that the original reduced over the replicas (xm.mesh_reduce / "
+            "xm.all_reduce dropped, or a sampler that shards the evaluation data); or the program means it per "
+            "process by design: then it agrees at one process only")
 
 
 def _count_cause(original: int, migrated: int, world: int) -> str:

@@ -17,29 +17,31 @@ td.diverged { background: #fde0e0; font-weight: bold; }
 MOST_ROWS = 500  # steps shown per run: the first divergence is always among them
 
 
-def render(script: str, against: str | None, original: list[compare.Step], floor: dict[str, float],
-           verdicts: list[compare.Verdict]) -> str:
-    noise = compare.noise_text(floor)
+def render(script: str, against: str | None, reference: compare.Original, verdicts: list[compare.Verdict]) -> str:
+    noise = compare.noise_text(reference.floor)
     body = [f"<p>{html.escape(script)} (torch_xla on the CPU, 1 process) against "
-            f"{html.escape(against or 'its portable migration')} (the CPU, gloo): {len(original)} optimizer "
-            f"steps. The original's own run-to-run noise: {html.escape(noise)}.</p>"]
+            f"{html.escape(against or 'its portable migration')} (the CPU, gloo): {html.escape(compare.counted(reference))}. "
+            f"The original's own run-to-run noise: {html.escape(noise)}.</p>"]
     for verdict in verdicts:
-        body.append(_section(original, verdict))
+        body.append(_section(reference.steps, verdict))
     return page(f"tpu-migrate verify: {script}", STYLE, "\n".join(body))
 
 
 def _section(original: list[compare.Step], verdict: compare.Verdict) -> str:
     divergence = verdict.divergence
     name = html.escape(verdict.run.name)
+    unit = original[0].unit if original else "step"
     if divergence is None:
-        head = f'<h2>{name}: <span class="same">same</span></h2><p>{verdict.steps} steps within the tolerance.</p>'
+        head = (f'<h2>{name}: <span class="same">same</span></h2><p>{verdict.steps} {unit}s within the tolerance; '
+                f"{html.escape(compare.printed_summary(verdict.printed))}.</p>")
     else:
-        at = "in its step count" if divergence.step is None else \
-            f"first at step {divergence.step}, {html.escape(divergence.quantity)}"
+        at = f"in its {divergence.unit} count" if divergence.step is None else \
+            f"first at {divergence.unit} {divergence.step}, {html.escape(divergence.quantity)}"
         head = (f'<h2>{name}: <span class="differs">differs</span> {at}</h2>'
                 f"<p>{_value(divergence.original)} (original) vs {_value(divergence.migrated)} (migrated, ranks "
                 f"{', '.join(map(str, divergence.ranks))})</p>"
-                + (f"<p>at the step: <code>{html.escape(divergence.where)}</code></p>" if divergence.where else "")
+                + (f"<p>{'printed' if divergence.unit == 'printed line' else 'at the ' + divergence.unit}: "
+                   f"<code>{html.escape(divergence.where)}</code></p>" if divergence.where else "")
                 + f'<p class="explanation">likely: {inline(divergence.cause)}</p>')
     migrated = compare.steps(verdict.run)
     header = "".join(f"<th>{html.escape(q)}<br>original</th><th>{html.escape(q)}<br>migrated</th>"
@@ -56,7 +58,7 @@ def _section(original: list[compare.Step], verdict: compare.Verdict) -> str:
                 value = None if step is None else step.figures[quantity]
                 cells.append(f'<td class="{css}">{_value(value)}</td>')
         rows.append(f"<tr><td class=\"number\">{index}</td>{''.join(cells)}</tr>")
-    table = (f'<table class="steps"><thead><tr><th>step</th>{header}</tr></thead>'
+    table = (f'<table class="steps"><thead><tr><th>{unit}</th>{header}</tr></thead>'
              f"<tbody>{''.join(rows)}</tbody></table>")
     return head + table
 

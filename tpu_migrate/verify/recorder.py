@@ -9,6 +9,14 @@ when the program has imported torch (diagnose's after_import), and each process 
 lines to a file of its own in $TPU_MIGRATE_VERIFY_DIR, one per optimizer step, before the step
 returns (a process that dies later keeps what it recorded).
 
+Each process also keeps what it prints on stdout (`stdout-*.txt`, named by its start time,
+pid and launcher rank; printed.py compares the numbers in it), and a process that passed losses
+to `backward()` but never stepped an optimizer (a hand-written update, a loop without an
+optimizer) records them at exit, one per call, to be compared call by call.
+
+Where the program does not seed torch's and Python's generators itself, they start from 0 in
+every process of every run: an unseeded program is deterministic too (its own seeds still win).
+
 FSDP2 shards parameters and gradients (DTensors): their local shards' sums are recorded apart
 (`*_sharded`), to be added over the ranks; the other tensors are whole in every rank.
 Reading a value is a device sync; under torch_xla that cuts the graph where the program did
@@ -17,8 +25,11 @@ not, which changes no value beyond float rounding (verify's tolerance).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import sys
+import time
 
 ENV_DIR = "TPU_MIGRATE_VERIFY_DIR"
 
@@ -32,7 +43,35 @@ def install() -> None:
     if directory:
         from tpu_migrate.diagnose.tracer import after_import
 
+        rank = os.environ.get("RANK", "-")  # a launcher's worker; "-": no launcher (or the launcher)
+        sys.stdout = _Tee(sys.stdout, os.path.join(directory, f"stdout-{time.time_ns()}-{os.getpid()}-{rank}.txt"))
+        import random
+
+        random.seed(0)
         after_import("torch", lambda: _hook(os.path.join(directory, f"steps-{os.getpid()}.jsonl")))
+
+
+class _Tee:
+    """sys.stdout, also written to a file as it is printed (unbuffered: a process that dies
+    keeps what it printed). A forked child (a DataLoader worker) prints to the terminal only."""
+
+    def __init__(self, stream, path: str):
+        self._stream = stream
+        self._pid = os.getpid()
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def write(self, text):
+        written = self._stream.write(text)
+        if os.getpid() == self._pid and isinstance(text, str):
+            os.write(self._fd, text.encode("utf-8", "replace"))
+        return written
+
+    def writelines(self, texts):
+        for text in texts:
+            self.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 def _hook(path: str) -> None:
@@ -49,6 +88,18 @@ def _hook(path: str) -> None:
     torch.Tensor.backward = recording_backward
     register_optimizer_step_pre_hook(_before_step)
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _after_step(optimizer, path))
+    atexit.register(_backward_only, path)
+    torch.manual_seed(0)  # before the program's code: its own seed replaces this one
+
+
+def _backward_only(path: str) -> None:
+    """At exit, in a process that never stepped an optimizer: the losses of its backward() calls."""
+    if _steps or not _losses:
+        return
+    rank, world = _rank_and_world()
+    record = {"backward": [float(loss.float().cpu()) for loss in _losses], "rank": rank, "world": world}
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
 
 
 def _params(optimizer) -> list:

@@ -43,13 +43,51 @@ class Run:
     returncode: int
     output: str          # its stdout and stderr, the end of them
     records: list[dict] = field(default_factory=list)  # every process's optimizer steps
+    printed: str = ""    # what its first process (rank 0) printed on stdout
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a run runs: a script, or a module of a tree (`python -m`)."""
+    path: Path          # the script; for a module, the tree it imports from
+    module: str | None  # for `python -m`
+    is_copy: bool       # the migrated copy: for a module, its tree must come first on the path
+
+    @classmethod
+    def find(cls, name: str, module: bool, root: str | None) -> Target:
+        """The user's SCRIPT (or -m MODULE under --root, default the working directory)."""
+        if module:
+            tree = Path(root or ".").resolve()
+            relative = Path(*name.split("."))
+            if not all(part.isidentifier() for part in name.split(".")) or not (
+                    (tree / relative).with_suffix(".py").is_file() or (tree / relative / "__main__.py").is_file()):
+                raise VerifyError(f"no module {name} under {tree} (its .py file or its package's __main__.py)")
+            return cls(tree, name, False)
+        path = Path(name)
+        if not path.is_file():
+            raise VerifyError(f"no such script: {name}")
+        if root and not path.resolve().is_relative_to(Path(root).resolve()):
+            raise VerifyError(f"{name} is not under --root {root}")
+        return cls(path, None, False)
+
+    def tree(self, root: str | None) -> Path:
+        """The tree a migration copies: --root, else the script's folder (a module's tree)."""
+        if self.module or not root:
+            return self.path if self.module else self.path.resolve().parent
+        return Path(root).resolve()
+
+    def command(self) -> list[str]:
+        return ["-m", self.module] if self.module else [str(self.path)]
 
 
 class Workspace:
     """A temporary directory with the recorder's sitecustomize, the torch_xla blocker and the
     migrated copy; removed by close()."""
 
-    def __init__(self):
+    def __init__(self, interpreter=None):
+        # `interpreter(env)`: the Python to run a program with under that environment (torchrun's
+        # workers too); the tool's own by default.
+        self.interpreter = interpreter or (lambda env: sys.executable)
         self.path = Path(tempfile.mkdtemp(prefix="tpu-migrate-verify-"))
         self.site = self.path / "site"
         self.site.mkdir()
@@ -63,23 +101,32 @@ class Workspace:
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
 
-    def migrate(self, script: Path, root: Path) -> Path:
-        """A copy of `root` (the script's tree) rewritten with --target portable; the script's
-        path in it."""
-        copy = self.path / "migrated" / root.name
-        shutil.copytree(root, copy, ignore=_ignore_large)
+    def migrate(self, target: Target, root: str | None = None) -> Target:
+        """A copy of the target's tree rewritten with --target portable; the target in it."""
+        tree = target.tree(root)
+        copy = self.path / "migrated" / tree.name
+        shutil.copytree(tree, copy, ignore=_ignore_large)
         proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "rewrite", "--target", "portable", "--no-cache",
                                str(copy)], capture_output=True, text=True)
         if proc.returncode not in (0, 1):
-            raise VerifyError(f"{script}: the rewrite of its copy failed: {(proc.stderr or proc.stdout).strip()}")
-        return copy / script.resolve().relative_to(root.resolve())
+            raise VerifyError(f"{target.module or target.path}: the rewrite of its copy failed: "
+                              f"{(proc.stderr or proc.stdout).strip()}")
+        if target.module:
+            return Target(copy, target.module, True)
+        return Target(copy / target.path.resolve().relative_to(tree), None, True)
 
-    def run(self, name: str, side: str, script: Path, args: list[str], nproc: int, timeout: float) -> Run:
+    def run(self, name: str, side: str, target: Target, args: list[str], nproc: int, timeout: float) -> Run:
         self.serial += 1
         records_dir = self.path / f"records-{self.serial}"
         records_dir.mkdir()
         env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
         path = [str(self.site)]
+        if target.module:
+            # The module's tree first; for the copy, not the working directory's original tree
+            # that `python -m` would put first (PYTHONSAFEPATH: its workers inherit it too).
+            path.insert(0, str(target.path))
+            if target.is_copy:
+                env["PYTHONSAFEPATH"] = "1"
         if side == "original":
             env.setdefault("PJRT_DEVICE", "CPU")
         else:
@@ -87,18 +134,24 @@ class Workspace:
         env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [os.environ.get("PYTHONPATH")])])
         env[ENV_DIR] = str(records_dir)
         env.setdefault("OMP_NUM_THREADS", "1")  # the same reduction order in every run
-        command = [sys.executable]
+        env.setdefault("PYTHONHASHSEED", "0")   # the same set and dict orders in every run
+        # A port of its own for each run's rendezvous (a program's own process group, torch_xla's
+        # xla:// one, torchrun's): never a default another run or program may hold.
+        env["MASTER_PORT"] = str(_free_port())
+        command = [self.interpreter(env)]
         if nproc > 1:
+            env["PYTHON_EXEC"] = command[0]
             command += ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-                        str(_free_port()), "--monitor_interval", "0.1"]
-        command += [str(script), *args]
+                        env["MASTER_PORT"], "--monitor_interval", "0.1"]
+        command += [*target.command(), *args]
         try:
             proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
             returncode, output = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as exc:
             returncode = 124
             output = f"{_text(exc.stdout)}{_text(exc.stderr)}\n[verify] stopped after {timeout:.0f} s"
-        return Run(name, side, nproc, returncode, output[-6000:], _read_records(records_dir))
+        return Run(name, side, nproc, returncode, output[-6000:], _read_records(records_dir),
+                   _read_printed(records_dir))
 
 
 def _read_records(directory: Path) -> list[dict]:
@@ -110,6 +163,18 @@ def _read_records(directory: Path) -> list[dict]:
             except json.JSONDecodeError:
                 continue  # a process killed mid-line
     return records
+
+
+def _read_printed(directory: Path) -> str:
+    """What rank 0 printed: the processes of a launcher's rank 0, or where no launcher gave
+    ranks, every process (a program and the children it spawned), in the order they started."""
+    files = []
+    for path in directory.glob("stdout-*.txt"):
+        _, started, pid, rank = path.stem.split("-", 3)
+        files.append((int(started), rank, path))
+    ranked = any(rank != "-" for _, rank, _ in files)
+    return "".join(path.read_text(encoding="utf-8", errors="replace")
+                   for _, rank, path in sorted(files) if rank == "0" or not ranked)
 
 
 def _ignore_large(directory: str, names: list[str]) -> set[str]:

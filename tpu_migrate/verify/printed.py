@@ -1,0 +1,147 @@
+"""The numbers a program prints, compared line by line between the original and a migrated run.
+
+A line's *template* is its text with each number replaced by `#`; the two outputs are aligned
+on their templates (difflib), so a line printed by one side only (a device's name, a warning)
+shifts nothing. In each aligned pair, the numbers are compared in order:
+
+- within the tolerance, widened to one unit of the last digit printed (`0.1235` against
+  `0.1234` is float rounding, not a difference; integers must be equal; the finer of the two
+  when they differ, as a shortest repr such as `0.1` is exact);
+- a number that differs between the original's own two runs (a time, a throughput, a date) is
+  noise: not compared, and counted as such;
+- at more than one process, a number that is the world size times the original's (or its
+  inverse, or the world size itself where the original printed 1) counts per process or over
+  the processes by design: it agrees at one process only, and is listed so, not a divergence.
+
+Only the first process of a run is read (rank 0; the original has one): the original never had
+a rank 1 to print.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass, field
+
+# A number not at the end of a name or inside a dotted version (`step10`, `v1.2.3`); a unit
+# (`12.3s`, `5ms`) or a sentence's full stop may follow it.
+NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?(?![\d_])(?!\.\d)|\b(?:nan|inf)\b")
+MOST_LINES = 20000  # lines read per run: the alignment is quadratic in the worst case
+NOISE = 1e-3  # relative difference between the original's two runs above which a number is noise
+
+
+@dataclass(frozen=True)
+class Number:
+    value: float
+    quantum: float  # one unit of its last printed digit; 0 for an integer
+
+
+@dataclass(frozen=True)
+class Line:
+    index: int      # 1-based, among the lines the process printed
+    text: str
+    template: str
+    numbers: tuple[Number, ...]
+
+
+@dataclass
+class PrintedDivergence:
+    line: int                 # the original's line number
+    text: str                 # the original's line
+    migrated_text: str
+    original: float
+    migrated: float
+
+
+@dataclass
+class Printed:
+    """One migrated run's printed numbers against the original's."""
+    compared: int = 0                 # numbers compared (and agreeing, up to the divergence)
+    noisy: int = 0                    # numbers the original's two runs disagree on: not compared
+    one_side: int = 0                 # lines with numbers that only one side printed
+    divergence: PrintedDivergence | None = None
+    world_only: list[dict] = field(default_factory=list)  # agree at one process only, with why
+
+
+def lines(text: str) -> list[Line]:
+    """The lines of `text` that hold a number."""
+    out = []
+    for index, raw in enumerate(text.splitlines()[:MOST_LINES], 1):
+        raw = raw.rsplit("\r", 1)[-1].rstrip()  # a progress bar's last state
+        numbers = tuple(_number(m.group()) for m in NUMBER.finditer(raw))
+        if numbers:
+            out.append(Line(index, raw, NUMBER.sub("#", raw), numbers))
+    return out
+
+
+def noise(first: list[Line], second: list[Line]) -> set[tuple[int, int]]:
+    """(line, position) of each number of the original's first run that its second run printed
+    otherwise (beyond float rounding)."""
+    noisy = set()
+    for a, b in _pairs(first, second):
+        for position, (x, y) in enumerate(zip(a.numbers, b.numbers)):
+            if not _close(x, y, NOISE, 0.0):
+                noisy.add((a.index, position))
+    return noisy
+
+
+def compare(original: list[Line], migrated: list[Line], noisy: set[tuple[int, int]], rtol: float, atol: float,
+            world: int) -> Printed:
+    result = Printed()
+    pairs = _pairs(original, migrated)
+    result.one_side = len(original) + len(migrated) - 2 * len(pairs)
+    for a, b in pairs:
+        for position, (x, y) in enumerate(zip(a.numbers, b.numbers)):
+            if (a.index, position) in noisy:
+                result.noisy += 1
+                continue
+            if _close(x, y, rtol, atol):
+                result.compared += 1
+                continue
+            why = _by_world_size(x.value, y.value, world)
+            if why is not None:
+                result.world_only.append({"line": a.index, "original": a.text, "migrated": b.text,
+                                          "values": [x.value, y.value], "why": why})
+                continue
+            result.divergence = PrintedDivergence(a.index, a.text, b.text, x.value, y.value)
+            return result
+    return result
+
+
+def _pairs(first: list[Line], second: list[Line]) -> list[tuple[Line, Line]]:
+    matcher = difflib.SequenceMatcher(None, [line.template for line in first],
+                                      [line.template for line in second], autojunk=False)
+    return [(first[i + k], second[j + k]) for i, j, size in matcher.get_matching_blocks() for k in range(size)]
+
+
+def _number(token: str) -> Number:
+    value = float(token)
+    mantissa, _, exponent = token.lower().partition("e")
+    if "." not in mantissa and token.lower() not in ("nan", "inf"):
+        return Number(value, 0.0 if not exponent else 10.0 ** int(exponent))
+    decimals = len(mantissa.partition(".")[2])
+    return Number(value, 10.0 ** (int(exponent or 0) - decimals))
+
+
+def _close(x: Number, y: Number, rtol: float, atol: float) -> bool:
+    if math.isnan(x.value) or math.isnan(y.value):
+        return math.isnan(x.value) and math.isnan(y.value)
+    # One unit of the finer last digit (plus a hair for the float arithmetic of it): both sides
+    # print with one format, and a shortest repr (`0.1`) is exact, not rounded to one digit.
+    quantum = min(x.quantum, y.quantum) * (1 + 1e-9)
+    return math.isclose(x.value, y.value, rel_tol=rtol, abs_tol=max(atol, quantum))
+
+
+def _by_world_size(original: float, migrated: float, world: int) -> str | None:
+    """Why a number may differ at `world` processes by design, or None."""
+    if world == 1 or original == 0:
+        return None
+    ratio = migrated / original
+    if original == 1 and migrated == world:
+        return f"the world size itself ({world})"
+    if math.isclose(ratio, world, rel_tol=1e-3):
+        return f"{world} times the original's: a total over the {world} processes (or a per-process figure scaled)"
+    if math.isclose(ratio, 1 / world, rel_tol=1e-3):
+        return f"1/{world} of the original's: a count per process, each holding 1/{world} of the work"
+    return None
