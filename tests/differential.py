@@ -39,6 +39,7 @@ from pathlib import Path
 import process_groups
 import shared_runs
 import warm_python
+from tpu_migrate.verify import printed
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = ROOT / "fixtures" / "programs"
@@ -177,35 +178,35 @@ def run_migrated(copy: Path, workdir: Path, args: list[str] = (), launcher: list
 
 
 def compare(program: str, original: Run, migrated: Run) -> Comparison:
+    """The `@step` lines, compared by `tpu-migrate verify`'s own comparison of printed numbers
+    (tpu_migrate/verify/printed.py): the same lines, numbers within the tolerance."""
     rtol, atol = TOLERANCES.get(program, DEFAULT_TOLERANCE)
     result = Comparison(program, ok=True)
     if original.returncode != 0:
         result.problems.append(f"original exited {original.returncode}:\n{original.output[-3000:]}")
     if migrated.returncode != 0:
         result.problems.append(f"migrated exited {migrated.returncode}:\n{migrated.output[-3000:]}")
-    a = [r for r in original.records if r["@"] == "@step"]
-    b = [r for r in migrated.records if r["@"] == "@step"]
+    a, b = (printed.lines(_step_lines(run)) for run in (original, migrated))
     if not a:
         result.problems.append("the original printed no @step line")
-    if len(a) != len(b):
-        result.problems.append(f"{len(a)} steps in the original, {len(b)} in the migrated program")
-    for index, (x, y) in enumerate(zip(a, b)):
-        if set(x) != set(y):
-            result.problems.append(f"step {index}: keys {sorted(x)} != {sorted(y)}")
-            continue
-        for key in x:
-            u, v = x[key], y[key]
-            if isinstance(u, float) or isinstance(v, float):
-                diff = abs(u - v)
-                result.max_abs = max(result.max_abs, diff)
-                result.max_rel = max(result.max_rel, diff / max(abs(u), 1e-12))
-                if not math.isclose(u, v, rel_tol=rtol, abs_tol=atol):
-                    result.problems.append(f"step {index} {key}: {u!r} vs {v!r}")
-            elif u != v:
-                result.problems.append(f"step {index} {key}: {u!r} vs {v!r}")
+    verdict = printed.compare(a, b, set(), rtol, atol, world=1)
+    if verdict.one_side or len(a) != len(b):
+        result.problems.append(f"{len(a)} steps in the original, {len(b)} in the migrated program; "
+                               f"{verdict.one_side} line(s) printed by one side only (another step count or keys)")
+    if verdict.divergence is not None:
+        mismatch = verdict.divergence
+        result.problems.append(f"step line {mismatch.line}: {mismatch.original!r} vs {mismatch.migrated!r}: "
+                               f"{mismatch.text} | {mismatch.migrated_text}")
+    result.max_abs, result.max_rel = verdict.largest_absolute, verdict.largest_relative
     result.steps = len(a)
     result.ok = not result.problems
     return result
+
+
+def _step_lines(run: Run) -> str:
+    """The run's `@step` records, a line each, as printed (the keys in order)."""
+    return "".join(f"@step {json.dumps({k: v for k, v in r.items() if k != '@'})}\n"
+                   for r in run.records if r["@"] == "@step")
 
 
 def differential(program: Path, args: list[str] = ()) -> Comparison:

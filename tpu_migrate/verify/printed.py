@@ -62,6 +62,8 @@ class Printed:
     one_side: int = 0                 # lines with numbers that only one side printed
     divergence: PrintedDivergence | None = None
     world_only: list[dict] = field(default_factory=list)  # agree at one process only, with why
+    largest_absolute: float = 0.0     # of the differences among the numbers compared
+    largest_relative: float = 0.0
 
 
 def lines(text: str) -> list[Line]:
@@ -98,6 +100,10 @@ def compare(original: list[Line], migrated: list[Line], noisy: set[tuple[int, in
                 continue
             if _close(x, y, rtol, atol):
                 result.compared += 1
+                if not math.isnan(x.value):
+                    result.largest_absolute = max(result.largest_absolute, abs(x.value - y.value))
+                    result.largest_relative = max(result.largest_relative,
+                                                  abs(x.value - y.value) / max(abs(x.value), 1e-12))
                 continue
             why = _by_world_size(x.value, y.value, world)
             if why is not None:
