@@ -202,6 +202,33 @@ def test_a_module_without_an_optimizer_is_compared_per_backward_call_and_by_what
                                           "the training steps, already at one process")
 
 
+MNIST = ROOT / "fixtures" / "programs" / "real" / "pytorch_xla" / "test" / "test_train_mp_mnist.py"
+MNIST_FLAGS = ["--fake_data", "--num_cores", "1", "--num_epochs", "1", "--batch_size", "32", "--log_steps", "5"]
+
+
+def test_pytorch_xla_s_mnist_script_is_the_same_at_one_process_and_by_design_not_at_two(tmp_path, monkeypatch):
+    """A real script, as a user would verify it: its losses, epochs and accuracy printed with
+    the device's name and the rates and clock times around them. At two processes it scales its
+    learning rate by the world size (each process reads a batch of its own): verify says so.
+    Cold, not from a warm python: the script prints through xm.master_print, whose `fd=sys.stdout`
+    default a warm python bound before the recorder stood in for sys.stdout."""
+    from tpu_migrate.verify.command import run_verify
+
+    monkeypatch.chdir(tmp_path)
+    said = []
+    status, document = run_verify(str(MNIST), MNIST_FLAGS, None, None, [1, 2], 1e-4, 1e-5, 300, said.append)
+    assert status == 1, "\n".join(said)
+    at_one, at_two = document["runs"]
+    assert document["steps"] == 20 and at_one["divergence"] is None
+    # 4 loss lines (epoch, step, loss: 12), the epoch of 4 other lines, test accuracy and max accuracy: the
+    # rates differ between the original's own runs and are left out.
+    assert (at_one["printed"]["same"], at_one["printed"]["noisy"], at_one["printed"]["one_side"]) == (21, 8, 0)
+    divergence = at_two["divergence"]
+    assert (divergence["step"], divergence["quantity"], divergence["original"], divergence["migrated"]) == (
+        0, "learning rate", 0.01, 0.02)
+    assert "the world size 2" in divergence["cause"] and "agree at one process only" in divergence["cause"]
+
+
 def test_a_missing_script_is_one_line_and_exit_2(tmp_path):
     proc = _verify(tmp_path, "nowhere.py")
     assert proc.returncode == 2

@@ -140,6 +140,20 @@ def test_a_printed_count_by_the_world_size_agrees_at_one_process_only():
 
 
 def test_printed_numbers_are_found_where_a_reader_sees_them():
-    lines = printed.lines("Loss is 0.5.\nv1.2.3 step10 x=-0.25 on xla:0\nno number here\n100%|####| 3/3\r")
+    lines = printed.lines("Loss is 0.5.\nv1.2.3 step10 x=-0.25 on xla:0\nno number here\n100%|####| 3/3\r\n"
+                          "Epoch 1 train begin 18:14:36\n2026-12-03 18:14:36,512 loss 2\n")
     assert [(line.index, line.template, [n.value for n in line.numbers]) for line in lines] == [
-        (1, "Loss is #.", [0.5]), (2, "v1.2.3 step10 x=# on xla:#", [-0.25, 0.0]), (4, "#%|####| #/#", [100, 3, 3])]
+        (1, "Loss is #.", [0.5]), (2, "v1.2.3 step10 x=# on xla:#", [-0.25, 0.0]), (4, "#%|####| #/#", [100, 3, 3]),
+        (5, "Epoch # train begin <time>", [1]), (6, "<time> <time> loss #", [2])]
+
+
+def test_lines_that_differ_in_a_word_compare_the_numbers_at_the_same_words():
+    """pytorch/xla's mnist prints its device in its loss lines: `xla:0/0` becomes `cpu/0` in the
+    migration, and the loss (not the device's index) is compared with the loss."""
+    line = "| Training Device={} Epoch=1 Step=5 Loss={} Rate={} Time=18:16:13\n"
+    reference = _original(ORIGINAL_RECORDS, line.format("xla:0/0", "2.21781", "70.74"),
+                          again=line.format("xla:0/0", "2.21781", "1442.1"))
+    same = compare.verdict(reference, _run(ORIGINAL_RECORDS, printed=line.format("cpu/0", "2.21782", "9.5")), 1e-4, 1e-5)
+    assert same.divergence is None and (same.printed.compared, same.printed.noisy) == (4, 1)
+    other = compare.verdict(reference, _run(ORIGINAL_RECORDS, printed=line.format("cpu/0", "2.31781", "9.5")), 1e-4, 1e-5)
+    assert (other.divergence.original, other.divergence.migrated) == (2.21781, 2.31781)

@@ -6,7 +6,8 @@ shifts nothing. In each aligned pair, the numbers are compared in order:
 
 - within the tolerance, widened to one unit of the last digit printed (`0.1235` against
   `0.1234` is float rounding, not a difference; integers must be equal; the finer of the two
-  when they differ, as a shortest repr such as `0.1` is exact);
+  when they differ, as a shortest repr such as `0.1` is exact); dates and clock times are
+  not numbers;
 - a number that differs between the original's own two runs (a time, a throughput, a date) is
   noise: not compared, and counted as such;
 - at more than one process, a number that is the world size times the original's (or its
@@ -27,7 +28,12 @@ from dataclasses import dataclass, field
 # A number not at the end of a name or inside a dotted version (`step10`, `v1.2.3`); a unit
 # (`12.3s`, `5ms`) or a sentence's full stop may follow it.
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?(?![\d_])(?!\.\d)|\b(?:nan|inf)\b")
+# A date or a clock time (`2026-12-03`, `18:14:36.5`): when a line was printed, not a number it
+# computed; two runs of the original a minute apart would not show it as noise.
+CLOCK = re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}:\d{2}(?::\d{2})?(?:[.,]\d+)?\b")
 MOST_LINES = 20000  # lines read per run: the alignment is quadratic in the worst case
+ALIKE = 0.75  # how alike two lines' templates must be to compare their numbers word by word
+WORD = re.compile(r"#|[^\W\d]+|[^\w\s#]")
 NOISE = 1e-3  # relative difference between the original's two runs above which a number is noise
 
 
@@ -35,6 +41,7 @@ NOISE = 1e-3  # relative difference between the original's two runs above which 
 class Number:
     value: float
     quantum: float  # one unit of its last printed digit; 0 for an integer
+    position: int   # among its line's numbers
 
 
 @dataclass(frozen=True)
@@ -71,9 +78,10 @@ def lines(text: str) -> list[Line]:
     out = []
     for index, raw in enumerate(text.splitlines()[:MOST_LINES], 1):
         raw = raw.rsplit("\r", 1)[-1].rstrip()  # a progress bar's last state
-        numbers = tuple(_number(m.group()) for m in NUMBER.finditer(raw))
+        timeless = CLOCK.sub("<time>", raw)
+        numbers = tuple(_number(m.group(), k) for k, m in enumerate(NUMBER.finditer(timeless)))
         if numbers:
-            out.append(Line(index, raw, NUMBER.sub("#", raw), numbers))
+            out.append(Line(index, raw, NUMBER.sub("#", timeless), numbers))
     return out
 
 
@@ -82,9 +90,9 @@ def noise(first: list[Line], second: list[Line]) -> set[tuple[int, int]]:
     otherwise (beyond float rounding)."""
     noisy = set()
     for a, b in _pairs(first, second):
-        for position, (x, y) in enumerate(zip(a.numbers, b.numbers)):
+        for x, y in zip(a.numbers, b.numbers):
             if not _close(x, y, NOISE, 0.0):
-                noisy.add((a.index, position))
+                noisy.add((a.index, x.position))
     return noisy
 
 
@@ -94,8 +102,8 @@ def compare(original: list[Line], migrated: list[Line], noisy: set[tuple[int, in
     pairs = _pairs(original, migrated)
     result.one_side = len(original) + len(migrated) - 2 * len(pairs)
     for a, b in pairs:
-        for position, (x, y) in enumerate(zip(a.numbers, b.numbers)):
-            if (a.index, position) in noisy:
+        for x, y in zip(a.numbers, b.numbers):
+            if (a.index, x.position) in noisy:
                 result.noisy += 1
                 continue
             if _close(x, y, rtol, atol):
@@ -116,18 +124,58 @@ def compare(original: list[Line], migrated: list[Line], noisy: set[tuple[int, in
 
 
 def _pairs(first: list[Line], second: list[Line]) -> list[tuple[Line, Line]]:
+    """Lines of the same template paired in order; between them, lines whose texts are alike
+    (`Device=xla:0/0 ... Loss=#` against `Device=cpu/0 ... Loss=#`), their numbers paired word by
+    word (_aligned)."""
     matcher = difflib.SequenceMatcher(None, [line.template for line in first],
                                       [line.template for line in second], autojunk=False)
-    return [(first[i + k], second[j + k]) for i, j, size in matcher.get_matching_blocks() for k in range(size)]
+    pairs = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            pairs += zip(first[i1:i2], second[j1:j2])
+        elif tag == "replace":
+            pairs += _alike(first[i1:i2], second[j1:j2])
+    return pairs
 
 
-def _number(token: str) -> Number:
+def _alike(first: list[Line], second: list[Line]) -> list[tuple[Line, Line]]:
+    pairs, start = [], 0
+    for a in first:
+        for k in range(start, len(second)):
+            if difflib.SequenceMatcher(None, a.template, second[k].template, autojunk=False).ratio() >= ALIKE:
+                pairs.append(_aligned(a, second[k]))
+                start = k + 1
+                break
+    return pairs
+
+
+def _aligned(a: Line, b: Line) -> tuple[Line, Line]:
+    """The two lines cut to the numbers that stand at the same words of both."""
+    words_a, words_b = WORD.findall(a.template), WORD.findall(b.template)
+    numbers_a, numbers_b = _positions(words_a), _positions(words_b)
+    kept_a, kept_b = [], []
+    matcher = difflib.SequenceMatcher(None, words_a, words_b, autojunk=False)
+    for i, j, size in matcher.get_matching_blocks():
+        for k in range(size):
+            if words_a[i + k] == "#":
+                kept_a.append(a.numbers[numbers_a[i + k]])
+                kept_b.append(b.numbers[numbers_b[j + k]])
+    return Line(a.index, a.text, a.template, tuple(kept_a)), Line(b.index, b.text, b.template, tuple(kept_b))
+
+
+def _positions(words: list[str]) -> dict[int, int]:
+    """word index -> number index, for the `#` words."""
+    hashes = [i for i, word in enumerate(words) if word == "#"]
+    return {i: n for n, i in enumerate(hashes)}
+
+
+def _number(token: str, position: int) -> Number:
     value = float(token)
     mantissa, _, exponent = token.lower().partition("e")
     if "." not in mantissa and token.lower() not in ("nan", "inf"):
-        return Number(value, 0.0 if not exponent else 10.0 ** int(exponent))
+        return Number(value, 0.0 if not exponent else 10.0 ** int(exponent), position)
     decimals = len(mantissa.partition(".")[2])
-    return Number(value, 10.0 ** (int(exponent or 0) - decimals))
+    return Number(value, 10.0 ** (int(exponent or 0) - decimals), position)
 
 
 def _close(x: Number, y: Number, rtol: float, atol: float) -> bool:
