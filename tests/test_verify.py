@@ -46,27 +46,6 @@ def test_the_command_finds_the_migration_the_same_at_two_processes(tmp_path):
     assert page.count("<tr><td") == 5 and "number diverged" not in page
 
 
-# (what the mutation does to the migrated program, the text it replaces, with what) and what
-# verify must say: the quantity and words of the cause.
-GRADIENT_AVERAGE = "                    dist.all_reduce(param.grad)\n                    param.grad /= dist.get_world_size()\n"
-MUTATIONS = {
-    "a dropped gradient all-reduce": (GRADIENT_AVERAGE, "                    pass\n",
-                                      "gradient norm", "each process stepped with its own gradients"),
-    "gradients summed, not averaged": ("                    param.grad /= dist.get_world_size()\n", "",
-                                       "gradient norm", "summed over the 2 processes, not averaged"),
-    "gradients averaged twice": (GRADIENT_AVERAGE, GRADIENT_AVERAGE.replace("/= dist", "/= 2 * dist"),
-                                 "gradient norm", "averaged over the processes twice"),
-    "the rank answered 0": ("start = dist.get_rank() *", "start = 0 *",
-                            "loss", "did not read equal slices of the same global batch"),
-    "the learning rate scaled by the world size": ("lr=0.01,", "lr=0.01 * dist.get_world_size(),",
-                                                   "learning rate", "2 times the original's, the world size 2"),
-    # At one process (ONE_PROCESS): the model starts from other weights.
-    "a seed on another generator": ("torch.manual_seed(5)", "__import__('random').seed(5)",
-                                    "loss", "one process already differs"),
-}
-ONE_PROCESS = {"a seed on another generator"}
-
-
 def warm(env: dict[str, str]) -> str:
     """verify's interpreter in the suite: a warm python (tests/warm_python.py) with torch, and
     torch_xla for the originals, imported."""
@@ -74,53 +53,86 @@ def warm(env: dict[str, str]) -> str:
     return warm_python.python_for(env, modules)
 
 
+# (what the mutation does to the migrated program, the text it replaces, with what) and what
+# verify must say: the step (a printed line's number for a printed number), the quantity and
+# words of the cause. m05 takes the most; m08 (DistributedSampler, an all-reduced printed loss)
+# the sampler's and the printed loss's.
+M08 = ROOT / "fixtures" / "programs" / "multiprocess" / "m08_sampler_device_loader.py"
+GRADIENT_AVERAGE = "                    dist.all_reduce(param.grad)\n                    param.grad /= dist.get_world_size()\n"
+MUTATIONS = {
+    "a dropped gradient all-reduce": (PROGRAM, GRADIENT_AVERAGE, "                    pass\n",
+                                      0, "gradient norm", "each process stepped with its own gradients"),
+    "gradients summed, not averaged": (PROGRAM, "                    param.grad /= dist.get_world_size()\n", "",
+                                       0, "gradient norm", "summed over the 2 processes, not averaged"),
+    "gradients averaged twice": (PROGRAM, GRADIENT_AVERAGE, GRADIENT_AVERAGE.replace("/= dist", "/= 2 * dist"),
+                                 0, "gradient norm", "averaged over the processes twice"),
+    "the rank answered 0": (PROGRAM, "start = dist.get_rank() *", "start = 0 *",
+                            0, "loss", "did not read equal slices of the same global batch"),
+    "the learning rate scaled by the world size": (PROGRAM, "lr=0.01,", "lr=0.01 * dist.get_world_size(),",
+                                                   0, "learning rate", "2 times the original's, the world size 2"),
+    # At one process (ONE_PROCESS): the model starts from other weights.
+    "a seed on another generator": (PROGRAM, "torch.manual_seed(5)", "__import__('random').seed(5)",
+                                    0, "loss", "one process already differs"),
+    "a sampler that does not shard": (M08, "num_replicas=dist.get_world_size(), rank=dist.get_rank(),",
+                                      "num_replicas=1, rank=0,", 0, "loss", "a sampler without num_replicas"),
+    "the printed loss averaged twice": (M08, "loss = loss * (1.0 / dist.get_world_size())",
+                                        "loss = loss * (1.0 / dist.get_world_size() ** 2)",
+                                        1, "printed number", "averaged over the 2 processes twice"),
+}
+ONE_PROCESS = {"a seed on another generator"}
+
+
 @pytest.fixture(scope="module")
 def mutated_runs(tmp_path_factory):
-    """The original twice, the migration at one process, and each mutation of it at 2
-    processes (ONE_PROCESS: at 1), two runs at a time."""
+    """Per program, the original twice and the migration at one process; each mutation of the
+    migration at 2 processes (ONE_PROCESS: at 1). Two runs at a time."""
     workspace = Workspace(warm)
     try:
-        script = Target(PROGRAM, None, False)
-        migrated = workspace.migrate(script).path
-        text = migrated.read_text()
-        copies = {}
-        for name, (old, new, *_) in MUTATIONS.items():
+        migrated, copies = {}, {}
+        for program in (PROGRAM, M08):
+            migrated[program] = workspace.migrate(Target(program, None, False)).path
+        for name, (program, old, new, *_) in MUTATIONS.items():
+            text = migrated[program].read_text()
             assert text.count(old) == 1, f"{name}: the migration changed, update the mutation"
-            copies[name] = Target(migrated.with_name(f"mutated-{len(copies)}.py"), None, True)
+            copies[name] = Target(migrated[program].with_name(f"mutated-{len(copies)}.py"), None, True)
             copies[name].path.write_text(text.replace(old, new))
         with ThreadPoolExecutor(2) as pool:
             # The originals one after the other: two xmp.spawn launches at once from one warm python
             # once lost the spawned child's pipe (EBADF); they overlap the migrated runs only.
-            originals = pool.submit(lambda: [workspace.run(f"original {k}", "original", script, [], 1, 300)
-                                             for k in (1, 2)])
+            originals = pool.submit(lambda: {p: [workspace.run(f"original {k}", "original", Target(p, None, False), [],
+                                                               1, 300) for k in (1, 2)] for p in migrated})
             runs = {name: pool.submit(workspace.run, name, "migrated", copy, [], 1 if name in ONE_PROCESS else 2, 300)
                     for name, copy in copies.items()}
-            runs["none"] = pool.submit(workspace.run, "migrated", "migrated", Target(migrated, None, True), [], 1, 300)
-            yield originals.result(), {name: f.result() for name, f in runs.items()}
+            same = {p: pool.submit(workspace.run, "migrated", "migrated", Target(path, None, True), [], 1, 300)
+                    for p, path in migrated.items()}
+            originals = originals.result()
+            yield ({p: compare.original(*originals[p]) for p in migrated}, {p: f.result() for p, f in same.items()},
+                   {name: f.result() for name, f in runs.items()})
     finally:
         workspace.close()
 
 
-def test_the_migration_is_the_same_at_one_process(mutated_runs):
-    (first, second), runs = mutated_runs
-    result = compare.verdict(compare.original(first, second), runs["none"], 1e-4, 1e-5)
-    assert result.divergence is None and result.steps == 5, runs["none"].output
-    assert result.printed.compared == 11 and not result.printed.noisy  # its @step lines, in its printed numbers
+@pytest.mark.parametrize("program", [PROGRAM, M08], ids=lambda p: p.stem[:3])
+def test_the_migration_is_the_same_at_one_process(mutated_runs, program):
+    references, same, _ = mutated_runs
+    result = compare.verdict(references[program], same[program], 1e-4, 1e-5)
+    assert result.divergence is None and result.steps == len(references[program].steps) >= 5, same[program].output
+    # Its @step lines are among its printed numbers; nothing differed between the original's two runs.
+    assert result.printed.compared >= 11 and not result.printed.noisy and not result.printed.one_side
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
 def test_a_migration_mistake_is_caught_at_its_first_step(mutated_runs, mutation):
-    (first, second), runs = mutated_runs
-    assert first.returncode == 0 and second.returncode == 0, first.output
+    references, _, runs = mutated_runs
+    program, _, _, step, quantity, cause = MUTATIONS[mutation]
     run = runs[mutation]
     assert run.returncode == 0, run.output  # it runs: only the comparison can tell
-    result = compare.verdict(compare.original(first, second), run, 1e-4, 1e-5)
-    _, _, quantity, cause = MUTATIONS[mutation]
+    result = compare.verdict(references[program], run, 1e-4, 1e-5)
     divergence = result.divergence
     assert divergence is not None, f"{mutation} was not caught"
-    assert (divergence.step, divergence.quantity) == (0, quantity), divergence
+    assert (divergence.step, divergence.quantity) == (step, quantity), divergence
     assert cause in divergence.cause, divergence.cause
-    assert divergence.ranks == ([0] if mutation in ONE_PROCESS else [0, 1])
+    assert divergence.ranks == ([0] if mutation in ONE_PROCESS or quantity == "printed number" else [0, 1])
 
 
 def _verify(cwd, *args: str) -> subprocess.CompletedProcess:
@@ -210,13 +222,14 @@ def test_pytorch_xla_s_mnist_script_is_the_same_at_one_process_and_by_design_not
     """A real script, as a user would verify it: its losses, epochs and accuracy printed with
     the device's name and the rates and clock times around them. At two processes it scales its
     learning rate by the world size (each process reads a batch of its own): verify says so.
-    Cold, not from a warm python: the script prints through xm.master_print, whose `fd=sys.stdout`
-    default a warm python bound before the recorder stood in for sys.stdout."""
+    (It prints through xm.master_print, whose `fd=sys.stdout` default a warm python bound at its
+    import: see warm_python._StartupStream.)"""
     from tpu_migrate.verify.command import run_verify
 
     monkeypatch.chdir(tmp_path)
     said = []
-    status, document = run_verify(str(MNIST), MNIST_FLAGS, None, None, [1, 2], 1e-4, 1e-5, 300, said.append)
+    status, document = run_verify(str(MNIST), MNIST_FLAGS, None, None, [1, 2], 1e-4, 1e-5, 300, said.append,
+                                  interpreter=warm)
     assert status == 1, "\n".join(said)
     at_one, at_two = document["runs"]
     assert document["steps"] == 20 and at_one["divergence"] is None

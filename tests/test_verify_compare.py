@@ -139,6 +139,16 @@ def test_a_printed_count_by_the_world_size_agrees_at_one_process_only():
     assert at_one.divergence is not None and at_one.divergence.migrated == 32  # at one process, no excuse
 
 
+def test_a_printed_loss_at_half_the_original_s_was_averaged_twice_not_counted_per_process():
+    """Only integers count per process: a float at 1/N of the original's is a divergence."""
+    reference = _original(ORIGINAL_RECORDS, "step 3 loss 0.5000\n")
+    migrated = _run([{**r, "world": 2, "rank": k} for r in ORIGINAL_RECORDS for k in (0, 1)], world=2,
+                    printed="step 3 loss 0.2500\n")
+    divergence = compare.verdict(reference, migrated, 1e-4, 1e-5).divergence
+    assert (divergence.quantity, divergence.original, divergence.migrated) == ("printed number", 0.5, 0.25)
+    assert "1/2 of the original's: averaged over the 2 processes twice" in divergence.cause
+
+
 def test_printed_numbers_are_found_where_a_reader_sees_them():
     lines = printed.lines("Loss is 0.5.\nv1.2.3 step10 x=-0.25 on xla:0\nno number here\n100%|####| 3/3\r\n"
                           "Epoch 1 train begin 18:14:36\n2026-12-03 18:14:36,512 loss 2\n")

@@ -92,12 +92,41 @@ def _import_recording_environment(modules: list[str]) -> set[str]:
             return {key: plain.__getitem__(self, key) for key in plain.__iter__(self)}
 
     os.environ.__class__ = Recording
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _StartupStream("stdout"), _StartupStream("stderr")
     try:
         for module in modules:
             importlib.import_module(module)
     finally:
         os.environ.__class__ = plain
+        sys.stdout, sys.stderr = streams
     return reads
+
+
+_RUN_STREAMS: dict[str, object] = {}  # in a run: its sys.stdout / sys.stderr when its startup ended
+
+
+class _StartupStream:
+    """What a module binds as sys.stdout / sys.stderr while the server imports it (torch_xla's
+    `def master_print(..., fd=sys.stdout)`, a logging handler): in a run, the stream the run had
+    when its startup ended, as the module would have bound had the run imported it. That is
+    another object than the server's own where a sitecustomize stood in for sys.stdout (verify's
+    recorder keeps what the program prints)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def _stream(self):
+        return _RUN_STREAMS.get(self._name) or getattr(sys, f"__{self._name}__")
+
+    def write(self, text):
+        return self._stream().write(text)
+
+    def flush(self):
+        return self._stream().flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream(), name)
 
 
 def _signature(env: dict[str, str], read: set[str]) -> dict[str, str | None]:
@@ -387,6 +416,7 @@ def become(request: dict, fds: list[int], client: str, changes: dict[str, str | 
             sys.modules.pop("sitecustomize", None)
             importlib.import_module("sitecustomize")
             break
+    _RUN_STREAMS.update(stdout=sys.stdout, stderr=sys.stderr)
     _run_main(kind, target)
 
 

@@ -140,7 +140,7 @@ def verdict(reference: Original, run: Run, rtol: float, atol: float) -> Verdict:
         if mismatch is not None:
             result.divergence = Divergence(
                 run.name, mismatch.line, "printed number", mismatch.original, mismatch.migrated, [0],
-                _printed_cause(run.world, reference.unit if reference.steps else None), f"{mismatch.text}  |  {mismatch.migrated_text}",
+                _printed_cause(run.world, reference.unit if reference.steps else None, mismatch), f"{mismatch.text}  |  {mismatch.migrated_text}",
                 unit="printed line")
     return result
 
@@ -246,9 +246,16 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
             "slice of a global one): then they agree at one process only")
 
 
-def _printed_cause(world: int, unit: str | None) -> str:
+def _printed_cause(world: int, unit: str | None, mismatch: printed.PrintedDivergence) -> str:
     computed = {"step": "every step's loss, gradient norm and parameters agree, so ",
                 "backward call": "every backward call's loss agrees, so ", None: ""}[unit]
+    ratio = mismatch.migrated / mismatch.original if mismatch.original else math.inf
+    if world > 1 and math.isclose(ratio, 1 / world, rel_tol=1e-3):
+        return (f"{computed}the printed value is 1/{world} of the original's: averaged over the {world} processes "
+                "twice (a value already averaged, divided by the world size again)")
+    if world > 1 and math.isclose(ratio, world, rel_tol=1e-3):
+        return (f"{computed}the printed value is {world} times the original's: summed over the {world} processes, "
+                "not averaged (ReduceOp.SUM without dividing by the world size)")
     if world == 1:
         return (f"{computed}what differs is computed outside the training steps, already at one process: an "
                 "evaluation, a metric, a value read from another tensor than the original read (a conversion "

@@ -10,9 +10,10 @@ shifts nothing. In each aligned pair, the numbers are compared in order:
   not numbers;
 - a number that differs between the original's own two runs (a time, a throughput, a date) is
   noise: not compared, and counted as such;
-- at more than one process, a number that is the world size times the original's (or its
+- at more than one process, an integer that is the world size times the original's (or its
   inverse, or the world size itself where the original printed 1) counts per process or over
-  the processes by design: it agrees at one process only, and is listed so, not a divergence.
+  the processes by design: it agrees at one process only, and is listed so, not a divergence
+  (a float so, a loss at half the original's, was averaged twice: a divergence).
 
 Only the first process of a run is read (rank 0; the original has one): the original never had
 a rank 1 to print.
@@ -113,7 +114,7 @@ def compare(original: list[Line], migrated: list[Line], noisy: set[tuple[int, in
                     result.largest_relative = max(result.largest_relative,
                                                   abs(x.value - y.value) / max(abs(x.value), 1e-12))
                 continue
-            why = _by_world_size(x.value, y.value, world)
+            why = _by_world_size(x, y, world)
             if why is not None:
                 result.world_only.append({"line": a.index, "original": a.text, "migrated": b.text,
                                           "values": [x.value, y.value], "why": why})
@@ -187,9 +188,11 @@ def _close(x: Number, y: Number, rtol: float, atol: float) -> bool:
     return math.isclose(x.value, y.value, rel_tol=rtol, abs_tol=max(atol, quantum))
 
 
-def _by_world_size(original: float, migrated: float, world: int) -> str | None:
-    """Why a number may differ at `world` processes by design, or None."""
-    if world == 1 or original == 0:
+def _by_world_size(x: Number, y: Number, world: int) -> str | None:
+    """Why a count may differ at `world` processes by design, or None. Only integers: a float
+    (a loss) at 1/N of the original's was averaged twice, not counted per process."""
+    original, migrated = x.value, y.value
+    if world == 1 or original == 0 or x.quantum or y.quantum or not (original.is_integer() and migrated.is_integer()):
         return None
     ratio = migrated / original
     if original == 1 and migrated == world:

@@ -104,7 +104,8 @@ class Workspace:
     def migrate(self, target: Target, root: str | None = None) -> Target:
         """A copy of the target's tree rewritten with --target portable; the target in it."""
         tree = target.tree(root)
-        copy = self.path / "migrated" / tree.name
+        self.serial += 1  # a folder of its own per migration (a test migrates several programs)
+        copy = self.path / f"migrated-{self.serial}" / tree.name
         shutil.copytree(tree, copy, ignore=_ignore_large)
         proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "rewrite", "--target", "portable", "--no-cache",
                                str(copy)], capture_output=True, text=True)
