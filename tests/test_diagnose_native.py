@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT
 from test_diagnose import diagnose, diagnosed
 
-from tpu_migrate.diagnose import incompatible, native
+from tpu_migrate.diagnose import dynamo_hooks, incompatible, op_coverage
 
 pytestmark = pytest.mark.slow  # real torch programs (eager, torch.compile) under diagnose
 
@@ -175,15 +175,15 @@ def test_explicit_native_backend_on_a_torch_xla_free_script():
 def test_guard_reason_is_made_readable():
     raw = ("2/0: name == 'relu'                                  # return f(x) if name == 'relu' "
            "else x  # models/act.py:30 in activation")
-    assert native.guard_reason(raw) == ("name == 'relu' (guarding `return f(x) if name == 'relu' "
+    assert dynamo_hooks.guard_reason(raw) == ("name == 'relu' (guarding `return f(x) if name == 'relu' "
                                         "else x` at models/act.py:30)")
-    assert native.guard_reason("0/0: tensor 'x' size mismatch at index 0. expected 4, actual 5") == \
+    assert dynamo_hooks.guard_reason("0/0: tensor 'x' size mismatch at index 0. expected 4, actual 5") == \
         "tensor 'x' size mismatch at index 0. expected 4, actual 5"
 
 
 def test_resume_functions_are_named_after_the_user_function():
-    assert native._function_name("torch_dynamo_resume_in_loss_fn_at_13") == "loss_fn after line 13"
-    assert native._function_name("forward") == "forward"
+    assert dynamo_hooks._function_name("torch_dynamo_resume_in_loss_fn_at_13") == "loss_fn after line 13"
+    assert dynamo_hooks._function_name("forward") == "forward"
 
 
 @pytest.mark.parametrize("kwargs, problems", [
@@ -195,7 +195,7 @@ def test_resume_functions_are_named_after_the_user_function():
     ({"dynamic": None}, []),
 ])
 def test_compile_arguments_that_raise_on_torchtpu(kwargs, problems):
-    assert native._compile_problems(kwargs) == problems
+    assert dynamo_hooks.compile_problems(kwargs) == problems
 
 
 def test_source_scan_of_legacy_calls_and_device_indices():
@@ -214,7 +214,7 @@ def test_source_scan_of_legacy_calls_and_device_indices():
 
 
 def test_op_table_is_loaded_and_has_the_documented_ops():
-    table = native.op_table()
+    table = op_coverage.op_table()
     assert len(table) > 3000
     for op in ("aten::convolution", "aten::native_layer_norm", "aten::embedding", "aten::mm.out"):
         assert table[op] == "device", op

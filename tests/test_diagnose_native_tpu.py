@@ -11,7 +11,7 @@ import pytest
 
 from test_diagnose_native import dynamo_stats, line_of, run, run_plain, summary
 
-from tpu_migrate.diagnose import guards, native, placement
+from tpu_migrate.diagnose import dynamo_hooks, guards, op_coverage, placement
 
 
 def dynamo_log(program: str, as_torchtpu: bool = True) -> str:
@@ -227,7 +227,7 @@ class _Op:
     ("aten::mm", ""),
 ])
 def test_ops_are_checked_as_a_tpu_dispatches_them(op, reported):
-    assert native.unsupported_on_tpu(_Op(op), native.op_table()) == reported
+    assert op_coverage.unsupported_on_tpu(_Op(op), op_coverage.op_table()) == reported
 
 
 @pytest.mark.parametrize("kwargs, expected", [
@@ -237,7 +237,7 @@ def test_ops_are_checked_as_a_tpu_dispatches_them(op, reported):
     ({"dynamic": False, "fullgraph": True}, {"dynamic": False, "fullgraph": True}),
 ])
 def test_compile_arguments_become_torchtpus(kwargs, expected):
-    assert native.as_torchtpu_compiles(kwargs) == expected
+    assert dynamo_hooks.as_torchtpu_compiles(kwargs) == expected
 
 
 def test_shape_guards_name_their_input():
@@ -275,7 +275,7 @@ def test_the_values_a_dimension_takes_name_the_pattern():
     assert "in a batch its batch size" in guards.pattern(_guards("x", 0, [5, 3]))
     by_length = guards.pattern(_guards("L['kwargs']['input_ids']", 1, [7, 12, 9]))
     assert "a graph per length" in by_length and "(7, 12, 9)" in by_length
-    assert re.search(native.DYNAMIC_OPERATOR, "Operator `aten.nonzero.default`'s output shape depends")["op"] == "nonzero"
+    assert re.search(dynamo_hooks.DYNAMIC_OPERATOR, "Operator `aten.nonzero.default`'s output shape depends")["op"] == "nonzero"
 
 
 def test_sync_wording_by_the_steps_it_was_seen_in():
