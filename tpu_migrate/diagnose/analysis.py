@@ -297,54 +297,14 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
             compile_process = (rank, boundaries, steps, causes.expected_changes(events), end)
             warmup = end
         for event in events:
-            kind = EVENT_KINDS.get(event["kind"])
-            if kind is None or event.get("file") is None or (kind == "fallback" and exact_fallbacks):
-                continue
-            if kind == "recompile":
-                kind = native_recompile_kind(event.get("reason"))
-            # A Dynamo recompile is one whatever the step: the first compile of a frame is its
-            # warm-up, each later one is for guards that failed.
-            if kind == "sync" and event.get("closure"):
-                kind = "closure-read"
-            finding = _add(findings, kind, event["file"], event["line"], event["op"], event["step"],
-                           None if event.get("static") else rank, event.get("count", 1),
-                           event.get("in_steps", 1))
-            finding.changed = finding.changed or event.get("reason") or event.get("gb") or event.get("closure")
-            if event.get("reason") and kind == "recompile":
-                finding.reasons.append(event["reason"])
-                if event.get("caller"):
-                    finding.callers.append(event["caller"])
-            finding.hint = finding.hint or event.get("hint")
-            finding.via = finding.via or event.get("via", [])
-            if kind == "sync" and event.get("via"):
-                inner = event["via"][-1]
-                finding.library_reads[inner] = finding.library_reads.get(inner, 0) + event.get("count", 1)
-            finding.placement_unknown |= event.get("placement") == "unknown"
-            finding.exact = finding.exact or bool(event.get("exact"))
-            finding.traced |= bool(event.get("traced"))
-            finding.runs_graph |= bool(event.get("graph"))
-            if "wait" in event:
-                finding.waited = (finding.waited or 0.0) + event["wait"]
-            if "queued" in event:
-                finding.queued = (finding.queued or 0.0) + event["queued"]
+            _merge_event(findings, event, rank, exact_fallbacks)
     stepless = main_steps == 0
     if not evidence.debug_log and backend(evidence)[0] == "xla":
         _add_counted_compiles(findings, processes, warmup_steps)
     if evidence.debug_log:
-        # torch_xla writes its compile analysis from one process (the local master).
-        rank, boundaries, steps, changes, end = compile_process if compile_process else (None, [], 0, {}, warmup_steps)
-        graphs = parse_graphs(evidence.graphs) if evidence.graphs else {}
-        _add_compiles(findings, parse_compiles(evidence.debug_log, evidence.debug_base), boundaries, steps, end,
-                      graphs, rank if multi else None, changes, stepless,
-                      _user_file_names(evidence) if graphs else frozenset())
+        _add_logged_compiles(findings, evidence, compile_process, warmup_steps, multi, stepless)
     if exact_fallbacks:
-        boundaries = sorted((e for events in evidence.events.values() for e in events
-                             if e["kind"] in (Kind.STEP, Kind.OPT_STEP) and e.get("fallback_offset")),
-                            key=lambda e: e["fallback_offset"])
-        step_at = _step_finder(boundaries, "fallback_offset", main_steps)
-        for offset, op, file, line in parse_fallbacks(evidence.fallback_log, evidence.fallback_base):
-            step = step_at(offset)
-            _add(findings, "fallback", file, line, op, step, None).exact = True
+        _add_exact_fallbacks(findings, evidence, main_steps)
     for finding in findings.values():
         if finding.kind == "sync":
             finding.counted_steps += causes.steps_of_one_call(finding.steps, step_sites, (finding.file, finding.line)) - len(finding.steps)
@@ -360,6 +320,60 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
     result.sort(key=lambda f: (order[f.kind], -f.step_count if f.kind == "sync" else 0,
                                f.placement_unknown, -f.count, f.file, f.line))
     return Summary(result, main_steps, warmup, notes, optimizer_steps)
+
+
+def _merge_event(findings: dict[tuple, Finding], event: Event, rank: int | None, exact_fallbacks: bool) -> None:
+    """One event of a process into the finding of its kind and line."""
+    kind = EVENT_KINDS.get(event["kind"])
+    if kind is None or event.get("file") is None or (kind == "fallback" and exact_fallbacks):
+        return
+    if kind == "recompile":
+        kind = native_recompile_kind(event.get("reason"))
+    # A Dynamo recompile is one whatever the step: the first compile of a frame is its
+    # warm-up, each later one is for guards that failed.
+    if kind == "sync" and event.get("closure"):
+        kind = "closure-read"
+    finding = _add(findings, kind, event["file"], event["line"], event["op"], event["step"],
+                   None if event.get("static") else rank, event.get("count", 1),
+                   event.get("in_steps", 1))
+    finding.changed = finding.changed or event.get("reason") or event.get("gb") or event.get("closure")
+    if event.get("reason") and kind == "recompile":
+        finding.reasons.append(event["reason"])
+        if event.get("caller"):
+            finding.callers.append(event["caller"])
+    finding.hint = finding.hint or event.get("hint")
+    finding.via = finding.via or event.get("via", [])
+    if kind == "sync" and event.get("via"):
+        inner = event["via"][-1]
+        finding.library_reads[inner] = finding.library_reads.get(inner, 0) + event.get("count", 1)
+    finding.placement_unknown |= event.get("placement") == "unknown"
+    finding.exact = finding.exact or bool(event.get("exact"))
+    finding.traced |= bool(event.get("traced"))
+    finding.runs_graph |= bool(event.get("graph"))
+    if "wait" in event:
+        finding.waited = (finding.waited or 0.0) + event["wait"]
+    if "queued" in event:
+        finding.queued = (finding.queued or 0.0) + event["queued"]
+
+
+def _add_logged_compiles(findings, evidence: Evidence, compile_process, warmup_steps: int, multi: bool,
+                         stepless: bool) -> None:
+    """The compiles of torch_xla's debug log, which one process (the local master) writes."""
+    rank, boundaries, steps, changes, end = compile_process if compile_process else (None, [], 0, {}, warmup_steps)
+    graphs = parse_graphs(evidence.graphs) if evidence.graphs else {}
+    _add_compiles(findings, parse_compiles(evidence.debug_log, evidence.debug_base), boundaries, steps, end,
+                  graphs, rank if multi else None, changes, stepless,
+                  _user_file_names(evidence) if graphs else frozenset())
+
+
+def _add_exact_fallbacks(findings, evidence: Evidence, main_steps: int) -> None:
+    """The CPU fallbacks of torch_xla's function tracker, each at its step."""
+    boundaries = sorted((e for events in evidence.events.values() for e in events
+                         if e["kind"] in (Kind.STEP, Kind.OPT_STEP) and e.get("fallback_offset")),
+                        key=lambda e: e["fallback_offset"])
+    step_at = _step_finder(boundaries, "fallback_offset", main_steps)
+    for offset, op, file, line in parse_fallbacks(evidence.fallback_log, evidence.fallback_base):
+        _add(findings, "fallback", file, line, op, step_at(offset), None).exact = True
 
 
 def _notes(found, reported, stepless: bool, warmup: int, warmup_steps: int, processes) -> list[str]:
