@@ -9,7 +9,8 @@ they run on a CPU in seconds with fake data. For each script in SCRIPTS:
    run over the directory, as a user would run it over a repository);
 3. the migrated script runs with torch_xla blocked (tests/differential.py's blocking package),
    so a leftover import fails the run instead of silently using torch_xla;
-4. the losses (and accuracies) the two runs print are compared, in order.
+4. the losses (and accuracies) the two runs print are compared, in order, by `tpu-migrate
+   verify`'s comparison of printed numbers.
 
 The scripts print in their own formats (`Loss=2.30259`, `loss: tensor(6.9078, device=...)`),
 which are kept: `printed_values` finds `loss` / `accuracy` followed by `=` or `:` and a
@@ -28,7 +29,6 @@ import ast
 import functools
 import hashlib
 import json
-import math
 import re
 import shutil
 import subprocess
@@ -48,6 +48,7 @@ for _path in (str(HERE), str(ROOT)):
 import differential as harness  # noqa: E402
 import shared_runs  # noqa: E402
 from fidelity import MIGRATED, bound_name, rewrite_text  # noqa: E402
+from tpu_migrate.verify import printed  # noqa: E402
 
 REAL = harness.PROGRAMS / "real"
 RUN_TIMEOUT = 300  # seconds per run, a hang guard: every script takes well under 30 s on idle XLA:CPU, 2-4x that beside the other worker
@@ -121,15 +122,20 @@ def printed_values(output: str) -> list[tuple[str, float, float]]:
 
 
 def compare_values(original: str, migrated: str, rtol: float) -> list[str]:
-    a, b = printed_values(original), printed_values(migrated)
+    """The losses and accuracies, in order, compared by `tpu-migrate verify`'s own comparison of
+    printed numbers (tpu_migrate/verify/printed.py): within rtol or a unit of the last digit."""
+    a, b = (printed.lines("".join(f"{kind.lower()} {number}\n" for kind, number in VALUE.findall(output)))
+            for output in (original, migrated))
     problems = []
     if not a:
         problems.append("the original printed no loss")
-    if [k for k, _, _ in a] != [k for k, _, _ in b]:
+    result = printed.compare(a, b, set(), rtol, 0.0, world=1)
+    if result.one_side or len(a) != len(b):
         problems.append(f"{len(a)} values printed by the original, {len(b)} by the migrated script")
-    for index, ((kind, u, unit_u), (_, v, unit_v)) in enumerate(zip(a, b)):
-        if not math.isclose(u, v, rel_tol=rtol, abs_tol=max(unit_u, unit_v) * 1.0001):
-            problems.append(f"value {index} ({kind}): {u!r} vs {v!r}")
+    if result.divergence is not None:
+        mismatch = result.divergence
+        problems.append(f"value {mismatch.line - 1} ({mismatch.text.split()[0]}): {mismatch.original!r} vs "
+                        f"{mismatch.migrated!r}")
     return problems
 
 

@@ -27,23 +27,42 @@ pytestmark = pytest.mark.slow  # torch_xla originals and torchrun worlds
 PROGRAM = ROOT / "fixtures" / "programs" / "multiprocess" / "m05_optimizer_step_no_ddp.py"
 
 
-def test_the_command_finds_the_migration_the_same_at_two_processes(tmp_path):
+# The command's own test needs no torch_xla: a program of torch alone runs as the original too
+# (torch_xla's programs run through run_verify below, from a warm python: the cold imports of
+# torch_xla cost this test 30 s). Every process computes the same without a process group.
+TORCH_ONLY = """\
+import torch
+
+torch.manual_seed(1)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(8, 4), torch.randn(8, 2)
+for step in range(3):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    print(f"step {step} loss {loss.item():.6f}")
+"""
+
+
+def test_the_command_finds_the_migration_the_same_at_one_and_two_processes(tmp_path):
     """The command end to end: a copy of the program's folder migrated, the runs, JSON on stdout
-    and the text on stderr, exit 0. (One process: below, with the mutations' shared runs.)"""
-    script = tmp_path / PROGRAM.name
-    script.write_bytes(PROGRAM.read_bytes())
-    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--format", "json", "--nproc", "2",
-                           "--html", "verify.html", script.name], capture_output=True, text=True, cwd=tmp_path,
+    and the text on stderr, the HTML page, exit 0, nothing left behind."""
+    (tmp_path / "train.py").write_text(TORCH_ONLY)
+    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--format", "json", "--nproc", "1,2",
+                           "--html", "verify.html", "train.py"], capture_output=True, text=True, cwd=tmp_path,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     document = json.loads(proc.stdout)
-    assert document["same"] and document["steps"] == 5
-    assert [(r["processes"], r["steps"], r["divergence"]) for r in document["runs"]] == [(2, 5, None)]
-    assert "migrated, torchrun, 2 processes: same (5 steps: learning rate, loss" in proc.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == [PROGRAM.name, "verify.html"]  # the copy was temporary
+    assert document["same"] and document["steps"] == 3
+    assert [(r["processes"], r["steps"], r["divergence"], r["printed"]["same"]) for r in document["runs"]] == [
+        (1, 3, None, 6), (2, 3, None, 6)]
+    assert "migrated, torchrun, 2 processes: same (3 steps: learning rate, loss" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py", "verify.html"]  # the copy was temporary
     page = (tmp_path / "verify.html").read_text()
     assert 'migrated, torchrun, 2 processes: <span class="same">same</span>' in page
-    assert page.count("<tr><td") == 5 and "number diverged" not in page
+    assert page.count("<tr><td") == 6 and "number diverged" not in page  # 3 steps, 2 runs
 
 
 def warm(env: dict[str, str]) -> str:
@@ -84,7 +103,7 @@ ONE_PROCESS = {"a seed on another generator"}
 
 @pytest.fixture(scope="module")
 def mutated_runs(tmp_path_factory):
-    """Per program, the original twice and the migration at one process; each mutation of the
+    """Per program, the original and the migration at one process; each mutation of the
     migration at 2 processes (ONE_PROCESS: at 1). Two runs at a time."""
     workspace = Workspace(warm)
     try:
@@ -98,9 +117,11 @@ def mutated_runs(tmp_path_factory):
             copies[name].path.write_text(text.replace(old, new))
         with ThreadPoolExecutor(2) as pool:
             # The originals one after the other: two xmp.spawn launches at once from one warm python
-            # once lost the spawned child's pipe (EBADF); they overlap the migrated runs only.
-            originals = pool.submit(lambda: {p: [workspace.run(f"original {k}", "original", Target(p, None, False), [],
-                                                               1, 300) for k in (1, 2)] for p in migrated})
+            # once lost the spawned child's pipe (EBADF); they overlap the migrated runs only. Once
+            # each: XLA:CPU repeats itself exactly (the noise floor has tests of its own), and the
+            # command's test runs an original twice.
+            originals = pool.submit(lambda: {p: [workspace.run("original", "original", Target(p, None, False), [],
+                                                               1, 300)] * 2 for p in migrated})
             runs = {name: pool.submit(workspace.run, name, "migrated", copy, [], 1 if name in ONE_PROCESS else 2, 300)
                     for name, copy in copies.items()}
             same = {p: pool.submit(workspace.run, "migrated", "migrated", Target(path, None, True), [], 1, 300)
@@ -218,28 +239,24 @@ MNIST = ROOT / "fixtures" / "programs" / "real" / "pytorch_xla" / "test" / "test
 MNIST_FLAGS = ["--fake_data", "--num_cores", "1", "--num_epochs", "1", "--batch_size", "32", "--log_steps", "5"]
 
 
-def test_pytorch_xla_s_mnist_script_is_the_same_at_one_process_and_by_design_not_at_two(tmp_path, monkeypatch):
+def test_pytorch_xla_s_mnist_script_is_the_same_as_its_migration(tmp_path, monkeypatch):
     """A real script, as a user would verify it: its losses, epochs and accuracy printed with
-    the device's name and the rates and clock times around them. At two processes it scales its
-    learning rate by the world size (each process reads a batch of its own): verify says so.
-    (It prints through xm.master_print, whose `fd=sys.stdout` default a warm python bound at its
-    import: see warm_python._StartupStream.)"""
+    the device's name and the rates and clock times around them. (At two processes it scales its
+    learning rate by the world size, by design: the m05 mutation of that name shows what verify
+    says.) It prints through xm.master_print, whose `fd=sys.stdout` default a warm python bound
+    at its import: see warm_python._StartupStream."""
     from tpu_migrate.verify.command import run_verify
 
     monkeypatch.chdir(tmp_path)
     said = []
-    status, document = run_verify(str(MNIST), MNIST_FLAGS, None, None, [1, 2], 1e-4, 1e-5, 300, said.append,
+    status, document = run_verify(str(MNIST), MNIST_FLAGS, None, None, [1], 1e-4, 1e-5, 300, said.append,
                                   interpreter=warm)
-    assert status == 1, "\n".join(said)
-    at_one, at_two = document["runs"]
-    assert document["steps"] == 20 and at_one["divergence"] is None
+    assert status == 0, "\n".join(said)
+    assert document["steps"] == 20 and document["runs"][0]["divergence"] is None
     # 4 loss lines (epoch, step, loss: 12), the epoch of 4 other lines, test accuracy and max accuracy: the
     # rates differ between the original's own runs and are left out.
-    assert (at_one["printed"]["same"], at_one["printed"]["noisy"], at_one["printed"]["one_side"]) == (21, 8, 0)
-    divergence = at_two["divergence"]
-    assert (divergence["step"], divergence["quantity"], divergence["original"], divergence["migrated"]) == (
-        0, "learning rate", 0.01, 0.02)
-    assert "the world size 2" in divergence["cause"] and "agree at one process only" in divergence["cause"]
+    printed = document["runs"][0]["printed"]
+    assert (printed["same"], printed["noisy"], printed["one_side"]) == (21, 8, 0)
 
 
 def test_a_missing_script_is_one_line_and_exit_2(tmp_path):

@@ -84,8 +84,7 @@ def _text(script, against, reference: compare.Original, verdicts) -> list[str]:
                          f"{divergence.quantity}: {compare.shown(divergence.original)} (original) vs "
                          f"{compare.shown(divergence.migrated)} (migrated, {_ranks(divergence.ranks)})")
         if divergence is not None and divergence.where:
-            label = "printed" if divergence.unit == "printed line" else f"at the {divergence.unit}"
-            lines.append(f"    {label}: {divergence.where}")
+            lines.append(f"    {compare.where_label(divergence)}: {divergence.where}")
         if divergence is not None:
             lines.append(f"    likely: {divergence.cause}")
         for item in (verdict.printed.world_only if verdict.printed else [])[:5]:

@@ -138,10 +138,10 @@ def verdict(reference: Original, run: Run, rtol: float, atol: float) -> Verdict:
                                          rtol, atol, run.world)
         mismatch = result.printed.divergence
         if mismatch is not None:
-            result.divergence = Divergence(
-                run.name, mismatch.line, "printed number", mismatch.original, mismatch.migrated, [0],
-                _printed_cause(run.world, reference.unit if reference.steps else None, mismatch), f"{mismatch.text}  |  {mismatch.migrated_text}",
-                unit="printed line")
+            cause = _printed_cause(run.world, reference.unit if reference.steps else None, mismatch)
+            result.divergence = Divergence(run.name, mismatch.line, "printed number", mismatch.original,
+                                           mismatch.migrated, [0], cause,
+                                           f"{mismatch.text}  |  {mismatch.migrated_text}", unit="printed line")
     return result
 
 
@@ -174,6 +174,11 @@ def _steps_verdict(original: list[Step], run: Run, rtol: float, atol: float, flo
     return result
 
 
+def where_label(divergence: Divergence) -> str:
+    """What a divergence's `where` is, as the reports label it."""
+    return "printed" if divergence.unit == "printed line" else f"at the {divergence.unit}"
+
+
 def shown(value: float | int | None) -> str:
     """A figure as the reports print it."""
     if value is None:
@@ -183,7 +188,7 @@ def shown(value: float | int | None) -> str:
 
 def counted(reference: Original) -> str:
     """What the original gave to compare: "5 optimizer steps", "3 backward calls (no optimizer
-    step)", "no optimizer step"; and its printed numbers."""
+    step)" or "no optimizer step or backward call"; and its printed numbers."""
     n = len(reference.steps)
     if reference.unit == "backward call":
         what = f"{n} backward call{'s' * (n != 1)} (no optimizer step)"

@@ -20,7 +20,8 @@ MOST_ROWS = 500  # steps shown per run: the first divergence is always among the
 def render(script: str, against: str | None, reference: compare.Original, verdicts: list[compare.Verdict]) -> str:
     noise = compare.noise_text(reference.floor)
     body = [f"<p>{html.escape(script)} (torch_xla on the CPU, 1 process) against "
-            f"{html.escape(against or 'its portable migration')} (the CPU, gloo): {html.escape(compare.counted(reference))}. "
+            f"{html.escape(against or 'its portable migration')} (the CPU, gloo): "
+            f"{html.escape(compare.counted(reference))}. "
             f"The original's own run-to-run noise: {html.escape(noise)}.</p>"]
     for verdict in verdicts:
         body.append(_section(reference.steps, verdict))
@@ -40,8 +41,8 @@ def _section(original: list[compare.Step], verdict: compare.Verdict) -> str:
         head = (f'<h2>{name}: <span class="differs">differs</span> {at}</h2>'
                 f"<p>{_value(divergence.original)} (original) vs {_value(divergence.migrated)} (migrated, ranks "
                 f"{', '.join(map(str, divergence.ranks))})</p>"
-                + (f"<p>{'printed' if divergence.unit == 'printed line' else 'at the ' + divergence.unit}: "
-                   f"<code>{html.escape(divergence.where)}</code></p>" if divergence.where else "")
+                + (f"<p>{compare.where_label(divergence)}: <code>{html.escape(divergence.where)}</code></p>"
+                   if divergence.where else "")
                 + f'<p class="explanation">likely: {inline(divergence.cause)}</p>')
     migrated = compare.steps(verdict.run)
     header = "".join(f"<th>{html.escape(q)}<br>original</th><th>{html.escape(q)}<br>migrated</th>"

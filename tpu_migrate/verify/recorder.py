@@ -15,7 +15,8 @@ to `backward()` but never stepped an optimizer (a hand-written update, a loop wi
 optimizer) records them at exit, one per call, to be compared call by call.
 
 Where the program does not seed torch's and Python's generators itself, they start from 0 in
-every process of every run: an unseeded program is deterministic too (its own seeds still win).
+every process of every run, and torch uses its deterministic algorithms: an unseeded program is
+deterministic too (its own settings still win).
 
 FSDP2 shards parameters and gradients (DTensors): their local shards' sums are recorded apart
 (`*_sharded`), to be added over the ranks; the other tensors are whole in every rank.
@@ -89,7 +90,11 @@ def _hook(path: str) -> None:
     register_optimizer_step_pre_hook(_before_step)
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _after_step(optimizer, path))
     atexit.register(_backward_only, path)
-    torch.manual_seed(0)  # before the program's code: its own seed replaces this one
+    # Before the program's code, which may set its own: its seed replaces this one, and its
+    # use_deterministic_algorithms(False) this choice (warn_only: an op without a deterministic
+    # kernel warns instead of failing the run).
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def _backward_only(path: str) -> None:

@@ -72,9 +72,9 @@ class Target:
 
     def tree(self, root: str | None) -> Path:
         """The tree a migration copies: --root, else the script's folder (a module's tree)."""
-        if self.module or not root:
-            return self.path if self.module else self.path.resolve().parent
-        return Path(root).resolve()
+        if self.module:
+            return self.path
+        return Path(root).resolve() if root else self.path.resolve().parent
 
     def command(self) -> list[str]:
         return ["-m", self.module] if self.module else [str(self.path)]
