@@ -12,7 +12,7 @@ import libcst as cst
 from tpu_migrate.findings import Fix, Manual
 from tpu_migrate.rewrite import named_expressions
 from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE
-from tpu_migrate.rewrite.names import Analysis, ImportBinding, Ref, Scope, StmtInfo
+from tpu_migrate.rewrite.names import Analysis, ImportBinding, Ref, Scope, StmtInfo, finding_position, statement_ancestors
 from tpu_migrate.rules import Catalog, Rule
 
 ALL_CODES = "*"
@@ -270,6 +270,16 @@ class StatementContext:
         return self.file.plan.fill(template, **extra)
 
     @property
+    def where(self) -> tuple[int, int]:
+        """The statement's (line, 1-based column) in the input, as findings give positions."""
+        return finding_position(self.info.node)
+
+    @property
+    def ancestors(self) -> list[ast.AST] | None:
+        """The statements that hold this one, outermost first (names.statement_ancestors)."""
+        return statement_ancestors(self.file.analysis.tree, self.info.node)
+
+    @property
     def can_hoist(self) -> bool:
         """Whether a rule may compute part of an expression in statements before this one."""
         return self.can_prefix and not self.hoist_blocked
@@ -331,7 +341,7 @@ class StatementContext:
         """Mark the next reference to `qualname` as handled; its (line, col) in the input."""
         ref = self._take(qualname)
         if ref is None:
-            return self.info.node.lineno, self.info.node.col_offset + 1
+            return self.where
         return ref.line, ref.col
 
     def _take(self, qualname: str | None) -> Ref | None:
@@ -340,11 +350,16 @@ class StatementContext:
                 return self._unconsumed.pop(i)
         return None
 
-    def consume_string(self) -> tuple[int, int]:
-        """(line, col) of the next "xla" string literal of the statement in the input."""
+    def consume_string(self, spelled: str | None = None) -> tuple[int, int]:
+        """(line, col) in the input of the statement's first unconsumed "xla" string literal
+        spelled `spelled` (its source text, quotes included), else of the next one."""
+        lines = self.file.source_lines
+        for i, (line, col) in enumerate(self._strings if spelled else ()):
+            if 0 < line <= len(lines) and lines[line - 1][col - 1:].startswith(spelled):
+                return self._strings.pop(i)
         if self._strings:
             return self._strings.pop(0)
-        return self.info.node.lineno, self.info.node.col_offset + 1
+        return self.where
 
     def fixed(
         self, code: str, qualname: str | None = None, where: tuple[int, int] | None = None
@@ -356,7 +371,7 @@ class StatementContext:
                 where = (ref.line, ref.col)
                 self.removed(ref.dotted)
             else:
-                where = (self.info.node.lineno, self.info.node.col_offset + 1)
+                where = self.where
         self.file.fixes.append(Fix(code, *where))
         return where
 
@@ -386,7 +401,7 @@ class StatementContext:
             if ref is not None:
                 where, anchor = (ref.line, ref.col), ref.dotted
             else:
-                where = (self.info.node.lineno, self.info.node.col_offset + 1)
+                where = self.where
         finding = Manual(code, *where, message, anchor=anchor, todo=todo)
         self.file.manual.append(finding)
         if todo:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 
 from tpu_migrate.findings import Fix, Manual
-from tpu_migrate.rewrite.names import Analysis, Scope, StmtInfo, dotted_name, is_xla_name
+from tpu_migrate.rewrite.names import Analysis, Scope, StmtInfo, dotted_name, finding_position, is_xla_name
 
 
 def held_assignments(analysis: Analysis, fixes: list[Fix], manual: list[Manual],
@@ -45,7 +45,7 @@ def held_assignments(analysis: Analysis, fixes: list[Fix], manual: list[Manual],
             if isinstance(value, ast.Call) else [(value, False)]
         ref = called = None
         for head, called in heads:
-            ref = next((r for r in info.refs if (r.line, r.col) == (head.lineno, head.col_offset + 1)
+            ref = next((r for r in info.refs if (r.line, r.col) == finding_position(head)
                         and is_xla_name(r.qualname)), None)
             if ref is not None:
                 break
@@ -57,7 +57,7 @@ def held_assignments(analysis: Analysis, fixes: list[Fix], manual: list[Manual],
     if not converted:
         return {}
     # Calls of torch_xla names that no fix converted, by the position of their callee.
-    calls = {(node.func.lineno, node.func.col_offset + 1): node
+    calls = {finding_position(node.func): node
              for node in analysis.nodes if isinstance(node, ast.Call) and dotted_name(node.func)}
     findings = {(m.line, m.col): m for m in manual}
     held: dict[int, str] = {}
@@ -101,9 +101,9 @@ def _simple_assignment(node: ast.stmt) -> tuple[str | None, ast.expr | None]:
 
 def _names_passed(call: ast.Call, analysis: Analysis, info: StmtInfo):
     """(name, the scope that binds it) for each plain name read in the call's arguments."""
-    start = (call.lineno, call.col_offset + 1)
+    start = finding_position(call)
     end = (call.end_lineno, call.end_col_offset)
-    positions = {(n.lineno, n.col_offset + 1) for a in (*call.args, *call.keywords)
+    positions = {finding_position(n) for a in (*call.args, *call.keywords)
                  for n in ast.walk(a) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     for scope, dotted, load_info, line, col in analysis.loads:
         if load_info is not info or "." in dotted or (line, col + 1) not in positions:

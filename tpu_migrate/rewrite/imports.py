@@ -24,7 +24,7 @@ import libcst as cst
 from tpu_migrate.findings import Fix
 from tpu_migrate.rewrite.context import FileContext, parse_stmt
 from tpu_migrate.rewrite.layout import merge_leading_lines
-from tpu_migrate.rewrite.names import is_xla_name
+from tpu_migrate.rewrite.names import finding_position, is_xla_name
 from tpu_migrate.rewrite.registry import emits
 
 SIDE_EFFECT_BACKEND = "torch_xla.distributed.xla_backend"
@@ -82,7 +82,7 @@ def remove_unused(module: cst.Module, file: FileContext, unused: set[str],
     if not unused and not orphaned:
         return module
     backend_lines = [
-        (b.stmt.lineno, b.stmt.col_offset + 1)
+        finding_position(b.stmt)
         for b in file.analysis.imports
         if isinstance(b.stmt, ast.Import) and any(a.name == SIDE_EFFECT_BACKEND for a in b.stmt.names)
     ]

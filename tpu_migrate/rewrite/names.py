@@ -207,6 +207,29 @@ class ImportBinding:
         return self.path, self.name, self.qualname
 
 
+
+def statement_ancestors(tree: ast.AST, target: ast.stmt) -> list[ast.AST] | None:
+    """The statements from `tree` down to `target`'s parent, outermost first; None if not found.
+    Only statement blocks are searched (a statement sits in one), without recursion: a file's
+    nesting is the user's."""
+    stack: list[tuple[ast.AST, tuple]] = [(tree, ())]
+    while stack:
+        node, path = stack.pop()
+        for block in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for child in getattr(node, block, None) or ():
+                if child is target:
+                    return [*path[1:], node] if node is not tree else list(path[1:])
+                if isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
+                    stack.append((child, (*path, node)))
+    return None
+
+
+def finding_position(node: ast.AST) -> tuple[int, int]:
+    """(line, column) of `node` as findings and references give them, with a 1-based column:
+    ast's col_offset is 0-based, as are the Positions that scopes look bindings up at."""
+    return node.lineno, node.col_offset + 1
+
+
 @dataclass
 class StmtInfo:
     """What the analysis knows about one statement (compound statements: their header)."""
@@ -484,7 +507,7 @@ class _Walker:
                 self.expr(node.type, scope, info)
             self.frames.append((info.node, "handler", _span(node.body)))
             if node.name:
-                self.bind(scope, node.name, node, at=(node.lineno, node.col_offset + 1))
+                self.bind(scope, node.name, node, at=finding_position(node))
             self.block(node.body, scope)
             self.frames.pop()
         elif isinstance(node, ast.match_case):
@@ -549,14 +572,14 @@ class _Walker:
                 if ("xla" in node.value or "tpu" in node.value) and DISTRIBUTION.match(node.value):
                     _add_requirement(info, node)
                 if node.value.startswith("xla"):
-                    info.xla_strings.append((node.lineno, node.col_offset + 1))
+                    info.xla_strings.append(finding_position(node))
                 elif node.value in self.strings:
                     info.trigger_string = True
             return
         if isinstance(node, ast.JoinedStr):
             head = node.values[0] if node.values else None
             if isinstance(head, ast.Constant) and str(head.value).startswith("xla"):
-                info.xla_strings.append((node.lineno, node.col_offset + 1))
+                info.xla_strings.append(finding_position(node))
             for part in node.values:
                 if isinstance(part, ast.FormattedValue):
                     self.expr(part, scope, info)
@@ -590,7 +613,7 @@ class _Walker:
         if isinstance(node, ast.Call):
             module = dynamic_xla_import(node)
             if module is not None:
-                info.dynamic_imports.append((node.lineno, node.col_offset + 1, module))
+                info.dynamic_imports.append((*finding_position(node), module))
             for keyword in node.keywords:
                 if keyword.arg in REQUIREMENT_KEYWORDS:
                     # `install_requires=["torch_xla"]`: here a bare name is a requirement too.
@@ -605,7 +628,7 @@ class _Walker:
 
 
 def _add_requirement(info: StmtInfo, node: ast.Constant) -> None:
-    entry = (node.lineno, node.col_offset + 1, node.value)
+    entry = (*finding_position(node), node.value)
     if entry not in info.requirements:
         info.requirements.append(entry)
 

@@ -12,7 +12,7 @@ import ast
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tpu_migrate.rewrite.names import Analysis, Scope, StmtInfo, mark_subtrees
+from tpu_migrate.rewrite.names import Analysis, Scope, StmtInfo, finding_position, mark_subtrees
 from tpu_migrate.rewrite.registry import emits
 
 SPAWN_NAMES = frozenset(
@@ -395,7 +395,7 @@ def _loops_over(analysis: Analysis, scope: Scope, name: str) -> list[StmtInfo]:
             iterable = iterable.args[0]
         if not (isinstance(iterable, ast.Name) and iterable.id == name and dotted == name):
             return []
-        if (iterable.lineno, iterable.col_offset + 1) != (line, col + 1):
+        if finding_position(iterable) != (line, col + 1):
             return []
         loops.append(info)
     return loops

@@ -17,6 +17,11 @@ Triggers (each fixes the function's signature):
 - `on=<syntax kind>` (see KINDS): a hook the walker runs on every node of that kind in the
   statements it visits, in `order` (then registration order).
 
+What every function knows besides its node, from its StatementContext `sc`: the statement's
+original ast node (`sc.info.node`), its position as findings give positions (`sc.where`: line,
+1-based column; names.finding_position for any ast node), the statements that hold it
+(`sc.ancestors`), and the input position of an "xla" literal (`sc.consume_string(spelled)`).
+
 `strings=(...)`, beside a trigger: string constants that flag their statement for the walk
 (torch_xla's environment variables), as torch_xla references and "xla..." strings do.
 

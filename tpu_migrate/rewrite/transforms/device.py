@@ -302,12 +302,7 @@ def mark(node: cst.BaseExpression, sc: StatementContext, kind: str = "data") -> 
 def _where(sc: StatementContext, node: cst.BaseExpression) -> tuple[int, int]:
     """The input position of this "xla" literal: the first unconsumed one of the statement that
     is spelled the same, else the next one."""
-    if isinstance(node, cst.SimpleString):
-        text, lines, strings = node.value, sc.file.source_lines, sc._strings
-        for i, (line, col) in enumerate(strings):
-            if 0 < line <= len(lines) and lines[line - 1][col - 1 :].startswith(text):
-                return strings.pop(i)
-    return sc.consume_string()
+    return sc.consume_string(node.value if isinstance(node, cst.SimpleString) else None)
 
 
 # -- the hooks ------------------------------------------------------------------------------

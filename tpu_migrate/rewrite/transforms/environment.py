@@ -91,7 +91,7 @@ def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
         key = _environ_key(small.target, sc)
     if key not in RUNTIME_ENV or not sc.enabled("TPU140"):
         return None
-    sc.fixed("TPU140", where=(sc.info.node.lineno, sc.info.node.col_offset + 1))
+    sc.fixed("TPU140", where=sc.where)
     return []
 
 
@@ -105,7 +105,7 @@ def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> cst.Bas
     code_ = "TPU141" if key in BF16_ENV else "TPU140"
     if not sc.enabled(code_) or any(t.code == code_ for t in sc.todos):
         return node
-    where = (sc.info.node.lineno, sc.info.node.col_offset + 1)
+    where = sc.where
     if code_ == "TPU141":
         sc.needs_manual(code_, f"{key} has no TorchTPU equivalent: convert the model with "
                         ".to(torch.bfloat16) or use torch.autocast", where=where)

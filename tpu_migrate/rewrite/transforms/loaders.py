@@ -169,7 +169,7 @@ def device_loader_loop(stmt: cst.For, sc: StatementContext, plans, expr_rewriter
                 "TPU040",
                 f"move the batches of `{iterable.value}` to the device: the loader is "
                 "assigned after this loop",
-                where=(sc.info.node.lineno, sc.info.node.col_offset + 1),
+                where=sc.where,
             )
             return stmt, []
         inline = plans.inline_loaders.get((id(sc.scope), iterable.value))
@@ -187,7 +187,7 @@ def device_loader_loop(stmt: cst.For, sc: StatementContext, plans, expr_rewriter
     for qualname in consumed:
         sc.fixed("TPU040", qualname)
     if not consumed:
-        sc.fixed("TPU040", where=(sc.info.node.lineno, sc.info.node.col_offset + 1))
+        sc.fixed("TPU040", where=sc.where)
     new_iter = loader
     if wrapped is not None:
         new_iter = wrapped.with_changes(args=[wrapped.args[0].with_changes(value=loader), *wrapped.args[1:]])

@@ -155,7 +155,7 @@ def helper_call(call, qualname, sc: StatementContext, rule):
         sc.needs_manual(
             rule.code, "the XLA metrics (write_xla_metrics) are no longer written: TorchTPU has "
             "none; `tpu-migrate diagnose` reports compiles and host syncs", qualname, anchor="write_xla_metrics",
-            where=(sc.info.node.lineno, sc.info.node.col_offset + 1),
+            where=sc.where,
         )
     sc.fixed(rule.code, qualname)
     return call.with_changes(func=cst.Name(_helper_name(sc, qualname)))

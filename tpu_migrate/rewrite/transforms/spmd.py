@@ -328,7 +328,7 @@ def _read_by_the_training_loop(batch: cst.BaseExpression, sc: StatementContext) 
         root = root.value
     if not isinstance(root, cst.Name):
         return False
-    chain = _ancestors(sc.file.analysis.tree, sc.info.node)
+    chain = sc.ancestors
     if chain is None or any(isinstance(node, ast.ClassDef) for node in chain):
         return False
     for node in reversed(chain):
@@ -347,22 +347,6 @@ def _read_by_the_training_loop(batch: cst.BaseExpression, sc: StatementContext) 
 # nn.Module's walks over its own tensors and submodules: a loop over one marks the model.
 _MODULE_WALKS = frozenset({"parameters", "named_parameters", "buffers", "named_buffers", "modules",
                            "named_modules", "children", "named_children", "state_dict"})
-
-
-def _ancestors(tree: ast.AST, target: ast.stmt) -> list[ast.AST] | None:
-    """The statements from `tree` down to `target`'s parent, outermost first; None if not found.
-    Only statement blocks are searched (a statement sits in one), without recursion: a file's
-    nesting is the user's."""
-    stack: list[tuple[ast.AST, tuple]] = [(tree, ())]
-    while stack:
-        node, path = stack.pop()
-        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
-            for child in getattr(node, field, None) or ():
-                if child is target:
-                    return [*path[1:], node] if node is not tree else list(path[1:])
-                if isinstance(child, (ast.stmt, ast.excepthandler, ast.match_case)):
-                    stack.append((child, (*path, node)))
-    return None
 
 
 @transform("spmd_sharding", form=CALL)

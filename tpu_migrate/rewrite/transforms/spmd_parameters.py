@@ -175,7 +175,7 @@ def sharded_parameters(loop: cst.For, sc: StatementContext):
             for ref in [ref for ref in inner.info.refs if ref.qualname == MARK_SHARDING]:
                 inner.consume(ref.qualname)
                 inner.removed(ref.dotted)
-    sc.fixed(RULE, where=(sc.info.node.lineno, sc.info.node.col_offset + 1))
+    sc.fixed(RULE, where=sc.where)
     batch_norm = helper(sc, "_global_batch_norm", GLOBAL_BATCH_NORM)
     statement = parse_stmt(f"{fully_shard_helper(sc)}({batch_norm}({model}))\n")
     return [statement.with_changes(leading_lines=loop.leading_lines)]
