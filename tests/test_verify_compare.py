@@ -149,6 +149,16 @@ def test_a_printed_loss_at_half_the_original_s_was_averaged_twice_not_counted_pe
     assert "1/2 of the original's: averaged over the 2 processes twice" in divergence.cause
 
 
+def test_times_and_rates_are_never_compared_even_where_the_original_s_two_runs_agreed():
+    """By their label or unit: two runs of the original that both took 12 s do not make 12 s the
+    expected time (pytorch/xla's mnist once printed GlobalRate=66.01 twice, within 1e-3)."""
+    reference = _original(ORIGINAL_RECORDS, "epoch 1 took 12 s, 3.5 it/s | Rate=948.47 GlobalRate=66.01 loss 0.5\n")
+    migrated = _run(ORIGINAL_RECORDS,
+                    printed="epoch 1 took 3 s, 20.1 it/s | Rate=5000.1 GlobalRate=4000.2 loss 0.5\n")
+    verdict = compare.verdict(reference, migrated, 1e-4, 1e-5)
+    assert verdict.divergence is None and (verdict.printed.compared, verdict.printed.noisy) == (2, 4)
+
+
 def test_printed_numbers_are_found_where_a_reader_sees_them():
     lines = printed.lines("Loss is 0.5.\nv1.2.3 step10 x=-0.25 on xla:0\nno number here\n100%|####| 3/3\r\n"
                           "Epoch 1 train begin 18:14:36\n2026-12-03 18:14:36,512 loss 2\n")

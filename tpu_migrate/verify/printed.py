@@ -8,8 +8,9 @@ shifts nothing. In each aligned pair, the numbers are compared in order:
   `0.1234` is float rounding, not a difference; integers must be equal; the finer of the two
   when they differ, as a shortest repr such as `0.1` is exact); dates and clock times are
   not numbers;
-- a number that differs between the original's own two runs (a time, a throughput, a date) is
-  noise: not compared, and counted as such;
+- a time or a rate (by its label, `Rate=`, `took`, or its unit, `12.3s`, `it/s`), and any number
+  the original's own two runs printed otherwise (the same seeded program: a difference is
+  noise), is not compared, and counted as such;
 - at more than one process, an integer that is the world size times the original's (or its
   inverse, or the world size itself where the original printed 1) counts per process or over
   the processes by design: it agrees at one process only, and is listed so, not a divergence
@@ -35,7 +36,12 @@ CLOCK = re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}:\d{2}(?::\d{2})?(?:[.,]\d+)
 MOST_LINES = 20000  # lines read per run: the alignment is quadratic in the worst case
 ALIKE = 0.75  # how alike two lines' templates must be to compare their numbers word by word
 WORD = re.compile(r"#|[^\W\d]+|[^\w\s#]")
-NOISE = 1e-3  # relative difference between the original's two runs above which a number is noise
+# A time or a rate, by its label before it (`Rate=`, `elapsed:`, `took`) or its unit after it
+# (`12.3s`, `5 ms`, `it/s`): never compared, whatever two runs of the original printed (two
+# epochs that took 12 s each would otherwise make 12 s the expected time).
+TIMING_LABEL = re.compile(r"(?i)(?:rate|time|elapsed|took|duration|throughput|speed|latency|per[ _]sec(?:ond)?)"
+                          r"\w*\s*[=:]?\s*$")
+TIMING_UNIT = re.compile(r"(?i)^\s?(?:s|ms|us|µs|ns|sec|secs|seconds?|mins?|minutes?|h|hours?)\b|^\s?[\w ]*/s\b")
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class Number:
     value: float
     quantum: float  # one unit of its last printed digit; 0 for an integer
     position: int   # among its line's numbers
+    timing: bool = False  # a time or a rate (TIMING_LABEL, TIMING_UNIT): never compared
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,8 @@ def lines(text: str) -> list[Line]:
     for index, raw in enumerate(text.splitlines()[:MOST_LINES], 1):
         raw = raw.rsplit("\r", 1)[-1].rstrip()  # a progress bar's last state
         timeless = CLOCK.sub("<time>", raw)
-        numbers = tuple(_number(m.group(), k) for k, m in enumerate(NUMBER.finditer(timeless)))
+        numbers = tuple(_number(m.group(), k, _timing(timeless, m))
+                        for k, m in enumerate(NUMBER.finditer(timeless)))
         if numbers:
             out.append(Line(index, raw, NUMBER.sub("#", timeless), numbers))
     return out
@@ -89,11 +97,11 @@ def lines(text: str) -> list[Line]:
 def noise(first: list[Line], second: list[Line]) -> set[tuple[int, int]]:
     """(line, position) of each number of the original's first run that its second run printed
     otherwise (beyond float rounding)."""
-    noisy = set()
+    noisy = {(line.index, x.position) for line in first for x in line.numbers if x.timing}
     for a, b in _pairs(first, second):
         for x, y in zip(a.numbers, b.numbers):
-            if not _close(x, y, NOISE, 0.0):
-                noisy.add((a.index, x.position))
+            if x.value != y.value and not (math.isnan(x.value) and math.isnan(y.value)):
+                noisy.add((a.index, x.position))  # the same program, seeded: any difference is noise
     return noisy
 
 
@@ -170,13 +178,18 @@ def _positions(words: list[str]) -> dict[int, int]:
     return {i: n for n, i in enumerate(hashes)}
 
 
-def _number(token: str, position: int) -> Number:
+def _number(token: str, position: int, timing: bool) -> Number:
     value = float(token)
     mantissa, _, exponent = token.lower().partition("e")
     if "." not in mantissa and token.lower() not in ("nan", "inf"):
-        return Number(value, 0.0 if not exponent else 10.0 ** int(exponent), position)
+        return Number(value, 0.0 if not exponent else 10.0 ** int(exponent), position, timing)
     decimals = len(mantissa.partition(".")[2])
-    return Number(value, 10.0 ** (int(exponent or 0) - decimals), position)
+    return Number(value, 10.0 ** (int(exponent or 0) - decimals), position, timing)
+
+
+def _timing(line: str, match: re.Match) -> bool:
+    return bool(TIMING_LABEL.search(line[max(0, match.start() - 24):match.start()])
+                or TIMING_UNIT.match(line[match.end():match.end() + 16]))
 
 
 def _close(x: Number, y: Number, rtol: float, atol: float) -> bool:
