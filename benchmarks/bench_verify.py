@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tpu_migrate.verify.runs import Workspace
+from tpu_migrate.verify.runs import Target, Workspace
 
 PROGRAM = """
 import sys
@@ -69,17 +69,18 @@ def main() -> None:
         script.write_text(PROGRAM)
         workspace = Workspace()
         try:
-            migrated = workspace.migrate(script, Path(tmp))
+            original = Target(script, None, False)
+            migrated = workspace.migrate(original)
             env = {**os.environ, "PJRT_DEVICE": "CPU", "OMP_NUM_THREADS": "1"}
             blocked = {**env, "PYTHONPATH": str(workspace.blocker)}
             times: dict[str, list[float]] = {"bare": [], "recorded": [], "verify": []}
             args = [str(options.steps)]
             for _ in range(options.pairs):
                 times["bare"].append(_timed([sys.executable, str(script), *args], env, tmp)
-                                     + _timed([sys.executable, str(migrated), *args], blocked, tmp))
+                                     + _timed([sys.executable, str(migrated.path), *args], blocked, tmp))
                 start = time.perf_counter()
-                for side, path in (("original", script), ("migrated", migrated)):
-                    run = workspace.run(side, side, path, args, 1, 600)
+                for side, target in (("original", original), ("migrated", migrated)):
+                    run = workspace.run(side, side, target, args, 1, 600)
                     assert run.returncode == 0 and len(run.records) == options.steps, run.output
                 times["recorded"].append(time.perf_counter() - start)
                 times["verify"].append(_timed([sys.executable, "-m", "tpu_migrate", "verify", "--nproc", "1",

@@ -48,11 +48,19 @@ for step in range(3):
 
 def test_the_command_finds_the_migration_the_same_at_one_and_two_processes(tmp_path):
     """The command end to end: a copy of the program's folder migrated, the runs, JSON on stdout
-    and the text on stderr, the HTML page, exit 0, nothing left behind."""
+    and the text on stderr, the HTML page, exit 0, nothing left behind. Its programs run with the
+    --python given (as a project's own environment would be), torchrun's workers too: an
+    interpreter that notes each start, then is python."""
     (tmp_path / "train.py").write_text(TORCH_ONLY)
+    starts = tmp_path.parent / f"{tmp_path.name}-starts"
+    python = tmp_path.parent / f"{tmp_path.name}-python"
+    python.write_text(f"#!/bin/sh\necho started >> {starts}\nexec {sys.executable} \"$@\"\n")
+    python.chmod(0o755)
     proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--format", "json", "--nproc", "1,2",
-                           "--html", "verify.html", "train.py"], capture_output=True, text=True, cwd=tmp_path,
-                          timeout=600)
+                           "--python", str(python), "--html", "verify.html", "train.py"], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=600)
+    # The original twice, the migration at one process, torchrun and its two workers.
+    assert starts.read_text().count("started") == 6, proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
     document = json.loads(proc.stdout)
     assert document["same"] and document["steps"] == 3

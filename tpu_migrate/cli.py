@@ -390,9 +390,13 @@ def _process_counts(ctx, param, value):
               help="Write a self-contained HTML page (each run's steps beside the original's) here.")
 @click.option("-m", "module", metavar="MODULE",
               help="Run a module, like `python -m MODULE` (its tree: --root, default the working directory).")
+@click.option("--python", "python", type=click.Path(dir_okay=False, exists=True), metavar="PYTHON",
+              help="The Python (3.11+) to run the programs with: your project's environment, with torch and "
+                   "torch_xla (default: the one tpu-migrate runs in).")
 @click.argument("script", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def verify(against, root, nprocs, rtol, atol, timeout, output_format, html_file, module, script, args) -> None:
+def verify(against, root, nprocs, rtol, atol, timeout, output_format, html_file, module, python, script,
+           args) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under torch_xla on the CPU (one process, twice:
     its own noise), and its migration with torch_xla unimportable, at each --nproc; compare, per
     optimizer step, the loss, the gradient norm and the parameters, then the numbers it prints.
@@ -410,7 +414,8 @@ def verify(against, root, nprocs, rtol, atol, timeout, output_format, html_file,
     echo = (lambda line: click.echo(line, err=True)) if output_format == "json" else click.echo
     try:
         status, document = run_verify(module or script, list(args), against, root, nprocs, rtol, atol, timeout,
-                                      echo, html_file, module=module is not None)
+                                      echo, html_file, module=module is not None,
+                                      interpreter=(lambda env: os.path.abspath(python)) if python else None)
     except VerifyError as exc:
         raise click.UsageError(str(exc)) from None
     if output_format == "json":

@@ -91,6 +91,11 @@ class Workspace:
         self.path = Path(tempfile.mkdtemp(prefix="tpu-migrate-verify-"))
         self.site = self.path / "site"
         self.site.mkdir()
+        # The recorder needs only the standard library and this package: another interpreter
+        # (the project's own environment, where the tool is not installed) imports it from here.
+        self.tool = self.path / "tool"
+        self.tool.mkdir()
+        (self.tool / "tpu_migrate").symlink_to(Path(__file__).resolve().parent.parent, target_is_directory=True)
         (self.site / "sitecustomize.py").write_text(
             sitecustomize("verify: record every optimizer step", "tpu_migrate.verify.recorder"))
         self.blocker = self.path / "blocker"
@@ -121,7 +126,7 @@ class Workspace:
         records_dir = self.path / f"records-{self.serial}"
         records_dir.mkdir()
         env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
-        path = [str(self.site)]
+        path = [str(self.site), str(self.tool)]
         if target.module:
             # The module's tree first; for the copy, not the working directory's original tree
             # that `python -m` would put first (PYTHONSAFEPATH: its workers inherit it too).
