@@ -101,7 +101,6 @@ class Workspace:
         self.blocker = self.path / "blocker"
         (self.blocker / "torch_xla").mkdir(parents=True)
         (self.blocker / "torch_xla" / "__init__.py").write_text(BLOCKER)
-        self.serial = 0
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -109,8 +108,9 @@ class Workspace:
     def migrate(self, target: Target, root: str | None = None) -> Target:
         """A copy of the target's tree rewritten with --target portable; the target in it."""
         tree = target.tree(root)
-        self.serial += 1  # a folder of its own per migration (a test migrates several programs)
-        copy = self.path / f"migrated-{self.serial}" / tree.name
+        # A folder of its own per migration and per run: mkdtemp's names never collide, even
+        # between threads (the suite runs a workspace's programs two at a time).
+        copy = Path(tempfile.mkdtemp(prefix="migrated-", dir=self.path)) / tree.name
         shutil.copytree(tree, copy, ignore=_ignore_large)
         proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "rewrite", "--target", "portable", "--no-cache",
                                str(copy)], capture_output=True, text=True)
@@ -122,9 +122,7 @@ class Workspace:
         return Target(copy / target.path.resolve().relative_to(tree), None, True)
 
     def run(self, name: str, side: str, target: Target, args: list[str], nproc: int, timeout: float) -> Run:
-        self.serial += 1
-        records_dir = self.path / f"records-{self.serial}"
-        records_dir.mkdir()
+        records_dir = Path(tempfile.mkdtemp(prefix="records-", dir=self.path))
         env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
         path = [str(self.site), str(self.tool)]
         if target.module:
