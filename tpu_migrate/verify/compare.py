@@ -228,11 +228,12 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
         return (f"the learning rate is {scaled}: the program scales it by the number of processes (by "
                 "design where each process reads a batch of its own, the global batch growing with the "
                 "world: then its numbers agree at one process only), or a schedule stepped differently")
-    if quantity == "gradient norm" and world > 1:
-        if math.isclose(ratio, world, rel_tol=0.05):
+    if quantity == "gradient norm":
+        scale = printed.world_scale(original, migrated, world, 0.05)
+        if scale == "times":
             return (f"the gradient norm is {world} times the original's: the gradients were summed over the "
                     f"{world} processes, not averaged (ReduceOp.SUM without dividing by the world size)")
-        if math.isclose(ratio, 1 / world, rel_tol=0.05):
+        if scale == "fraction":
             return (f"the gradient norm is 1/{world} of the original's: the gradients were averaged over the "
                     "processes twice (an explicit average on top of DistributedDataParallel or FSDP)")
     if world == 1:
@@ -254,11 +255,11 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
 def _printed_cause(world: int, unit: str | None, mismatch: printed.PrintedDivergence) -> str:
     computed = {"step": "every step's loss, gradient norm and parameters agree, so ",
                 "backward call": "every backward call's loss agrees, so ", None: ""}[unit]
-    ratio = mismatch.migrated / mismatch.original if mismatch.original else math.inf
-    if world > 1 and math.isclose(ratio, 1 / world, rel_tol=1e-3):
+    scale = printed.world_scale(mismatch.original, mismatch.migrated, world, 1e-3)
+    if scale == "fraction":
         return (f"{computed}the printed value is 1/{world} of the original's: averaged over the {world} processes "
                 "twice (a value already averaged, divided by the world size again)")
-    if world > 1 and math.isclose(ratio, world, rel_tol=1e-3):
+    if scale == "times":
         return (f"{computed}the printed value is {world} times the original's: summed over the {world} processes, "
                 "not averaged (ReduceOp.SUM without dividing by the world size)")
     if world == 1:

@@ -151,7 +151,9 @@ def _alike(first: list[Line], second: list[Line]) -> list[tuple[Line, Line]]:
     pairs, start = [], 0
     for a in first:
         for k in range(start, len(second)):
-            if difflib.SequenceMatcher(None, a.template, second[k].template, autojunk=False).ratio() >= ALIKE:
+            matcher = difflib.SequenceMatcher(None, a.template, second[k].template, autojunk=False)
+            # The cheap upper bounds first: most candidates fail them, and ratio() is quadratic.
+            if matcher.real_quick_ratio() >= ALIKE and matcher.quick_ratio() >= ALIKE and matcher.ratio() >= ALIKE:
                 pairs.append(_aligned(a, second[k]))
                 start = k + 1
                 break
@@ -207,11 +209,24 @@ def _by_world_size(x: Number, y: Number, world: int) -> str | None:
     original, migrated = x.value, y.value
     if world == 1 or original == 0 or x.quantum or y.quantum or not (original.is_integer() and migrated.is_integer()):
         return None
-    ratio = migrated / original
     if original == 1 and migrated == world:
         return f"the world size itself ({world})"
-    if math.isclose(ratio, world, rel_tol=1e-3):
+    scale = world_scale(original, migrated, world, 1e-3)
+    if scale == "times":
         return f"{world} times the original's: a total over the {world} processes (or a per-process figure scaled)"
-    if math.isclose(ratio, 1 / world, rel_tol=1e-3):
+    if scale == "fraction":
         return f"1/{world} of the original's: a count per process, each holding 1/{world} of the work"
+    return None
+
+
+def world_scale(original: float, migrated: float, world: int, rel_tol: float) -> str | None:
+    """"times" where `migrated` is the world size times `original`, "fraction" where it is 1/world
+    of it, else None (also at one process, where neither means anything)."""
+    if world == 1 or not original:
+        return None
+    ratio = migrated / original
+    if math.isclose(ratio, world, rel_tol=rel_tol):
+        return "times"
+    if math.isclose(ratio, 1 / world, rel_tol=rel_tol):
+        return "fraction"
     return None
