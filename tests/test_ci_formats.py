@@ -34,7 +34,7 @@ def test_rewrite_sarif_is_valid_and_complete(cli, tmp_path):
     jsonschema.validate(doc, SCHEMA)
     run = doc["runs"][0]
     rules = {r["id"]: r for r in run["tool"]["driver"]["rules"]}
-    assert rules["TPU099"]["helpUri"].endswith("rules/core.toml")
+    assert rules["TPU099"]["helpUri"].endswith("rules/unconverted.toml")
     assert rules["TPU099"]["shortDescription"]["text"]
     levels = {(r["ruleId"], r["level"]) for r in run["results"]}
     assert ("TPU099", "warning") in levels and ("TPU001", "note") in levels

@@ -218,7 +218,7 @@ def test_wheel_carries_rules_and_examples(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     wheel = next(tmp_path.glob("tpu_migrate-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "tpu_migrate/_rules/core.toml" in names
+    assert "tpu_migrate/_rules/steps.toml" in names
     assert any(n.startswith("tpu_migrate/_fixtures/rewrite/TPU001-xla-device/") for n in names)
 
 

@@ -124,12 +124,12 @@ def test_a_broken_rule_is_caught(tmp_path, monkeypatch):
     """Mutate TPU030 so `xm.optimizer_step(opt)` becomes nothing: the harness must report it."""
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules)
-    core = (rules / "core.toml").read_text()
-    start = core.index('code = "TPU030"')
-    end = core.index("[[rule]]", start)
-    broken = core[start:end].replace('transform = "optimizer_step"\n', "")
+    steps = (rules / "steps.toml").read_text()
+    start = steps.index('code = "TPU030"')
+    end = steps.index("[[rule]]", start)
+    broken = steps[start:end].replace('transform = "optimizer_step"\n', "")
     broken += '[rule.replace]\ntpu = "None"\nportable = "None"\n\n'
-    (rules / "core.toml").write_text(core[:start] + broken + core[end:])
+    (rules / "steps.toml").write_text(steps[:start] + broken + steps[end:])
     monkeypatch.setenv("TPU_MIGRATE_RULES_DIR", str(rules))
     result = harness.differential(harness.PROGRAMS / "p03_device_loader.py")
     assert not result.ok

@@ -270,7 +270,7 @@ def test_a_dropped_gradient_all_reduce_is_caught(runs, tmp_path):
     """TPU030 writing a bare `optimizer.step()` (what it did before it kept xm.optimizer_step's
     all-reduce): at one process nothing changes, so only the 2-process run can tell, where each
     replica steps with the gradients of its own slice and the averaged loss drifts."""
-    rules = broken_rules(tmp_path, "core.toml", "TPU030", 'transform = "optimizer_step"\n', 'params = ["optimizer"]\n',
+    rules = broken_rules(tmp_path, "steps.toml", "TPU030", 'transform = "optimizer_step"\n', 'params = ["optimizer"]\n',
                          '[rule.replace]\ntpu = "{optimizer_atom}.step()"\nportable = "{optimizer_atom}.step()"')
     case = next(c for c in CASES if c.program == "m05_optimizer_step_no_ddp.py")
     copy = harness.migrate_many([harness.MP_PROGRAMS / case.program], tmp_path / "broken", rules_dir=rules)[case.program]

@@ -42,12 +42,44 @@ def test_every_transform_of_the_tables_names_registered_code():
     assert {"PJRT_DEVICE", "XLA_USE_BF16"} <= registry.trigger_strings()
 
 
+def _family_of_module(module: str, families) -> str | None:
+    """transforms/spmd.py and transforms/spmd_parameters.py are family spmd's code."""
+    named = [f for f in families if module == f or module.startswith(f + "_")]
+    return max(named, key=len) if named else None
+
+
+def test_a_family_is_one_name_for_its_table_and_its_code():
+    """rules/<family>.toml's transforms are registered in transforms/<family>.py (or
+    <family>_*.py), and every module there is some table's code: a newcomer finds a rule's code
+    by its file's name."""
+    catalog = load_catalog()
+    tables = {rule.transform: set() for rule in catalog.rules if rule.transform}
+    for rule in catalog.rules:
+        if rule.transform:
+            tables[rule.transform].add(rule.family)
+    modules = {path.stem for path in Path(transforms.__file__).parent.glob("*.py")} - {"__init__", "common"}
+    assert modules == {family.__name__.rsplit(".", 1)[1] for family in transforms.FAMILIES}
+    for module in modules:
+        assert _family_of_module(module, catalog.families), f"transforms/{module}.py has no rules/<family>.toml"
+    for entry in registry.REGISTRY.entries:
+        module = entry.function.__module__.rsplit(".", 1)[1]
+        family = _family_of_module(module, catalog.families)
+        assert tables.get(entry.transform, {family}) == {family}, (
+            f"{entry.function.__name__} (transforms/{module}.py) implements {entry.transform!r} of "
+            f"{sorted(tables[entry.transform])}")
+    # Each family with code of its own says where, and a family without code is the engine's.
+    for family in catalog.families:
+        text = (rules_dir() / f"{family}.toml").read_text(encoding="utf-8")
+        has_code = any(_family_of_module(m, [family]) for m in modules)
+        assert (f"tpu_migrate/rewrite/transforms/{family}.py" in text) == has_code, family
+
+
 def test_a_misspelt_transform_is_refused_at_load(tmp_path):
     rules = copied_rules(tmp_path)
-    core = rules / "core.toml"
-    text = core.read_text(encoding="utf-8")
+    steps = rules / "steps.toml"
+    text = steps.read_text(encoding="utf-8")
     assert 'transform = "optimizer_step"\n' in text
-    core.write_text(text.replace('transform = "optimizer_step"\n', 'transform = "optimiser_step"\n'),
+    steps.write_text(text.replace('transform = "optimizer_step"\n', 'transform = "optimiser_step"\n'),
                     encoding="utf-8")
     with pytest.raises(RuleError, match="TPU030: transform 'optimiser_step' names no registered function"):
         flagged_names(load_catalog(str(rules)))
@@ -55,17 +87,25 @@ def test_a_misspelt_transform_is_refused_at_load(tmp_path):
 
 TABLE_MISTAKES = [
     # (file, old text, new text, the one line it must give)
-    ("core.toml", "[rule.replace]\ntpu = \"{rank}\"", "[rule.replce]\ntpu = \"{rank}\"",
-     "core.toml: rule TPU021: unknown key 'replce'"),
-    ("core.toml", 'tpu = "{rank}"', 'tpu = "{rank"',
-     "core.toml: rule TPU021: 'replace.tpu' is not a valid template"),
-    ("core.toml", 'transform = "optimizer_step"\n', "",
-     "core.toml: rule TPU030: a safe rule needs 'replace', 'rename' or 'transform' to fix with"),
-    ("core.toml", 'plain_value = true\nmatches = [\n    "torch_xla.runtime.global_ordinal"',
+    ("ranks.toml", "[rule.replace]\ntpu = \"{rank}\"", "[rule.replce]\ntpu = \"{rank}\"",
+     "ranks.toml: rule TPU021: unknown key 'replce'"),
+    ("ranks.toml", 'tpu = "{rank}"', 'tpu = "{rank"',
+     "ranks.toml: rule TPU021: 'replace.tpu' is not a valid template"),
+    ("steps.toml", 'transform = "optimizer_step"\n', "",
+     "steps.toml: rule TPU030: a safe rule needs 'replace', 'rename' or 'transform' to fix with"),
+    ("ranks.toml", 'plain_value = true\nmatches = [\n    "torch_xla.runtime.global_ordinal"',
      'plain_value = "yes"\nmatches = [\n    "torch_xla.runtime.global_ordinal"',
-     "core.toml: rule TPU021: 'plain_value' must be bool"),
-    ("core.toml", "\n[[rule]]\ncode", "\n[defaults]\nsafety = \"safe\"\n\n[[rule]]\ncode",
-     "core.toml: unknown table(s) defaults (a rule table is [[rule]])"),
+     "ranks.toml: rule TPU021: 'plain_value' must be bool"),
+    ("ranks.toml", "\n[[rule]]\ncode", "\n[defaults]\nsafety = \"safe\"\n\n[[rule]]\ncode",
+     "ranks.toml: unknown table(s) defaults (a rule table is [[rule]])"),
+    ("ranks.toml", "[family]\ntitle =", "[family]\ntitel =",
+     "ranks.toml: [family]: unknown key 'titel'"),
+    ("ranks.toml", "[family]\n", "[famliy]\n",
+     "ranks.toml: unknown table(s) famliy"),
+    ("launch.toml", "[family]\n", "",
+     "launch.toml: key(s) summary, title outside any table (they go in [family] or a [[rule]])"),
+    ("launch.toml", "[family]\n", "[[rule]]\n",
+     "launch.toml: a file of rules starts with a [family] table"),
 ]
 
 
@@ -88,19 +128,19 @@ def test_an_unknown_placeholder_is_refused_before_any_file(tmp_path):
     """Which placeholders the engine fills is the code's knowledge (registry.check), as the
     transforms are: `rules` and `explain` load the tables without the engine."""
     rules = copied_rules(tmp_path)
-    core = rules / "core.toml"
-    core.write_text(core.read_text(encoding="utf-8").replace('tpu = "{rank}"', 'tpu = "{rank} + {oss}"', 1),
-                    encoding="utf-8")
-    with pytest.raises(RuleError, match=r"^core.toml: rule TPU021: 'replace.tpu' uses unknown placeholder\(s\) \{oss\}$"):
+    ranks = rules / "ranks.toml"
+    ranks.write_text(ranks.read_text(encoding="utf-8").replace('tpu = "{rank}"', 'tpu = "{rank} + {oss}"', 1),
+                     encoding="utf-8")
+    with pytest.raises(RuleError, match=r"^ranks.toml: rule TPU021: 'replace.tpu' uses unknown placeholder\(s\) \{oss\}$"):
         flagged_names(load_catalog(str(rules)))
 
 
 def test_the_rewrite_command_refuses_such_tables(tmp_path):
     """Before any file: a configuration error (exit 2, one line), not a finding per file."""
     rules = copied_rules(tmp_path)
-    core = rules / "core.toml"
-    core.write_text(core.read_text(encoding="utf-8").replace('transform = "spawn"', 'transform = "spwan"'),
-                    encoding="utf-8")
+    launch = rules / "launch.toml"
+    launch.write_text(launch.read_text(encoding="utf-8").replace('transform = "spawn"', 'transform = "spwan"'),
+                      encoding="utf-8")
     program = tmp_path / "train.py"
     program.write_text("import torch_xla.core.xla_model as xm\nxm.mark_step()\n", encoding="utf-8")
     env = {**os.environ, "TPU_MIGRATE_RULES_DIR": str(rules), "PYTHONPATH": str(PACKAGE.parent)}
@@ -115,7 +155,7 @@ def test_a_code_the_python_writes_must_be_a_rule(tmp_path):
     """environment_reads writes TPU141 findings (declared with `emits`): without the rule the
     tables are refused, not the finding written under a code no rule explains."""
     rules = copied_rules(tmp_path)
-    table = rules / "environment_debug.toml"
+    table = rules / "environment.toml"
     blocks = table.read_text(encoding="utf-8").split("\n[[rule]]\n")
     kept = [block for block in blocks if 'code = "TPU141"' not in block]
     assert len(kept) == len(blocks) - 1
@@ -129,7 +169,7 @@ def test_the_registry_refuses_ambiguous_registrations():
     fresh.add(Entry("torch_compile", print, calls=("torch.compile",)))
     with pytest.raises(RegistryError, match="two functions for calls of torch.compile"):
         fresh.add(Entry("other", repr, calls=("torch.compile",)))
-    with pytest.raises(RegistryError, match="unknown syntax kind"):
+    with pytest.raises(RegistryError, match="unknown hook site"):
         fresh.add(Entry("x", repr, on="lambda"))
     with pytest.raises(RegistryError, match="give one of"):
         fresh.add(Entry("x", repr, form="call", on="dict"))

@@ -6,6 +6,9 @@ transform: functions of tpu_migrate/rewrite/transforms/ registered under that na
 (tpu_migrate/rewrite/registry.py). The rewrite refuses a catalog whose `transform`s name no
 registered function (rewrite/engine.py: flagged_names); loading here stays data only, so that
 `tpu-migrate rules` and `explain` need not import libcst.
+
+A file is a family: `[family]` (what users call it, what it converts) then its rules; the code of
+rules/<family>.toml is tpu_migrate/rewrite/transforms/<family>.py (rules/README.md).
 """
 
 from __future__ import annotations
@@ -46,15 +49,27 @@ class Rule:
     # runtime (a torch.optim optimizer, a pure-Python helper): `--fix-level safe` applies it in a
     # file whose unsafe fixes wait. Every other conversion goes with them (engine.py).
     also_on_torch_xla: bool = False
-    source: str = ""
+    source: str = ""  # the table's file name: <family>.toml
+
+    @property
+    def family(self) -> str:
+        return self.source.removesuffix(".toml")
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # the table's file name without .toml, and its code's module name
+    title: str  # what users call it
+    summary: str  # what it converts, with examples (Markdown)
 
 
 class Catalog:
     """All rules, indexed by code and by the qualified names they match."""
 
-    def __init__(self, rules: tuple[Rule, ...], module_aliases: dict[str, str]):
+    def __init__(self, rules: tuple[Rule, ...], module_aliases: dict[str, str], families: tuple[Family, ...] = ()):
         self.rules = rules
         self.module_aliases = module_aliases
+        self.families = {family.name: family for family in families}  # in the order of their first code
         self.by_qualname: dict[str, Rule] = {
             name: rule for rule in rules for name in rule.matches
         }
@@ -110,7 +125,7 @@ def rules_dir() -> Path:
     if override:
         return Path(override)
     checkout = Path(__file__).resolve().parent.parent / "rules"
-    if (checkout / "core.toml").is_file():
+    if (checkout / "aliases.toml").is_file():
         return checkout
     return Path(str(resources.files("tpu_migrate") / "_rules"))
 
@@ -133,22 +148,30 @@ def load_catalog(directory: str | None = None) -> Catalog:
     root = Path(directory) if directory else rules_dir()
     rules: list[Rule] = []
     aliases: dict[str, str] = {}
+    families: dict[str, Family] = {}
     for path in sorted(root.glob("*.toml")):
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise RuleError(f"{path}: {exc}") from None
         unknown = sorted(set(data) - set(_FILE_KEYS))
+        loose = [key for key in unknown if not isinstance(data[key], (dict, list))]
+        if loose:
+            raise RuleError(f"{path.name}: key(s) {', '.join(loose)} outside any table (they go in [family] or a [[rule]])")
         if unknown:
             raise RuleError(f"{path.name}: unknown table(s) {', '.join(unknown)} (a rule table is [[rule]])")
         aliases.update(data.get("modules", {}))
+        if "rule" in data or "family" in data:
+            families[path.stem] = _family_from_table(data.get("family"), path)
         for table in data.get("rule", []):
             rules.append(_rule_from_table(table, path))
     codes = [r.code for r in rules]
     duplicates = {c for c in codes if codes.count(c) > 1}
     if duplicates:
         raise RuleError(f"duplicate rule codes: {', '.join(sorted(duplicates))}")
-    return Catalog(tuple(sorted(rules, key=lambda r: r.code)), aliases)
+    rules.sort(key=lambda r: r.code)
+    order = dict.fromkeys([rule.family for rule in rules] + list(families))
+    return Catalog(tuple(rules), aliases, tuple(families[name] for name in order))
 
 
 # Every key a rule table may have, and its type; anything else is a mistake (`[rule.replce]`)
@@ -156,7 +179,21 @@ def load_catalog(directory: str | None = None) -> Catalog:
 _KEYS = {"code": str, "name": str, "summary": str, "safety": str, "explanation": str, "matches": list,
          "match_prefixes": list, "replace": dict, "rename": dict, "params": list, "transform": str,
          "plain_value": bool, "also_on_torch_xla": bool}
-_FILE_KEYS = ("rule", "modules")
+_FILE_KEYS = ("family", "rule", "modules")
+_FAMILY_KEYS = ("title", "summary")
+
+
+def _family_from_table(table, path: Path) -> Family:
+    where = f"{path.name}: [family]"
+    if not isinstance(table, dict):
+        raise RuleError(f"{path.name}: a file of rules starts with a [family] table ({', '.join(_FAMILY_KEYS)})")
+    for key in table:
+        if key not in _FAMILY_KEYS:
+            raise RuleError(f"{where}: unknown key '{key}' (known: {', '.join(_FAMILY_KEYS)})")
+    for key in _FAMILY_KEYS:
+        if not isinstance(table.get(key), str) or not table[key].strip():
+            raise RuleError(f"{where}: missing string field '{key}'")
+    return Family(path.stem, table["title"], " ".join(table["summary"].split()))
 
 
 def _check_table(table: dict, where: str) -> None:

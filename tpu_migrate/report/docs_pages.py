@@ -38,12 +38,36 @@ def rule_page(rule: Rule) -> str:
     return "\n".join(lines)
 
 
+def code_ranges(catalog: Catalog, family: str) -> str:
+    """The family's codes, runs of three neighbours in the catalog or more as ranges: `TPU020-TPU025,
+    TPU060, TPU070`."""
+    runs: list[list[str]] = []
+    previous = None
+    for rule in catalog.rules:
+        if rule.family == family:
+            if previous == family:
+                runs[-1].append(rule.code)
+            else:
+                runs.append([rule.code])
+        previous = rule.family
+    return ", ".join(", ".join(run) if len(run) < 3 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
+def families_table(catalog: Catalog) -> list[str]:
+    """One row per family, from its table's `[family]`: so no range or example drifts from the rules."""
+    rows = [f"| {code_ranges(catalog, f.name)} | {f.title} (`rules/{f.name}.toml`) | {_cell(f.summary)} |"
+            for f in catalog.families.values()]
+    return ["| codes | family | what it converts |", "|---|---|---|", *rows]
+
+
 def rules_index(catalog: Catalog) -> str:
     rows = [f"| [{r.code}]({r.code}.md) | {r.name} | {r.safety} | {_cell(r.summary)} |" for r in catalog.rules]
     return "\n".join([
         "# Rules", "",
-        f"{len(catalog.rules)} rules, generated from `rules/*.toml` (see [the families](../rule-families.md)).",
-        "", "| code | name | fix | what it does |", "|---|---|---|---|", *rows, ""])
+        f"{len(catalog.rules)} rules in {len(catalog.families)} families, generated from `rules/*.toml` "
+        "(how to read them: [the families](../rule-families.md)).", "", "## Families", "",
+        *families_table(catalog), "", "## Every rule", "",
+        "| code | name | fix | what it does |", "|---|---|---|---|", *rows, ""])
 
 
 def kinds_page() -> str:

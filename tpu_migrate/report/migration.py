@@ -13,7 +13,6 @@ import html
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
-from pathlib import PurePath
 
 from tpu_migrate.findings import FileResult, with_cell
 from tpu_migrate.report import svg_charts
@@ -21,19 +20,13 @@ from tpu_migrate.html_page import inline, page
 from tpu_migrate.rewrite.registry import rule_code
 from tpu_migrate.rules import Catalog
 
-# SPMD sharding and FSDP wrappers (a different parallelism model, see
-# rules/devices_spmd_optimum.toml): their manual items are counted apart.
+# SPMD sharding and FSDP wrappers (a different parallelism model: rules/spmd.toml, rules/fsdp.toml
+# and Optimum's fsdp_v2): their manual items are counted apart.
 SPMD_FSDP = frozenset({rule_code("TPU170"), rule_code("TPU171"), rule_code("TPU172"), rule_code("TPU173"),
                        rule_code("TPU174"), rule_code("TPU175"), rule_code("TPU176"), rule_code("TPU177"),
                        rule_code("TPU178"), rule_code("TPU179"), rule_code("TPU180")})
 OTHER_FAMILY = "other"  # codes no rule has (a TODO comment naming a retired rule)
-# What users call each family (rules/<family>.toml): the page's words, not file names.
-FAMILY_LABELS = {
-    "core": "devices, steps, launch, loaders", "collectives": "collectives",
-    "amp_rng_compile": "AMP, RNG and compile", "devices_spmd_optimum": "devices, SPMD / FSDP, Optimum",
-    "environment_debug": "environment, debugging, profiling", "utilities": "utilities",
-    "aliases": "old module names", OTHER_FAMILY: "retired rules (open TODOs)",
-}
+OTHER_LABEL = "retired rules (open TODOs)"
 # The files the picture ranks by the manual work left in them.
 RANKED_FILES = 12
 
@@ -56,8 +49,8 @@ class Migration:
     @classmethod
     def build(cls, results: list[FileResult], catalog: Catalog, mode: str, unscanned=()) -> Migration:
         report = cls(results, catalog, mode, unscanned=list(unscanned))
-        family_of = {rule.code: PurePath(rule.source).stem for rule in catalog.rules}
-        order = list(dict.fromkeys(family_of.values())) + [OTHER_FAMILY]  # by their first code
+        family_of = {rule.code: rule.family for rule in catalog.rules}
+        order = [*catalog.families, OTHER_FAMILY]  # by their first code
         counts = {name: FamilyCounts() for name in order}
         for result in results:
             for fix in result.fixes:
@@ -66,6 +59,11 @@ class Migration:
                 counts[family_of.get(item.code, OTHER_FAMILY)].manual[item.code] += 1
         report.families = {name: c for name, c in counts.items() if c.fixes or c.manual}
         return report
+
+    def family_label(self, family: str) -> str:
+        """What users call the family (its table's `[family] title`): the page's words, not file names."""
+        known = self.catalog.families.get(family)
+        return known.title if known is not None else OTHER_LABEL
 
     @property
     def blocked(self) -> list[FileResult]:
@@ -93,7 +91,7 @@ class Migration:
             "mode": self.mode,
             **self.totals(),
             "families": [
-                {"family": family, "label": family_label(family),
+                {"family": family, "label": self.family_label(family),
                  "fixes": sum(c.fixes.values()), "manual": sum(c.manual.values()),
                  "manual_spmd_fsdp": sum(n for code, n in c.manual.items() if code in SPMD_FSDP),
                  "rules": [{"code": code, "name": names.get(code, ""), "fixes": c.fixes[code],
@@ -143,7 +141,7 @@ class Migration:
         if not self.families:
             return '<p class="none">Nothing to draw: nothing to convert.</p>'
         families = [
-            (family_label(family), [(sum(c.fixes.values()), "auto"),
+            (self.family_label(family), [(sum(c.fixes.values()), "auto"),
                                     (sum(n for code, n in c.manual.items() if code not in SPMD_FSDP), "manual"),
                                     (sum(n for code, n in c.manual.items() if code in SPMD_FSDP), "design")])
             for family, c in self.families.items()
@@ -172,7 +170,7 @@ class Migration:
         names = self._names()
         rows = []
         for family, c in self.families.items():
-            rows.append(f'<tr class="family"><th>{html.escape(family_label(family))}</th>'
+            rows.append(f'<tr class="family"><th>{html.escape(self.family_label(family))}</th>'
                         f'<th class="count">{sum(c.fixes.values())}</th>'
                         f'<th class="count">{sum(c.manual.values())}</th><th></th></tr>')
             for code in sorted(c.fixes | c.manual):
@@ -252,10 +250,6 @@ tr.rule td:first-child { padding-left: 1.2rem; } tr.error td:first-child { color
 
 
 STYLE += svg_charts.STYLE
-
-
-def family_label(family: str) -> str:
-    return FAMILY_LABELS.get(family, family.replace("_", ", "))
 
 
 # Many items share a message (every device loader's TODO): convert each once.

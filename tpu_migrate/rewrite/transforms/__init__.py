@@ -1,5 +1,6 @@
-"""The rules that need code: one module per rule family, each function registered (see
-tpu_migrate/rewrite/registry.py) under the `transform` a rule of rules/*.toml names.
+"""The rules that need code: one module per rule family, named as its table (rules/steps.toml's
+code is steps.py, or steps_*.py where it is split), each function registered (see
+tpu_migrate/rewrite/registry.py) under the `transform` a rule of that table names.
 
 Importing this package imports every family module, which fills the registry; here are the
 generic steps that apply a rule met by its `matches`: templates, renames, and the registered
@@ -22,6 +23,8 @@ from tpu_migrate.rewrite.transforms import (
     guards,
     launch,
     loaders,
+    optimum,
+    ranks,
     reporting,
     spmd,
     spmd_parameters,
@@ -33,7 +36,7 @@ from tpu_migrate.rewrite.transforms.common import atom, bind, code
 
 # Imported for their registrations.
 FAMILIES = (amp_compile, collectives, device, environment, fsdp, fsdp_checkpoints, guards, launch, loaders,
-            reporting, spmd, spmd_parameters, steps, utilities, zero_redundancy)
+            optimum, ranks, reporting, spmd, spmd_parameters, steps, utilities, zero_redundancy)
 
 # The registry's tables (tests patch a transform through CALL).
 CALL = REGISTRY.call

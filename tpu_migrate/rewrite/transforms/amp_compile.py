@@ -1,4 +1,4 @@
-"""AMP and compilation: autocast, `torch.compile` backends, `torch_xla.compile`, eager mode (TPU122-TPU132)."""
+"""AMP, RNG and compilation (rules/amp_compile.toml): autocast, `torch.compile` backends, `torch_xla.compile`, eager mode (TPU122-TPU132)."""
 
 from __future__ import annotations
 

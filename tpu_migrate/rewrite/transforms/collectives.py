@@ -1,4 +1,4 @@
-"""Collectives: `xm.all_reduce`, `all_gather`, `rendezvous`, `mesh_reduce`, ... (TPU100-TPU110)."""
+"""Collectives (rules/collectives.toml): `xm.all_reduce`, `all_gather`, `rendezvous`, `mesh_reduce`, ... (TPU100-TPU110)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Device rules: `xm.xla_device()`, "xla" device strings, device-type tests, autocast strings,
+"""Device rules (rules/device.toml): `xm.xla_device()`, "xla" device strings, device-type tests, autocast strings,
 and "xla" device / backend names held in data (TPU001-TPU005)."""
 
 from __future__ import annotations
@@ -282,20 +282,20 @@ def names_xla(node: cst.BaseExpression) -> bool:
 
 
 @emits("TPU004")
-def mark(node: cst.BaseExpression, sc: StatementContext, kind: str = "data") -> None:
+def mark(node: cst.BaseExpression, sc: StatementContext, use: str = "data") -> None:
     """TPU004 on the "xla" literals of `node` (itself, or a branch of `a if c else b` / `or`)."""
     if isinstance(node, cst.IfExp):
-        mark(node.body, sc, kind)
-        mark(node.orelse, sc, kind)
+        mark(node.body, sc, use)
+        mark(node.orelse, sc, use)
         return
     if isinstance(node, cst.BooleanOperation):
-        mark(node.left, sc, kind)
-        mark(node.right, sc, kind)
+        mark(node.left, sc, use)
+        mark(node.right, sc, use)
         return
     if not names_xla(node) or not sc.enabled("TPU004"):
         return
     shown = f'"{_string_value(node)}"' if isinstance(node, cst.SimpleString) else '"xla:N"'
-    message = _MESSAGES[(kind, sc.file.target)].format(s=shown)
+    message = _MESSAGES[(use, sc.file.target)].format(s=shown)
     sc.needs_manual("TPU004", message, where=_where(sc, node))
 
 

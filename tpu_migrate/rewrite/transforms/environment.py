@@ -1,4 +1,4 @@
-"""torch_xla's environment variables, matmul precision and memory statistics (TPU140-TPU150)."""
+"""rules/environment.toml: torch_xla's environment variables, matmul precision and memory statistics (TPU140-TPU150)."""
 
 from __future__ import annotations
 

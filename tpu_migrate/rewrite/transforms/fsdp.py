@@ -1,4 +1,4 @@
-"""torch_xla's FSDP (`XlaFullyShardedDataParallel`) as FSDP2 `fully_shard` (TPU173, TPU174), and
+"""torch_xla's FSDP (rules/fsdp.toml: `XlaFullyShardedDataParallel`) as FSDP2 `fully_shard` (TPU173, TPU174), and
 its gradient-checkpointing wrapper `checkpoint_module` (TPU177).
 
 torch_xla's FSDP wrapped a module: it asked the wrap policy about every submodule

@@ -1,4 +1,4 @@
-"""torch_xla FSDP's sharded checkpoints (TPU176): `model.get_shard_metadata()` and the
+"""torch_xla FSDP's sharded checkpoints (rules/fsdp.toml, TPU176): `model.get_shard_metadata()` and the
 consolidation helpers, for a model TPU173 made an FSDP2 model.
 
 torch_xla's recipe (its FSDP test and docs): every rank saves `{"model": model.state_dict(),

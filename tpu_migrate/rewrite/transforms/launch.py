@@ -1,4 +1,4 @@
-"""Process launch and the process group: `xmp.spawn`, `torch_xla.launch`, `init_process_group("xla")` (TPU060, TPU070)."""
+"""Process launch and the process group (rules/launch.toml): `xmp.spawn`, `torch_xla.launch`, `init_process_group("xla")` (TPU060, TPU070)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Device loaders: `MpDeviceLoader` / `ParallelLoader` become the plain loader plus a move (TPU040);
+"""Device loaders (rules/loaders.toml): `MpDeviceLoader` / `ParallelLoader` become the plain loader plus a move (TPU040);
 `xu.SampleGenerator(data, n)` becomes `[data] * n` (TPU041).
 
 Iterated in a `for` of the same function, the loop iterates the plain loader and moves each batch.

@@ -1,4 +1,4 @@
-"""Progress reporting copied from the pytorch/xla examples (TPU155-TPU158): `xm.RateTracker`,
+"""Progress reporting (rules/reporting.toml) copied from the pytorch/xla examples (TPU155-TPU158): `xm.RateTracker`,
 `torch_xla.test.test_utils`, prints of the XLA metrics report, optimum.tpu's `xla_logger`.
 
 The helpers of torch_xla and test_utils are plain Python around a rank and a clock; the file

@@ -1,4 +1,4 @@
-"""torch_xla SPMD in FSDP style as one process per device (TPU170, TPU171, TPU179; the sharded
+"""torch_xla SPMD (rules/spmd.toml) in FSDP style as one process per device (TPU170, TPU171, TPU179; the sharded
 device loader is in loaders.py).
 
 SPMD drove every device from one process, and the program computed as on one device: a global

@@ -1,4 +1,4 @@
-"""SPMD in FSDP style without the wrapper (TPU185): the model's parameters marked one by one.
+"""SPMD (rules/spmd.toml) in FSDP style without the wrapper (TPU185): the model's parameters marked one by one.
 
     for name, param in model.named_parameters():
         xs.mark_sharding(param, mesh, ("fsdp",) + (None,) * (param.dim() - 1))

@@ -1,6 +1,5 @@
-"""torch_xla utilities with a native form: activation checkpointing, SyncBatchNorm, the
-persistent compilation cache, CPU copies, process index and count (TPU125-TPU128, TPU167,
-TPU168)."""
+"""torch_xla utilities with a native form (rules/utilities.toml): activation checkpointing,
+SyncBatchNorm, the persistent compilation cache, CPU copies (TPU125-TPU128)."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.helper_code import CPU_COPIES
-from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, rule_code, transform
-from tpu_migrate.rewrite.todos import TEXT_MARKER
+from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.collectives import world_guard
 from tpu_migrate.rewrite.transforms.common import (
     KEYWORD_EQUAL,
@@ -177,42 +175,3 @@ def cpu_copies(call, qualname, sc: StatementContext, rule):
 
 
 # -- TPU167, TPU168: xr.process_index(), xr.process_count() ----------------------------------
-
-# Where these names appear the program runs SPMD: one process per host, so the process index
-# was the host's index, not a rank.
-_SPMD_NAMES = ("torch_xla.runtime.use_spmd", "torch_xla.runtime.is_spmd", "optimum.tpu.use_fsdp_v2")
-_SPMD_MODULES = ("torch_xla.distributed.spmd.", "optimum.tpu.fsdp_v2.")
-_SPMD_TODO = f"{TEXT_MARKER}: {rule_code('TPU170')} "
-# Under SPMD: what the value was, and its candidates under TorchTPU.
-_SPMD_MEANING = {
-    "process-index": ("the host's index", "the rank or NODE_RANK"),
-    "process-count": ("the number of hosts", "the world size or NNODES"),
-}
-# The rank rule whose answer each query shares in a process-per-device program.
-_SAME_AS = {"process-index": rule_code("TPU021"), "process-count": rule_code("TPU020")}
-
-
-@transform("process_query", form=CALL)
-def process_query(call, qualname, sc: StatementContext, rule):
-    """Multi-process torch_xla ran one process per device, as TorchTPU does: the process
-    index is the rank and the process count the world size (TPU021 / TPU020's answers)."""
-    if _uses_spmd(sc):
-        was, now = _SPMD_MEANING[rule.name]
-        sc.needs_manual(rule.code, f"this file runs SPMD (one process per host), where this was {was}; "
-                        "TorchTPU runs one process per TPU: port the SPMD code first, then use "
-                        f"{now} as your data sharding needs", qualname)
-        return call
-    sc.fixed(rule.code, qualname)
-    template = sc.file.catalog.by_code(_SAME_AS[rule.name]).replace[sc.file.target]
-    return parse_expr(sc.fill(template))
-
-
-def _uses_spmd(sc: StatementContext) -> bool:
-    """SPMD names in the file, or the TODO that `xr.use_spmd()` left where it went (TPU170): the
-    process queries keep their SPMD meaning on a second run too."""
-    uses = sc.file.memo.get("uses_spmd")
-    if uses is None:  # once per file: a scan per query would grow with the square of its size
-        uses = sc.file.memo["uses_spmd"] = any(
-            name in _SPMD_NAMES or name.startswith(_SPMD_MODULES) for name in sc.file.analysis.qualnames
-        ) or any(_SPMD_TODO in line for line in sc.file.source_lines)
-    return uses

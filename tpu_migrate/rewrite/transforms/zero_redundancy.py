@@ -1,4 +1,4 @@
-"""torch_xla's ZeRO-1 optimizer (`ZeroRedundancyOptimizer`, TPU169) on torch's.
+"""torch_xla's ZeRO-1 optimizer (rules/zero_redundancy.toml: `ZeroRedundancyOptimizer`, TPU169) on torch's.
 
 torch_xla's optimizer sharded the optimizer state over the processes and, in `step()`,
 reduce-scattered the gradients averaged over them and clipped their global norm to `max_norm`
