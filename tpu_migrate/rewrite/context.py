@@ -13,6 +13,7 @@ from tpu_migrate.findings import Fix, Manual
 from tpu_migrate.rewrite import named_expressions
 from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE
 from tpu_migrate.rewrite.names import Analysis, ImportBinding, Ref, Scope, StmtInfo, finding_position, statement_ancestors
+from tpu_migrate.rewrite.plans import Plans
 from tpu_migrate.rules import Catalog, Rule
 
 ALL_CODES = "*"
@@ -140,9 +141,9 @@ class FileContext:
     catalog: Catalog
     options: Options
     analysis: Analysis
-    plan: ImportPlan
+    import_plan: ImportPlan  # the names the new code uses for torch, dist, os, ...
     suppressions: dict[int, frozenset[str]]  # line -> codes, or {ALL_CODES}
-    plans: object = None  # plans.Plans
+    plans: Plans | None = None  # the decisions that span statements, made before the walk
     # TPU190: convert availability guards (engine.py turns this off when torch_xla stays needed).
     convert_guards: bool = True
     # id(ast statement) -> (message, whether it is a TODO): assignments of a torch_xla value that
@@ -178,10 +179,12 @@ class FileContext:
     # a scan per statement would make the rewrite quadratic in the file's size.
     memo: dict[str, object] = field(default_factory=dict)
 
-    def mark(self, node: cst.CSTNode, kind: str, condition: str | None = None) -> None:
-        self.generated[id(node)] = (node, kind, condition)
+    def mark(self, node: cst.CSTNode, role: str, condition: str | None = None) -> None:
+        self.generated[id(node)] = (node, role, condition)
 
-    def generated_kind(self, node: cst.CSTNode | None) -> tuple[str | None, str | None]:
+    def generated_role(self, node: cst.CSTNode | None) -> tuple[str | None, str | None]:
+        """("guard", its condition), ("barrier", None), ("pass", None) for a block a rule
+        generated, else (None, None)."""
         entry = self.generated.get(id(node)) if node is not None else None
         return (entry[1], entry[2]) if entry is not None and entry[0] is node else (None, None)
 
@@ -202,7 +205,7 @@ class FileContext:
                 return name
             name = unused_name(base, self.analysis.bound_names)
             self.helpers[base] = name
-            self.helper_code[name] = self.plan.fill(template, name=name, **names)
+            self.helper_code[name] = self.import_plan.fill(template, name=name, **names)
         return name
 
     def _same_helper(self, base: str, template: str, names: dict[str, str]) -> str | None:
@@ -267,7 +270,7 @@ class StatementContext:
             template = named_expressions.expand(template, in_group=True)
         else:
             template = named_expressions.with_helpers(template, self.file.helper)
-        return self.file.plan.fill(template, **extra)
+        return self.file.import_plan.fill(template, **extra)
 
     @property
     def where(self) -> tuple[int, int]:
@@ -423,7 +426,7 @@ class StatementContext:
 
     def snapshot(self) -> tuple[int, Counter, frozenset[str], int, frozenset[str]]:
         """What `rollback` needs to forget the fixes made since."""
-        return (len(self.file.fixes), Counter(self.file.removed_roots), self.file.plan.used(),
+        return (len(self.file.fixes), Counter(self.file.removed_roots), self.file.import_plan.used(),
                 len(self.before), frozenset(self.file.helpers))
 
     def rollback(self, snapshot: tuple[int, Counter, frozenset[str], int, frozenset[str]]) -> None:
@@ -434,7 +437,7 @@ class StatementContext:
         count, removed, used, before, helpers = snapshot
         del self.file.fixes[count:]
         self.file.removed_roots = removed
-        self.file.plan.restore(used)
+        self.file.import_plan.restore(used)
         del self.before[before:]
         for base in set(self.file.helpers) - helpers:
             del self.file.helper_code[self.file.helpers.pop(base)]

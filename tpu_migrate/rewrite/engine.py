@@ -360,7 +360,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
         catalog=catalog,
         options=options,
         analysis=analysis,
-        plan=ImportPlan(analysis),
+        import_plan=ImportPlan(analysis),
         suppressions=parse_suppressions(text),
         # Python's lines, as ast numbers them: str.splitlines() also breaks at \f, \v, \x1c-\x1e,
         # \x85, \u2028 and \u2029, which may sit in comments and strings (a ^L page break), and
@@ -438,7 +438,7 @@ def _rewrite_module(module: cst.Module, tree: ast.Module, file: FileContext) -> 
     unused = imports.unused_xla_names(file)
     new_module = imports.remove_unused(new_module, file, unused, imports.orphaned_imports(file))
     new_module = imports.add_needed(
-        new_module, file.plan.imports_to_add(), file.removed_imports, file.helper_code.values()
+        new_module, file.import_plan.imports_to_add(), file.removed_imports, file.helper_code.values()
     )
     file.kept_xla_imports = [b for b in file.analysis.imports if is_xla_name(b.qualname) and b.key not in unused]
     return new_module

@@ -132,11 +132,11 @@ class ExprRewriter:
         if type(node) in _FOLDABLE:
             # A conversion inside may make the test constant: it is then written as its value,
             # and the modules the thrown-away code used are not imported for it.
-            used = self.sc.file.plan.used()
+            used = self.sc.file.import_plan.used()
             updated = self._rewrite(node)
             value = folded(node, updated)
             if value is not updated:
-                self.sc.file.plan.restore(used)
+                self.sc.file.import_plan.restore(used)
             return value
         return self._rewrite(node)
 

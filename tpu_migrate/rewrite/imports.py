@@ -68,7 +68,7 @@ def orphaned_imports(file: FileContext) -> set[tuple[tuple[str, ...], str, str]]
     if "__all__" in analysis.bound_names:
         return set()
     top_level = {id(stmt) for stmt in analysis.tree.body}
-    in_use = {file.plan.names[placeholder].split(".")[0] for placeholder in file.plan.used()}
+    in_use = {file.import_plan.names[placeholder].split(".")[0] for placeholder in file.import_plan.used()}
     removed = file.removed_roots
     return {b.key for b in analysis.imports
             if removed[b.key] > 0 and analysis.import_uses[b.key] - removed[b.key] <= 0
@@ -348,7 +348,7 @@ def _is_notebook_magic(stmt: cst.BaseStatement) -> bool:
 
 def _availability_check(file: FileContext) -> cst.BaseStatement:
     """What replaces a guarded torch_xla import whose `try:` sets flags (TPU190)."""
-    plan = file.plan
+    plan = file.import_plan
     if file.options.target == "tpu":
         test = plan.fill(
             '{torch}.accelerator.is_available() and {torch}.accelerator.current_accelerator().type == "tpu"'

@@ -14,7 +14,7 @@ Triggers (each fixes the function's signature):
   `assign=`), REFERENCE `(node, qualname, sc, rule) -> expression` for a name not called;
 - `calls=(qualified names, ...)`: calls of names outside the rules' `matches` (torch's own),
   `(call, sc) -> expression`; these names flag their statements for the walk;
-- `on=<syntax kind>` (see KINDS): a hook the walker runs on every node of that kind in the
+- `on=<site>` (see SITES): a hook the walker runs on every node of that sort in the
   statements it visits, in `order` (then registration order).
 
 What every function knows besides its node, from its StatementContext `sc`: the statement's
@@ -47,8 +47,8 @@ CALL = "call"
 STATEMENT = "statement"
 REFERENCE = "reference"
 
-# Syntax kinds a hook can run on, and what each hook is called with and returns.
-KINDS = {
+# The sites a hook can run on (sorts of syntax), and what each hook is called with and returns.
+SITES = {
     # A call whose qualified name may be None, before any rule: `(call, qualname, sc)` ->
     # replacement, or None to go on.
     "call": "claims a call before the rules",
@@ -105,7 +105,7 @@ class Registry:
         self.reference: dict[str, Callable] = {}
         self.qualname_calls: dict[str, Callable] = {}
         self._hooks: dict[str, list[Entry]] = defaultdict(list)
-        self.hooks: dict[str, tuple[Callable, ...]] = {kind: () for kind in KINDS}
+        self.hooks: dict[str, tuple[Callable, ...]] = {site: () for site in SITES}
         # Codes written by helpers (`@emits`), by function.
         self.helper_codes: dict[Callable, tuple[str, ...]] = {}
         self.module_codes: set[str] = set()  # `rule_code(...)` constants
@@ -114,8 +114,8 @@ class Registry:
         triggers = (entry.form is not None) + bool(entry.calls) + (entry.on is not None)
         if triggers != 1:
             raise RegistryError(f"{entry.function.__name__}: give one of form, calls or on")
-        if entry.on is not None and entry.on not in KINDS:
-            raise RegistryError(f"{entry.function.__name__}: unknown syntax kind {entry.on!r}")
+        if entry.on is not None and entry.on not in SITES:
+            raise RegistryError(f"{entry.function.__name__}: unknown hook site {entry.on!r}")
         table = {CALL: self.call, STATEMENT: self.statement, REFERENCE: self.reference}.get(entry.form)
         if entry.form is not None and table is None:
             raise RegistryError(f"{entry.function.__name__}: unknown form {entry.form!r}")
@@ -215,6 +215,6 @@ def check(catalog) -> list[str]:
 
 
 __all__ = [
-    "CALL", "STATEMENT", "REFERENCE", "KINDS", "REGISTRY", "Registry", "RegistryError",
+    "CALL", "STATEMENT", "REFERENCE", "SITES", "REGISTRY", "Registry", "RegistryError",
     "transform", "emits", "rule_code", "trigger_names", "trigger_strings", "check",
 ]

@@ -57,7 +57,7 @@ class ModuleRewriter:
         self.file = file
         self.plans = plans
         self.analysis = file.analysis
-        names = file.plan.names  # formatted, not filled: comparing uses no module
+        names = file.import_plan.names  # formatted, not filled: comparing uses no module
         self.rank_tests = frozenset({LOCAL_MASTER.format(**names), *(
             named_expressions.expand(GLOBAL_MASTER, in_group).format(**names) for in_group in (False, True))})
         # The rank test of the `if` whose body is being rewritten (only some ranks run here),
@@ -124,31 +124,31 @@ class ModuleRewriter:
         body stays); a barrier inside a rank-gated `if` goes after it, where every rank
         reaches it (inside, the other ranks would never join it: torch_xla's xm.save there
         hung the same way)."""
-        kinds = [self.file.generated_kind(getattr(stmt, "body", None)) for stmt in out]
-        if not any(kind for kind, _ in kinds):
+        roles = [self.file.generated_role(getattr(stmt, "body", None)) for stmt in out]
+        if not any(role for role, _ in roles):
             return out
         result: list[cst.BaseStatement] = []
         previous: str | None = None  # the condition of the guard just before, if any
-        for stmt, (kind, condition) in zip(out, kinds):
+        for stmt, (role, condition) in zip(out, roles):
             plain = isinstance(stmt, cst.If) and stmt.orelse is None
-            if kind == "guard" and plain and condition == self.rank_gate:
+            if role == "guard" and plain and condition == self.rank_gate:
                 inner = list(stmt.body.body)
                 inner[0] = prepend_lines(inner[0], list(stmt.leading_lines))
                 result.extend(inner)
                 previous = None
                 continue
-            if kind == "barrier" and plain and self.rank_gate is not None and self.after is not None:
-                if not any(self.file.generated_kind(b.body)[0] == "barrier" for b in self.after):
+            if role == "barrier" and plain and self.rank_gate is not None and self.after is not None:
+                if not any(self.file.generated_role(b.body)[0] == "barrier" for b in self.after):
                     self.after.append(stmt)  # its leading lines are empty: it never comes first
                 continue
-            if kind == "guard" and plain and condition == previous and not stmt.leading_lines:
+            if role == "guard" and plain and condition == previous and not stmt.leading_lines:
                 last = result[-1]
                 body = last.body.with_changes(body=[*last.body.body, *stmt.body.body])
                 self.file.mark(body, "guard", condition)
                 result[-1] = last.with_changes(body=body)
                 continue
             result.append(stmt)
-            previous = condition if kind == "guard" and plain else None
+            previous = condition if role == "guard" and plain else None
         return result
 
     def untouched(self, stmt: cst.BaseCompoundStatement, node: ast.stmt) -> bool:
@@ -362,7 +362,7 @@ class ModuleRewriter:
         return (
             isinstance(stmt, cst.If)
             and stmt.orelse is None
-            and self.file.generated_kind(stmt.body)[0] == "pass"
+            and self.file.generated_role(stmt.body)[0] == "pass"
             and (sc is None or not (sc.todos or sc.leftover_refs()))
             and _inert(stmt.test)
         )

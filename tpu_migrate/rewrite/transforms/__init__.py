@@ -84,7 +84,7 @@ def apply_reference_rule(rule, qualname: str, node: cst.BaseExpression, sc: Stat
     """A rule met as a bare reference (not called): rename it, or report it if manual."""
     if rule.rename:
         sc.fixed(rule.code, qualname)
-        return parse_expr(sc.file.plan.fill(rule.rename[sc.file.target], name=qualname.rsplit(".", 1)[1]))
+        return parse_expr(sc.file.import_plan.fill(rule.rename[sc.file.target], name=qualname.rsplit(".", 1)[1]))
     transform = REFERENCE.get(rule.transform or "")
     if transform is not None:
         return transform(node, qualname, sc, rule)

@@ -23,7 +23,7 @@ def xla_autocast(call, qualname, sc: StatementContext, rule):
     if bound is None:
         sc.needs_manual(rule.code, "cannot read the arguments of torch_xla.amp.autocast", qualname)
         return call
-    plan = sc.file.plan
+    plan = sc.file.import_plan
     torch = plan.use("torch")
     device_type = '"tpu"' if sc.file.target == "tpu" else "(" + plan.fill(PORTABLE_DEVICE) + ").type"
     kwargs = [f"dtype={code(bound['dtype'].value) if 'dtype' in bound else torch + '.bfloat16'}"]
@@ -58,7 +58,7 @@ def manual_seed(call, qualname, sc: StatementContext, rule):
             "reseeding does not resume a generator's stream; port both sides together",
             where=where,
         )
-    return parse_expr(sc.file.plan.fill(SEED_DEVICE[sc.file.target], seed=code(bound["seed"].value)))
+    return parse_expr(sc.file.import_plan.fill(SEED_DEVICE[sc.file.target], seed=code(bound["seed"].value)))
 
 
 # The backends whose compiles run on TorchTPU's "tpu" backend once converted (None: no backend
@@ -136,7 +136,7 @@ def xla_compile(call, qualname, sc: StatementContext, rule):
         sc.needs_manual(rule.code, "torch_xla.compile() without a function (a context manager): "
                         "wrap the step function in torch.compile instead", qualname)
         return call
-    torch = sc.file.plan.use("torch")
+    torch = sc.file.import_plan.use("torch")
     parts = [code(bound["f"].value)]
     if sc.file.target == "tpu":
         parts.append('backend="tpu"')
@@ -151,7 +151,7 @@ def xla_compile(call, qualname, sc: StatementContext, rule):
 def xla_compile_reference(node, qualname, sc: StatementContext, rule):
     """`@torch_xla.compile` used bare (a decorator)."""
     sc.fixed(rule.code, qualname)
-    return parse_expr(sc.file.plan.fill("{torch}.compile"))
+    return parse_expr(sc.file.import_plan.fill("{torch}.compile"))
 
 
 @transform("eager_mode", form=STATEMENT)

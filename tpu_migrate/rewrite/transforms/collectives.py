@@ -51,7 +51,7 @@ def world_guard(sc: StatementContext, code_: str, where: tuple[int, int] | None,
     `short`: a collective that is harmless in a group of one (a barrier, a broadcast) may test
     `dist.is_initialized()` alone."""
     plans = sc.file.plans
-    dist = sc.file.plan.use("dist")
+    dist = sc.file.import_plan.use("dist")
     _mark_group(sc, code_, where)
     if plans is not None and plans.launcher_group:
         # The converted launch put every worker in the default group; elsewhere in this file
@@ -100,7 +100,7 @@ def _reduce_op(node: cst.BaseExpression, sc: StatementContext) -> str | None:
         elif cst_dotted(node) and "ReduceOp." in cst_dotted(node):
             return code(node)  # already converted by TPU110
     op = REDUCE_OPS.get(key) if isinstance(key, str) else None
-    return sc.file.plan.fill("{dist}.ReduceOp.") + op if op else None
+    return sc.file.import_plan.fill("{dist}.ReduceOp.") + op if op else None
 
 
 @transform("all_reduce", form=STATEMENT, assign=True)
@@ -113,7 +113,7 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
     if op is None:
         sc.needs_manual(rule.code, "the reduce type is not an xm.REDUCE_* constant or a string", qualname)
         return None
-    plan = sc.file.plan
+    plan = sc.file.import_plan
     dist = plan.use("dist")
     inputs = bound["inputs"].value
     scale = _operand(bound["scale"].value) if "scale" in bound else None
@@ -189,7 +189,7 @@ def _reduce_into(target: str, tensor: str, op: str, scale: str | None, sc: State
                  code_: str, where: tuple[int, int]) -> list[str]:
     """`target` = the reduction of `tensor` as torch_xla returned it: a new tensor, unscaled and
     unreduced in a world of one."""
-    dist = sc.file.plan.use("dist")
+    dist = sc.file.import_plan.use("dist")
     lines = [f"{target} = {tensor}.clone()", f"if {world_guard(sc, code_, where)}:",
              f"    {dist}.all_reduce({target}, op={op})"]
     if scale and scale not in ("1", "1.0"):
@@ -245,7 +245,7 @@ def collective_broadcast_statement(call, qualname, sc: StatementContext, rule, p
     if bound is None or "tensors" not in bound or given(bound, "groups"):
         sc.needs_manual(rule.code, "cannot convert these arguments of xm.collective_broadcast", qualname)
         return None
-    dist = sc.file.plan.use("dist")
+    dist = sc.file.import_plan.use("dist")
     root = code(bound["root_ordinal"].value) if "root_ordinal" in bound else "0"
     tensors = bound["tensors"].value
     where = sc.fixed(rule.code, qualname)
@@ -264,7 +264,7 @@ def broadcast_master_param_statement(call, qualname, sc: StatementContext, rule,
     if bound is None or "model" not in bound:
         sc.needs_manual(rule.code, "cannot read the model argument", qualname)
         return None
-    dist = sc.file.plan.use("dist")
+    dist = sc.file.import_plan.use("dist")
     var = fresh_name(sc, "param")
     where = sc.fixed(rule.code, qualname)
     # torch_xla broadcast the parameters and the buffers (BatchNorm's running statistics).
@@ -291,7 +291,7 @@ def rendezvous_statement(call, qualname, sc: StatementContext, rule, plans):
             rule.code, "this rendezvous exchanges a payload: use dist.all_gather_object", qualname
         )
         return None
-    dist = sc.file.plan.use("dist")
+    dist = sc.file.import_plan.use("dist")
     where = sc.fixed(rule.code, qualname)
     return parse_block([f"if {world_guard(sc, rule.code, where, short=True)}:", f"    {dist}.barrier()"])
 
@@ -328,7 +328,7 @@ def _mesh_reduce_into(target: str, bound: dict, sc: StatementContext, code_: str
                       where: tuple[int, int] | None) -> list[str]:
     """`target` = reduce_fn applied to `data` from every process (a world of one: `[data]`).
     The data may be any picklable object (a number, a numpy value): all_gather_object."""
-    dist = sc.file.plan.use("dist")
+    dist = sc.file.import_plan.use("dist")
     # torch_xla sent (and reduce_fn received) CPU copies of the data's device tensors.
     data = f"{helper(sc, '_cpu_copies', CPU_COPIES)}({code(bound['data'].value)})"
     # `acc = xm.mesh_reduce("t", acc, fn)`: gathering into `acc` would overwrite the value sent.
@@ -358,7 +358,7 @@ def average_gradients(optimizer: str, sc: StatementContext, code_: str,
                       where: tuple[int, int] | None = None) -> list[str]:
     """What `xm.reduce_gradients(optimizer)` did: all-reduce every gradient of the optimizer's
     parameters and divide by the world size (nothing to do in one process)."""
-    dist = sc.file.plan.use("dist")
+    dist = sc.file.import_plan.use("dist")
     var = fresh_name(sc, "param")
     return [
         f"if {world_guard(sc, code_, where)}:",
@@ -374,4 +374,4 @@ def reduce_op_constant(node, qualname, sc: StatementContext, rule):
     """`xm.REDUCE_SUM` used on its own (a name rule)."""
     op = REDUCE_OPS[qualname.rsplit(".", 1)[1]]
     sc.fixed(rule.code, qualname)
-    return parse_expr(sc.file.plan.fill("{dist}.ReduceOp.") + op)
+    return parse_expr(sc.file.import_plan.fill("{dist}.ReduceOp.") + op)

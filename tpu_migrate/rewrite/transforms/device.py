@@ -108,7 +108,7 @@ def device_value(node: cst.BaseExpression, sc: StatementContext, string: bool = 
     if sc.file.target == "tpu":
         q = quote_of(node) if isinstance(node, (cst.SimpleString, cst.FormattedString)) else '"'
         return cst.SimpleString(f"{q}tpu{q}")
-    return parse_expr(sc.file.plan.fill(PORTABLE_DEVICE_TYPE if string else PORTABLE_DEVICE))
+    return parse_expr(sc.file.import_plan.fill(PORTABLE_DEVICE_TYPE if string else PORTABLE_DEVICE))
 
 
 def backend_value(node: cst.BaseExpression, sc: StatementContext) -> cst.BaseExpression:
@@ -130,8 +130,8 @@ DEFAULT_BACKEND = '''def {name}():
 def device_call(call, qualname, sc: StatementContext, rule):
     sc.fixed(rule.code, qualname)
     if sc.file.target == "tpu":
-        return parse_expr(sc.file.plan.fill('{torch}.device("tpu")'))
-    return parse_expr(sc.file.plan.fill(PORTABLE_DEVICE))
+        return parse_expr(sc.file.import_plan.fill('{torch}.device("tpu")'))
+    return parse_expr(sc.file.import_plan.fill(PORTABLE_DEVICE))
 
 
 @transform("device_strings", calls=("torch.device",))
@@ -151,7 +151,7 @@ def torch_device_ctor(call: cst.Call, sc: StatementContext):
     if sc.file.target == "tpu":
         value = device_value(bound["type"].value, sc)
         return call.with_changes(args=[cst.Arg(value)])
-    return parse_expr(sc.file.plan.fill(PORTABLE_DEVICE))
+    return parse_expr(sc.file.import_plan.fill(PORTABLE_DEVICE))
 
 
 # -- names that say what a value is --------------------------------------------------------
@@ -534,7 +534,7 @@ def autocast(call: cst.Call, sc: StatementContext):
         value = device_value(arg.value, sc, string=True)
     args = [a.with_changes(value=value) if a is arg else a for a in call.args]
     if sc.file.target != "tpu" and "dtype" not in bound:
-        bf16 = parse_expr(sc.file.plan.fill("{torch}.bfloat16"))
+        bf16 = parse_expr(sc.file.import_plan.fill("{torch}.bfloat16"))
         args = [*clean_args(args)[:-1], args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
                 cst.Arg(keyword=cst.Name("dtype"), value=bf16,
                         equal=KEYWORD_EQUAL, comma=args[-1].comma)]

@@ -29,7 +29,7 @@ def matmul_precision(call, qualname, sc: StatementContext, rule):
         return call
     sc.fixed(rule.code, qualname)
     precision = PRECISIONS[value.value.evaluated_value]
-    return parse_expr(sc.file.plan.fill("{torch}.set_float32_matmul_precision") + f'("{precision}")')
+    return parse_expr(sc.file.import_plan.fill("{torch}.set_float32_matmul_precision") + f'("{precision}")')
 
 
 @transform("memory_info", form=CALL)
@@ -37,7 +37,7 @@ def memory_info(call, qualname, sc: StatementContext, rule):
     if sc.file.target != "tpu":
         sc.needs_manual(rule.code, "device memory statistics have no CPU equivalent", qualname)
         return call
-    acc = sc.file.plan.use("torch") + ".accelerator"
+    acc = sc.file.import_plan.use("torch") + ".accelerator"
     sc.fixed(rule.code, qualname)
     return parse_expr(
         "{"

@@ -11,10 +11,10 @@ from tpu_migrate.rewrite.transforms.common import is_xla
 
 def tpu_available(sc: StatementContext) -> str:
     if sc.file.target == "tpu":
-        return sc.file.plan.fill(
+        return sc.file.import_plan.fill(
             '{torch}.accelerator.is_available() and {torch}.accelerator.current_accelerator().type == "tpu"'
         )
-    return sc.file.plan.fill("{torch}.accelerator.is_available()")
+    return sc.file.import_plan.fill("{torch}.accelerator.is_available()")
 
 
 @emits("TPU190")

@@ -54,7 +54,7 @@ def init_process_group(call: cst.Call, sc: StatementContext):
         return call
     sc.consume_string()
     where = sc.fixed("TPU070", "torch.distributed.init_process_group")
-    plan = sc.file.plan
+    plan = sc.file.import_plan
     method = bound.get("init_method")
     drop_method = (
         method is not None
@@ -125,7 +125,7 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
         else ["fn", "args", "nprocs", "join", "daemon", "start_method"]
     )
     bound = bind(call, params) or {}
-    plan = sc.file.plan
+    plan = sc.file.import_plan
     where = sc.fixed(rule.code, qualname)
     if plans.other_inits:
         sc.needs_manual(
@@ -215,7 +215,7 @@ def _world(count: str, sc: StatementContext) -> list[str]:
     """The parent's launch environment for `count` processes on this host: TorchTPU's first
     (on a pod it names the master, the node count and this node's rank, and never overwrites
     a variable), then the local defaults for what it left unset, then the world of every host."""
-    os_name = sc.file.plan.use("os")
+    os_name = sc.file.import_plan.use("os")
     nodes = f'{os_name}.environ.get("NNODES", "1")'
     size = nodes if count == "1" else f'str(int({os_name}.environ.get("NNODES", 1)) * {count})'
     return [*_launch_env(count, sc), *_rendezvous_defaults(os_name), f'{os_name}.environ["WORLD_SIZE"] = {size}']
@@ -286,7 +286,7 @@ def _unsupported_nprocs(bound: dict, sc: StatementContext, rule, where) -> None:
 
 
 def _process_count(bound: dict, sc: StatementContext) -> str:
-    every_device = sc.file.plan.fill(
+    every_device = sc.file.import_plan.fill(
         "{torch}.accelerator.device_count()"
         if sc.file.target == "tpu"
         else "max({torch}.accelerator.device_count(), 1)"
@@ -302,7 +302,7 @@ def _process_count(bound: dict, sc: StatementContext) -> str:
 def _launch_env(count: str, sc: StatementContext) -> list[str]:
     """TorchTPU's launch variables, computed once in the parent (a no-op off TPU hosts for
     the portable target, which tests for a TPU first)."""
-    plan = sc.file.plan
+    plan = sc.file.import_plan
     call = plan.fill("{torch}.tpu.distributed.set_tpu_launch_env") + f"(nproc_per_node={count})"
     if sc.file.target == "tpu":
         return [call]

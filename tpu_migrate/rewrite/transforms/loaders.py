@@ -113,7 +113,7 @@ def _movable_device(device: cst.BaseExpression, sc: StatementContext) -> bool:
         rule = sc.file.catalog.lookup(qualname)
         if rule is not None and rule.transform == "device_call":  # xm.xla_device() (TPU001)
             return True
-        torch = sc.file.plan.names["torch"]
+        torch = sc.file.import_plan.names["torch"]
         return qualname == "torch.device" or cst_dotted(device.func) == f"{torch}.device"
     return False
 

@@ -34,7 +34,7 @@ def optimum_from_pretrained(call, qualname, sc: StatementContext):
 @emits("TPU183")
 def optimum_auto_model(call, qualname, sc: StatementContext, rule):
     """`AutoModelForCausalLM.from_pretrained(...)` from optimum.tpu."""
-    plan = sc.file.plan
+    plan = sc.file.import_plan
     args = [a for a in call.args if not (a.keyword and a.keyword.value in ("task", "batch_size", "sequence_length"))]
     device = '"tpu"' if sc.file.target == "tpu" else plan.fill(PORTABLE_DEVICE)
     where = sc.fixed(rule.code, qualname)

@@ -178,7 +178,7 @@ def _now(call, qualname, sc: StatementContext, rule):
         return call
     sc.fixed(rule.code, qualname)
     text = fmt.value.value if fmt is not None else '"%H:%M:%S"'
-    return parse_expr(sc.file.plan.fill("{time}.strftime") + f"({text})")
+    return parse_expr(sc.file.import_plan.fill("{time}.strftime") + f"({text})")
 
 
 # -- prints of the XLA metrics report (TPU157) ------------------------------------------------
@@ -256,7 +256,7 @@ def _logger_parts(call, qualname, sc: StatementContext, rule):
         sc.needs_manual(rule.code, "cannot read the call: log with loguru on rank 0 by hand", qualname)
         return None
     sc.fixed(rule.code, qualname)
-    plan = sc.file.plan
+    plan = sc.file.import_plan
     logged = parse_expr(plan.fill("{loguru}.logger.") + level)
     message = bound["message"].with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT, comma=cst.MaybeSentinel.DEFAULT)
     return sc.fill(GLOBAL_MASTER), cst.Call(func=logged, args=[message])

@@ -153,7 +153,7 @@ def xla_save_statement(call, qualname, sc: StatementContext, rule, plans):
         sc.needs_manual(rule.code, "cannot read the arguments of xm.save", qualname)
         return None
     where = sc.fixed(rule.code, qualname)
-    plan = sc.file.plan
+    plan = sc.file.import_plan
     tree = f"{helper(sc, '_cpu_copies', CPU_COPIES)}({code(bound['data'].value)})"
     save = plan.fill("{torch}.save") + f"({tree}, {code(bound['file_or_path'].value)})"
     # xm.save ended with a rendezvous: no rank reads the file before it is written.

@@ -27,7 +27,7 @@ def xla_checkpoint(call, qualname, sc: StatementContext, rule):
     """torch_xla's checkpoint defaulted to use_reentrant=True; torch's warns when it is not
     passed (and its default may change): pass torch_xla's default explicitly."""
     keywords = {arg.keyword.value for arg in call.args if arg.keyword is not None}
-    func = parse_expr(sc.file.plan.fill(CHECKPOINT))
+    func = parse_expr(sc.file.import_plan.fill(CHECKPOINT))
     if "use_reentrant" in keywords:
         sc.fixed(rule.code, qualname)
         return call.with_changes(func=func)
@@ -52,7 +52,7 @@ def xla_checkpoint_reference(node, qualname, sc: StatementContext, rule):
 
 
 def _reentrant_partial(sc: StatementContext) -> cst.BaseExpression:
-    return parse_expr(sc.file.plan.fill(f"{{functools}}.partial({CHECKPOINT}, use_reentrant=True)"))
+    return parse_expr(sc.file.import_plan.fill(f"{{functools}}.partial({CHECKPOINT}, use_reentrant=True)"))
 
 
 # -- TPU126: torch_xla.core.functions.SyncBatchNorm ------------------------------------------
@@ -149,7 +149,7 @@ def initialize_cache_statement(call, qualname, sc: StatementContext, rule, plans
                         "for the processes that may write it, and give the others a copy", qualname)
         return None
     sc.fixed(rule.code, qualname)
-    setting = sc.file.plan.fill("{os}.environ") + f'["{CACHE_ROOT}"] = {code(bound["path"].value)}\n'
+    setting = sc.file.import_plan.fill("{os}.environ") + f'["{CACHE_ROOT}"] = {code(bound["path"].value)}\n'
     return [parse_stmt(setting)]
 
 
