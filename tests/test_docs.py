@@ -47,6 +47,25 @@ def test_every_rule_and_finding_kind_has_a_generated_page_with_its_example():
         assert f"\n## {kind.name}\n" in pages["diagnose-kinds.md"]
 
 
+
+def test_the_family_table_gives_each_rule_to_its_table_once():
+    """The index's family table is made from the `[family]` tables: expanding its code ranges over
+    the catalog gives each family exactly the rules of its file."""
+    catalog = load_catalog()
+    index = generated_pages(catalog)["rules/index.md"]
+    order = [rule.code for rule in catalog.rules]
+    claimed = {}
+    for family in catalog.families.values():
+        row = next(line for line in index.splitlines() if f"(`rules/{family.name}.toml`)" in line)
+        codes = []
+        for part in row.split(" | ")[0].strip("| ").split(", "):
+            first, _, last = part.partition("-")
+            codes += order[order.index(first):order.index(last or first) + 1]
+        claimed[family.name] = codes
+        assert family.summary in row
+    assert claimed == {name: [r.code for r in catalog.rules if r.family == name] for name in catalog.families}
+    assert sorted(c for codes in claimed.values() for c in codes) == order
+
 def _build(root, site):
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
                           cwd=root, capture_output=True, text=True, timeout=300,
