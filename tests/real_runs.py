@@ -88,7 +88,7 @@ SCRIPTS = (
     Script("pytorch_xla/examples/train_resnet_base.py"),
     Script("pytorch_xla/examples/data_parallel/train_resnet_xla_ddp.py"),
     Script("pytorch_xla/examples/train_decoder_only_base.py",
-           ("--hidden-size", "64", "--intermediate-size", "128")),
+           ("--hidden-size", "64", "--intermediate-size", "128", "--num-layers", "1")),
     Script("pytorch_xla/examples/eager/train_decoder_only_eager.py"),
     Script("pytorch_xla/examples/eager/train_decoder_only_eager_with_compile.py"),
     Script("pytorch_xla/examples/eager/train_decoder_only_eager_multi_process.py"),

@@ -116,10 +116,11 @@ def test_warmup_steps_option():
 
 def test_fail_on_and_exit_codes(tmp_path):
     assert diagnose("--fail-on", "sync", str(PROGRAMS / "host_sync_item.py")).returncode == 1
-    assert diagnose("--fail-on", "recompile", str(PROGRAMS / "host_sync_item.py")).returncode == 0
+    # Findings of kinds not asked for do not fail it: test_diagnose_steps' training_state_and_closure
+    # (recompiles and closure reads, no sync) exits 0 under --fail-on sync.
     assert diagnosed(PROGRAMS / "clean.py", "--fail-on", "any").returncode == 0  # shared with the test above
     script = tmp_path / "exits.py"
-    script.write_text("import sys\nimport torch_xla\nprint(sys.argv[1:], __name__)\nsys.exit(3)\n")
+    script.write_text("import sys\nprint(sys.argv[1:], __name__)\nsys.exit(3)\n")  # no torch: 5 s less
     result = diagnose(str(script), "--flag", "value")
     assert result.returncode == 3
     assert "['--flag', 'value'] __main__" in result.stdout

@@ -124,7 +124,7 @@ def check_rewrite(source: bytes, target: str):
 
 
 @pytest.mark.slow
-@profile(300)
+@profile(200)
 @given(source=PROGRAMS, target=TARGETS)
 # What this found (regression tests in test_engine.py): a form feed that libcst drops.
 @example(source="\n\x0cpass\n", target="tpu")
@@ -302,7 +302,7 @@ def test_the_locality_check_accepts_every_fixture():
 
 
 @pytest.mark.slow
-@profile(300)
+@profile(200)
 @given(program=spliced_programs(), target=TARGETS)
 # What this found (regression tests in test_engine.py): comments dropped at the end of the file,
 # a TODO added again after a form feed in a comment, new blocks indented with a form feed, a line

@@ -10,6 +10,7 @@ hand-port would.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -54,7 +55,10 @@ def test_the_command_finds_the_migration_the_same_at_one_and_two_processes(tmp_p
     (tmp_path / "train.py").write_text(TORCH_ONLY)
     starts = tmp_path.parent / f"{tmp_path.name}-starts"
     python = tmp_path.parent / f"{tmp_path.name}-python"
-    python.write_text(f"#!/bin/sh\necho started >> {starts}\nexec {sys.executable} \"$@\"\n")
+    # ... then is the suite's warm python for the environment verify gives its runs (a run it
+    # cannot reproduce starts the real interpreter).
+    runs_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    python.write_text(f"#!/bin/sh\necho started >> {starts}\nexec {warm(runs_env)} \"$@\"\n")
     python.chmod(0o755)
     proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--format", "json", "--nproc", "1,2",
                            "--python", str(python), "--html", "verify.html", "train.py"], capture_output=True,
