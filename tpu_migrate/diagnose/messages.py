@@ -11,111 +11,140 @@ from tpu_migrate.diagnose.locations import relative
 
 
 def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
+    """(message, explanation) of a finding: by its kind, then by the backend that found it."""
     where = f"{relative(f.file)}:{f.line}"
-    if f.kind == "recompile" and f.op not in (None, "host read"):  # native: Dynamo's reason
-        what = "the compiled code called here" if f.op == "(called here)" else f"`{f.op}`"
-        guard = guards.shape_guard(f.changed)
-        if guard is not None:
-            shapes = [g for g in map(guards.shape_guard, f.reasons) if g is not None]
-            seen = guards.pattern(shapes) if len(shapes) > 1 else None
-            origin = f.changed.partition("; ")[2]  # "the new shape comes from train.py:12"
-            return (f"torch.compile recompiled {what} {f.count} time(s) for a new input shape at "
-                    f"{where}{_when(f)}: {guard.describe()}" + (f"; {origin}" if origin else "")
-                    + (f"; {seen}" if seen else "") + _callers(f),
-                    "TorchTPU compiles with dynamic=False: every new input shape is a new graph to "
-                    "compile, up to Dynamo's recompile limit (8), after which the function runs "
-                    "eagerly, silently. (On the CPU, Dynamo's automatic dynamic shapes hide this; "
-                    "diagnose compiles as TorchTPU does.) Give the input a fixed shape (pad or "
-                    "bucket lengths, DataLoader(drop_last=True)), or mark the dimension dynamic "
-                    "with torch._dynamo.mark_dynamic.")
-        return (f"torch.compile recompiled {what} {f.count} time(s) at {where}{_when(f)}: {f.changed}",
-                "A guard of the compiled code failed, so Dynamo traced and compiled it again. A "
-                "changing Python number or object: pass it as a tensor, or keep it constant.")
-    if f.kind == "recompile":
-        after = "" if f.per_call else "after warm-up "
-        message = f"recompiled {f.count} time(s) {after}at {where}{_when(f)}"
-        if f.changed:
-            message += f": {f.changed}"
-        if f.op == "host read":
-            return message, ("A host read of a tensor before the step's sync (.item(), print, bool()) "
-                             "cuts the lazy graph here, and the cut moves with pending work: read the "
-                             "value after torch_xla.sync(), or in xm.add_step_closure.")
-        return message, ("The graph traced at this line changed after warm-up. Usual causes: an "
-                         "input whose shape changes (a shorter last batch: DataLoader(drop_last=True); "
-                         "variable sequence lengths: pad or bucket them), or a Python number that "
-                         "changes every step and is baked into the graph (pass it as a tensor).")
     if f.kind in NATIVE_DESCRIPTIONS:
         return NATIVE_DESCRIPTIONS[f.kind](f, where)
-    if backend_name == "native" and f.kind == "compile":
-        return (f"torch.compile compiled a second graph of `{f.op}` at {where} (step {f.first_step}): "
-                f"{f.changed}",
-                "Information: the function was called with the grad mode changed (evaluation under "
-                "torch.no_grad()), which Dynamo compiles as a graph of its own, once; a TPU does the "
-                "same. Nothing to fix unless it repeats.")
-    if backend_name == "native" and f.kind == "sync":
-        return _native_sync(f, where)
-    if backend_name == "native" and f.kind == "dynamic-shape":
-        if f.count == 0:  # found in the source only (see native._report_dynamic_calls)
-            return (f"data-dependent shape `{f.op}` at {where} (found in the source: calls of "
-                    f"torch.{f.op} are not counted once the program compiles)",
-                    "The output's shape depends on the values: on a TPU the host waits for the device "
-                    "to learn it, and under torch.compile it breaks the graph or recompiles per shape. "
-                    "Prefer fixed-shape forms: torch.where(mask, x, 0), masked sums, padding to a "
-                    "maximum size.")
-        return (f"data-dependent shape `{f.op}` at {where}: {f.count} time(s)",
-                "The output's shape depends on the values: the host waits for the device to learn "
-                "it, and under torch.compile it breaks the graph or recompiles per shape. Prefer "
-                "fixed-shape forms: torch.where(mask, x, 0), masked sums, padding to a maximum size.")
-    if f.kind == "compile" and f.op == "changed once":
-        return (f"the graph at {where} changed once in step {f.first_step}: {f.changed}",
-                "Information: a one-time change after the first use, not a recompile that "
-                "repeats; if it repeats it is reported as a recompile.")
-    if f.kind == "closure-read":
-        method = f.op.strip("_")
-        waits = ("in a background thread (run_async=True): the training loop does not wait for it"
-                 if f.changed == "async" else
-                 "at the step's sync (run_async=False): the host waits for that step to finish "
-                 "on the device before it traces the next one")
-        message = f"host read `{method}` in a step closure at {where}: {f.count} time(s) in {f.step_count} steps"
-        if f.runs_graph:
-            return (message + "; it computes on the device first",
-                    "The xm.add_step_closure callback computes on the device before it reads "
-                    "(the tensor it reads is not one the step computed): it runs a small graph of "
-                    "its own each time, compiled the first time, after the step's graph, "
-                    f"{waits}. It does not cut the step's graph. Read the step's own tensors in the "
-                    "closure and do the arithmetic on the host (or in the step), and throttle it "
-                    "(every N steps) if the wait shows.")
-        return (message,
-                "Information: an xm.add_step_closure callback runs after the step's graph has "
-                "executed, so this read neither cuts the graph nor compiles; it copies an already "
-                f"computed value, {waits}. Throttle it (every N steps) if the wait shows.")
+    if backend_name == "native" and f.kind in _NATIVE_OVERRIDES:
+        return _NATIVE_OVERRIDES[f.kind](f, where)
+    if f.kind == "recompile":
+        # Dynamo's reason (native) names the op; torch_xla's recompiles have none, or a host read.
+        return (_dynamo_recompile if f.op not in (None, "host read") else _xla_recompile)(f, where)
     if f.kind == "compile":
-        return (f"first compile of a new graph after warm-up at {where} (step {f.first_step})",
-                "Information: a graph first seen after warm-up, such as an evaluation step. "
-                "Expected once; if it repeats it is reported as a recompile.")
-    if f.kind == "sync":
-        every, when = _sync_when(f)
-        message = f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) {when}"
-        if _in_exchange(f):
-            return (message,
-                    "xm.mesh_reduce and xm.rendezvous exchange Python values between the "
-                    "processes, so they read their tensors on the host by design: call them after "
-                    "the training steps (once per epoch, at the end); to reduce a tensor in every "
-                    "step, xm.all_reduce keeps it on the device, to be read once.")
-        return (message,
-                f"The host waits for the device to finish before it can read the value, "
-                f"{'every step' if every else 'each time'}. Log less often, accumulate on the "
-                "device and read every N steps, or move the read into xm.add_step_closure.")
-    if f.kind == "dynamic-shape":
-        return (f"data-dependent shape `{f.op}` at {where}: {f.count} time(s)",
-                "The output's shape depends on the values, so XLA cannot compile it ahead: it "
-                "runs on the CPU with a device round trip, and shapes that differ recompile. "
+        return (_changed_once if f.op == "changed once" else _first_compile)(f, where)
+    return _DESCRIPTIONS.get(f.kind, _fallback)(f, where)
+
+
+def _dynamo_recompile(f: Finding, where: str) -> tuple[str, str]:
+    what = "the compiled code called here" if f.op == "(called here)" else f"`{f.op}`"
+    guard = guards.shape_guard(f.changed)
+    if guard is not None:
+        shapes = [g for g in map(guards.shape_guard, f.reasons) if g is not None]
+        seen = guards.pattern(shapes) if len(shapes) > 1 else None
+        origin = f.changed.partition("; ")[2]  # "the new shape comes from train.py:12"
+        return (f"torch.compile recompiled {what} {f.count} time(s) for a new input shape at "
+                f"{where}{_when(f)}: {guard.describe()}" + (f"; {origin}" if origin else "")
+                + (f"; {seen}" if seen else "") + _callers(f),
+                "TorchTPU compiles with dynamic=False: every new input shape is a new graph to "
+                "compile, up to Dynamo's recompile limit (8), after which the function runs "
+                "eagerly, silently. (On the CPU, Dynamo's automatic dynamic shapes hide this; "
+                "diagnose compiles as TorchTPU does.) Give the input a fixed shape (pad or "
+                "bucket lengths, DataLoader(drop_last=True)), or mark the dimension dynamic "
+                "with torch._dynamo.mark_dynamic.")
+    return (f"torch.compile recompiled {what} {f.count} time(s) at {where}{_when(f)}: {f.changed}",
+            "A guard of the compiled code failed, so Dynamo traced and compiled it again. A "
+            "changing Python number or object: pass it as a tensor, or keep it constant.")
+
+
+def _xla_recompile(f: Finding, where: str) -> tuple[str, str]:
+    after = "" if f.per_call else "after warm-up "
+    message = f"recompiled {f.count} time(s) {after}at {where}{_when(f)}"
+    if f.changed:
+        message += f": {f.changed}"
+    if f.op == "host read":
+        return message, ("A host read of a tensor before the step's sync (.item(), print, bool()) "
+                         "cuts the lazy graph here, and the cut moves with pending work: read the "
+                         "value after torch_xla.sync(), or in xm.add_step_closure.")
+    return message, ("The graph traced at this line changed after warm-up. Usual causes: an "
+                     "input whose shape changes (a shorter last batch: DataLoader(drop_last=True); "
+                     "variable sequence lengths: pad or bucket them), or a Python number that "
+                     "changes every step and is baked into the graph (pass it as a tensor).")
+
+
+def _native_second_graph(f: Finding, where: str) -> tuple[str, str]:
+    return (f"torch.compile compiled a second graph of `{f.op}` at {where} (step {f.first_step}): "
+            f"{f.changed}",
+            "Information: the function was called with the grad mode changed (evaluation under "
+            "torch.no_grad()), which Dynamo compiles as a graph of its own, once; a TPU does the "
+            "same. Nothing to fix unless it repeats.")
+
+
+def _native_dynamic_shape(f: Finding, where: str) -> tuple[str, str]:
+    if f.count == 0:  # found in the source only (see native._report_dynamic_calls)
+        return (f"data-dependent shape `{f.op}` at {where} (found in the source: calls of "
+                f"torch.{f.op} are not counted once the program compiles)",
+                "The output's shape depends on the values: on a TPU the host waits for the device "
+                "to learn it, and under torch.compile it breaks the graph or recompiles per shape. "
                 "Prefer fixed-shape forms: torch.where(mask, x, 0), masked sums, padding to a "
                 "maximum size.")
+    return (f"data-dependent shape `{f.op}` at {where}: {f.count} time(s)",
+            "The output's shape depends on the values: the host waits for the device to learn "
+            "it, and under torch.compile it breaks the graph or recompiles per shape. Prefer "
+            "fixed-shape forms: torch.where(mask, x, 0), masked sums, padding to a maximum size.")
+
+
+def _changed_once(f: Finding, where: str) -> tuple[str, str]:
+    return (f"the graph at {where} changed once in step {f.first_step}: {f.changed}",
+            "Information: a one-time change after the first use, not a recompile that "
+            "repeats; if it repeats it is reported as a recompile.")
+
+
+def _closure_read(f: Finding, where: str) -> tuple[str, str]:
+    method = f.op.strip("_")
+    waits = ("in a background thread (run_async=True): the training loop does not wait for it"
+             if f.changed == "async" else
+             "at the step's sync (run_async=False): the host waits for that step to finish "
+             "on the device before it traces the next one")
+    message = f"host read `{method}` in a step closure at {where}: {f.count} time(s) in {f.step_count} steps"
+    if f.runs_graph:
+        return (message + "; it computes on the device first",
+                "The xm.add_step_closure callback computes on the device before it reads "
+                "(the tensor it reads is not one the step computed): it runs a small graph of "
+                "its own each time, compiled the first time, after the step's graph, "
+                f"{waits}. It does not cut the step's graph. Read the step's own tensors in the "
+                "closure and do the arithmetic on the host (or in the step), and throttle it "
+                "(every N steps) if the wait shows.")
+    return (message,
+            "Information: an xm.add_step_closure callback runs after the step's graph has "
+            "executed, so this read neither cuts the graph nor compiles; it copies an already "
+            f"computed value, {waits}. Throttle it (every N steps) if the wait shows.")
+
+
+def _first_compile(f: Finding, where: str) -> tuple[str, str]:
+    return (f"first compile of a new graph after warm-up at {where} (step {f.first_step})",
+            "Information: a graph first seen after warm-up, such as an evaluation step. "
+            "Expected once; if it repeats it is reported as a recompile.")
+
+
+def _sync(f: Finding, where: str) -> tuple[str, str]:
+    every, when = _sync_when(f)
+    message = f"host sync `{f.op.strip('_')}` at {where}: {f.count} time(s) {when}"
+    if _in_exchange(f):
+        return (message,
+                "xm.mesh_reduce and xm.rendezvous exchange Python values between the "
+                "processes, so they read their tensors on the host by design: call them after "
+                "the training steps (once per epoch, at the end); to reduce a tensor in every "
+                "step, xm.all_reduce keeps it on the device, to be read once.")
+    return (message,
+            f"The host waits for the device to finish before it can read the value, "
+            f"{'every step' if every else 'each time'}. Log less often, accumulate on the "
+            "device and read every N steps, or move the read into xm.add_step_closure.")
+
+
+def _dynamic_shape(f: Finding, where: str) -> tuple[str, str]:
+    return (f"data-dependent shape `{f.op}` at {where}: {f.count} time(s)",
+            "The output's shape depends on the values, so XLA cannot compile it ahead: it "
+            "runs on the CPU with a device round trip, and shapes that differ recompile. "
+            "Prefer fixed-shape forms: torch.where(mask, x, 0), masked sums, padding to a "
+            "maximum size.")
+
+
+def _fallback(f: Finding, where: str) -> tuple[str, str]:
     place = f"at {where}" if f.exact else f"in the step ending at {where} (--explain gives the line)"
     return (f"`{f.op}` fell back to the CPU {f.count} time(s) {place}",
             f"{f.op} has no XLA lowering: it ran on the CPU, with a copy to the host and back. "
             "Replace it with an op that has one, or move it out of the training step.")
+
 
 
 def _sync_when(f: Finding) -> tuple[bool, str]:
@@ -256,6 +285,11 @@ def _tpu_incompatible(f: Finding, where: str) -> tuple[str, str]:
 
 NATIVE_DESCRIPTIONS = {"graph-break": _graph_break, "recompile-limit": _recompile_limit,
                        "unsupported-op": _unsupported_op, "tpu-incompatible": _tpu_incompatible}
+# What the native backend says differently for a kind both backends report (native.py: a second
+# graph of a compiled function, a read of a tensor, a data-dependent shape).
+_NATIVE_OVERRIDES = {"compile": _native_second_graph, "sync": _native_sync, "dynamic-shape": _native_dynamic_shape}
+# The rest by kind; anything else is a CPU fallback.
+_DESCRIPTIONS = {"closure-read": _closure_read, "sync": _sync, "dynamic-shape": _dynamic_shape}
 
 
 def _callers(f: Finding) -> str:
