@@ -50,3 +50,13 @@ def test_the_diagnose_backends_share_the_recorder_not_each_other():
     assert f"{diagnose}.native" in graph[f"{diagnose}.tracer"]  # a lazy import, counted
     assert f"{diagnose}.tracer" not in graph[f"{diagnose}.native"]
     assert f"{diagnose}.recording" in graph[f"{diagnose}.native"]
+
+
+def test_rewrite_and_diagnose_import_nothing_from_the_reports_above_them():
+    """report/ and verify/ present what rewrite and diagnose find; what they share with them
+    (html_page.py, printable.py) lives below all of them, so neither engine reaches up."""
+    graph = import_graph.import_graph()
+    upward = sorted(f"{module} -> {target}" for module, targets in graph.items()
+                    if module.startswith(("tpu_migrate.rewrite", "tpu_migrate.diagnose"))
+                    for target in targets if target.startswith(("tpu_migrate.report", "tpu_migrate.verify")))
+    assert not upward, "\n".join(upward)

@@ -1,10 +1,10 @@
-"""What `--explain` says changed between two graphs of one line (diagnose/analysis.graph_change),
+"""What `--explain` says changed between two graphs of one line (diagnose/graph_change.graph_change),
 on IR as torch_xla writes it with XLA_IR_DEBUG: inputs first, then the operations one graph has
 and the other lacks, each named at the user's line only (torch's own lines are not theirs)."""
 
 from __future__ import annotations
 
-from tpu_migrate.diagnose.analysis import graph_change
+from tpu_migrate.diagnose.graph_change import graph_change
 
 USER = frozenset({"train.py", "model.py"})
 

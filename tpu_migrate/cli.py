@@ -21,7 +21,7 @@ from tpu_migrate.diagnose.kinds import BY_NAME as DIAGNOSE_KINDS
 from tpu_migrate.diagnose.kinds import FAIL_KINDS
 from tpu_migrate.report import ci_formats
 from tpu_migrate.report import render
-from tpu_migrate.report.printable import printable
+from tpu_migrate.printable import printable
 from tpu_migrate.report.migration import Migration
 from tpu_migrate.rewrite import cache as result_cache
 from tpu_migrate.rewrite import unscanned

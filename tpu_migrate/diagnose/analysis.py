@@ -1,8 +1,9 @@
 """Turn the recorded evidence into findings: recompiles, host syncs, dynamic shapes, fallbacks.
 
 Each finding is tied to the user's line and deduplicated by (kind, file, line, op), with a count,
-the first step it was seen and, in multi-process programs, the rank. What each one says is
-written by messages.py.
+the first step it was seen and, in multi-process programs, the rank. torch_xla's debug files are
+read by xla_logs.py, what changed between two graphs by graph_change.py, and what each finding
+says is written by messages.py.
 """
 
 from __future__ import annotations
@@ -10,17 +11,18 @@ from __future__ import annotations
 import bisect
 import os
 import re
-from collections import Counter
 from dataclasses import dataclass, field
 
 from tpu_migrate.diagnose import causes
 from tpu_migrate.diagnose.events import CountedEvent, Event, Kind, StepEvent
 from tpu_migrate.diagnose.finding import Finding
+from tpu_migrate.diagnose.graph_change import graph_change
 from tpu_migrate.diagnose.kinds import KINDS
 from tpu_migrate.diagnose.messages import describe
 from tpu_migrate.diagnose.locations import library_location, relative
-from tpu_migrate.diagnose.recording import EXPECTED_ATEN, is_library, is_shown_library
+from tpu_migrate.diagnose.recording import is_shown_library
 from tpu_migrate.diagnose.runner import Evidence
+from tpu_migrate.diagnose.xla_logs import FRAME, Compile, parse_compiles, parse_fallbacks, parse_graphs
 
 # Recorded event kind -> finding kind. Recompiles of the native backend come with Dynamo's
 # reason; those of the xla backend come from torch_xla's compile log (parse_compiles).
@@ -28,7 +30,6 @@ EVENT_KINDS = {Kind.SYNC: "sync", Kind.DYNAMIC: "dynamic-shape", Kind.FALLBACK: 
                Kind.UNSUPPORTED: "unsupported-op", Kind.INCOMPATIBLE: "tpu-incompatible",
                Kind.GRAPH_BREAK: "graph-break", Kind.RECOMPILE_LIMIT: "recompile-limit",
                Kind.RECOMPILE: "recompile"}
-FRAME = re.compile(r"^\s+(?P<fn>.+?) \((?P<file>.+):(?P<line>\d+)\)$")
 HOST_READ_CAUSE = "most likely user code trying to access tensor value"
 GRAD_MODE_GUARD = re.compile(r"GLOBAL_STATE changed: grad_mode\s*$")
 
@@ -37,70 +38,6 @@ def native_recompile_kind(reason: str | None) -> str:
     """A recompile because only the grad mode changed (evaluation under torch.no_grad) is one more
     graph, compiled once: information, like a first compile after warm-up."""
     return "compile" if reason and GRAD_MODE_GUARD.search(reason) else "recompile"
-
-
-@dataclass
-class Compile:
-    offset: int
-    cause: str
-    graph_hash: str | None
-    file: str | None
-    line: int | None
-    step: int = 0
-    origin: str | None = None  # the frames up to the user's (where in torch_xla's own code)
-
-
-def parse_compiles(log: bytes, base: int = 0) -> list[Compile]:
-    """The "Compilation Analysis" blocks of PT_XLA_DEBUG_FILE, with their byte offsets in the
-    file (`log` starts at `base` there)."""
-    compiles = []
-    marker = b"Compilation Analysis: Compilation Cause"
-    start = log.find(marker)
-    while start != -1:
-        end = log.find(marker, start + 1)
-        block = log[start : end if end != -1 else len(log)].decode("utf-8", "replace")
-        lines = [l.split("Compilation Analysis:", 1)[1] for l in block.splitlines()
-                 if l.startswith("Compilation Analysis:")]
-        cause = lines[1].strip() if len(lines) > 1 else ""
-        graph_hash = next((l.split(":", 1)[1].strip() for l in lines if "Graph Hash:" in l), None)
-        file = line = origin = None
-        if "Python Frame Triggered Execution:" in block:
-            frames_at = next(i for i, l in enumerate(lines) if "Python Frame Triggered Execution" in l)
-            for text in lines[frames_at + 1 :]:
-                match = FRAME.match(text)
-                if match:  # the library frames up to the user's: which call in a library
-                    origin = f"{origin or ''}|{text.strip()}"
-                if match and not is_library(match["file"]):
-                    file, line = os.path.abspath(match["file"]), int(match["line"])
-                    break
-        compiles.append(Compile(base + start, cause, graph_hash, file, line, origin=origin))
-        start = end
-    return compiles
-
-
-FALLBACK_OP = re.compile(rb"at::_ops::(\w+?)(?:_out)?::")
-
-
-def parse_fallbacks(log: bytes, base: int = 0) -> list[tuple[int, str, str, int]]:
-    """(offset in the file, aten op, file, line) per CPU-fallback call in an XLA_FNTRACKER_FILE
-    (--explain; `log` starts at `base` there).
-    The record's tag is always `xla_fallback`; the op is in its C++ frames."""
-    calls = []
-    marker = b"[TAG xla_fallback"
-    start = log.find(marker)
-    while start != -1:
-        end = log.find(marker, start + 1)
-        block = log[start : end if end != -1 else len(log)]
-        op_match = FALLBACK_OP.search(block)
-        op = f"aten::{op_match[1].decode()}" if op_match else "aten::?"
-        for text in block.decode("utf-8", "replace").splitlines():
-            match = FRAME.match(text)
-            if match and not is_library(match["file"]):
-                if op not in EXPECTED_ATEN:
-                    calls.append((base + start, op, os.path.abspath(match["file"]), int(match["line"])))
-                break
-        start = end
-    return calls
 
 
 def step_boundaries(events: list[Event]) -> list[StepEvent]:
@@ -463,82 +400,6 @@ def _add_counted_compiles(findings, processes, warmup_steps: int) -> None:
                 _add(findings, "recompile", current["file"], current["line"], None, current["step"], None, delta)
 
 
-IR_NODE = re.compile(r"^\s*%\d+ = \S+ (?P<op>[\w:.]+)\(.*?\)(?P<attrs>.*)$")
-LAYOUT = re.compile(r"\{[\d,]*\}")
-
-
-def parse_graphs(text: str) -> dict[str, str]:
-    """Graph hash -> IR text, from an XLA_SAVE_TENSORS_FILE."""
-    graphs = {}
-    for chunk in text.split("## BEGIN_GRAPH")[1:]:
-        body, _, rest = chunk.partition("## END_GRAPH")
-        match = re.search(r"Graph Hash: (\w+)", body)
-        if match:
-            graphs.setdefault(match[1], body)
-    return graphs
-
-
-def _nodes(ir: str) -> list[tuple[str, str, str]]:
-    nodes = []
-    for line in ir.splitlines():
-        match = IR_NODE.match(line)
-        if not match:
-            continue
-        attrs = dict(
-            part.strip().split("=", 1) for part in match["attrs"].split(", ") if "=" in part
-        )
-        shape = LAYOUT.sub("", attrs.get("xla_shape", "")).strip()
-        location = attrs.get("location", "").strip()
-        nodes.append((match["op"], location, shape))
-    return nodes
-
-
-def graph_change(old_ir: str | None, new_ir: str | None, user_files: frozenset[str] = frozenset()) -> str | None:
-    """What differs between two graphs of one line: input shapes first, else the operations one
-    has and the other lacks. A place is named only where it is the user's (`user_files`: the
-    file names of the program's lines; torch_xla's IR names a file without its directory): the
-    graph of `loss.backward()` is full of torch's own lines (`_make_grads@__init__.py:221`)."""
-    if not old_ir or not new_ir:
-        return None
-    old, new = _nodes(old_ir), _nodes(new_ir)
-
-    def at(location: str, word: str) -> str:
-        short = _short(location)
-        return f" {word} {short}" if short and short.rsplit(":", 1)[0] in user_files else ""
-
-    old_inputs = [n for n in old if n[0] == "xla::device_data"]
-    new_inputs = [n for n in new if n[0] == "xla::device_data"]
-    changes = [
-        f"input {a[2]} -> {b[2]}" + (f" (created{at(b[1], 'at')})" if at(b[1], "at") else "")
-        for a, b in zip(old_inputs, new_inputs) if a[2] != b[2]
-    ]
-    if changes:
-        return "; ".join(changes[:3])
-    parts = []
-    for word, ours, theirs in (("gained", new, old), ("lost", old, new)):
-        extra = Counter((op, shape) for op, _, shape in ours) - Counter((op, shape) for op, _, shape in theirs)
-        if extra:
-            parts.append(f"{word} {_operations(extra, ours, at)}")
-    return f"the graph {' and '.join(parts)}" if parts else None
-
-
-def _operations(extra: Counter, nodes, at) -> str:
-    """`2 inputs (f32[4], f32[4,16]) and aten::add f32[4,16] at train.py:12 (and 1 more)`:
-    inputs (the tensors a step reads, such as gradients kept from the last one) apart from
-    operations, each in graph order."""
-    inputs = [shape for (op, shape), n in extra.items() if op == "xla::device_data" for _ in range(n)]
-    said = []
-    if inputs:
-        shown = ", ".join(inputs[:3]) + (", ..." if len(inputs) > 3 else "")
-        said.append(f"{len(inputs)} input{'s' if len(inputs) != 1 else ''} ({shown})")
-    operations = sum(n for (op, _), n in extra.items() if op != "xla::device_data")
-    if operations:
-        first = next(node for node in nodes if node[0] != "xla::device_data" and (node[0], node[2]) in extra)
-        said.append(f"{first[0]} {first[2]}{at(first[1], 'at')}"
-                    + (f" (and {operations - 1} more operations)" if operations > 1 else ""))
-    return " and ".join(said)
-
-
 def _user_file_names(evidence: Evidence) -> frozenset[str]:
     """The names of the program's own source files: those of its lines the events name, and
     the other Python files beside them (a model module whose lines made no event)."""
@@ -551,10 +412,6 @@ def _user_file_names(evidence: Evidence) -> frozenset[str]:
         except OSError:
             continue
     return frozenset(names)
-
-
-def _short(location: str) -> str:
-    return location.split("@", 1)[1] if "@" in location else location
 
 
 def _reportable(finding: Finding, stepless: bool = False) -> bool:

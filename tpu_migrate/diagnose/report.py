@@ -10,7 +10,7 @@ from rich.table import Table
 from tpu_migrate.diagnose.analysis import Finding, steps_text
 from tpu_migrate.diagnose.kinds import KINDS
 from tpu_migrate.diagnose.locations import relative, source_line, via_text
-from tpu_migrate.report.printable import printable
+from tpu_migrate.printable import printable
 
 JSON_VERSION = 1
 

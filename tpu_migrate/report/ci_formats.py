@@ -19,7 +19,7 @@ from pathlib import Path
 from tpu_migrate import __version__
 from tpu_migrate.diagnose import kinds
 from tpu_migrate.findings import FileResult
-from tpu_migrate.report.printable import printable
+from tpu_migrate.printable import printable
 from tpu_migrate.report.render import relative_inside
 from tpu_migrate.rules import Catalog
 

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from tpu_migrate.findings import FileResult
 from tpu_migrate.rewrite.files import MISSING
-from tpu_migrate.report.printable import git_quote, printable, shell_quote
+from tpu_migrate.printable import git_quote, printable, shell_quote
 from tpu_migrate.rules import Catalog
 
 JSON_VERSION = 1
