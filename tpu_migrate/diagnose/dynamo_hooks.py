@@ -18,7 +18,7 @@ import sys
 import time
 
 from tpu_migrate.diagnose import guards, placement, recording
-from tpu_migrate.diagnose.events import Kind
+from tpu_migrate.diagnose.events import DynamoEvent, Kind, ReadEvent
 
 GRAPH_BREAK_ID = re.compile(r"/gb/(gb\d+)\.html")
 GRAPH_BREAK_HINT = re.compile(r"^\s*Hint: (.*)$", re.MULTILINE)
@@ -95,8 +95,8 @@ class DynamoHooks:
         if self.optimizer_hook is not None:  # a compiled optimizer step would trace our hook
             self.optimizer_hook.remove()
             self.optimizer_hook = None
-        self.recorder.emit({"kind": Kind.COMPILE, "op": str(getattr(args, "compile_id", "")),
-                            "file": None, "line": None})
+        self.recorder.emit(DynamoEvent(kind=Kind.COMPILE, op=str(getattr(args, "compile_id", "")),
+                                       file=None, line=None))
         self.compiles += 1
         self.compile_started = time.perf_counter()
 
@@ -104,8 +104,8 @@ class DynamoHooks:
         if self.compile_started is not None:  # Dynamo's compile time, for the cost of a recompile
             seconds = time.perf_counter() - self.compile_started
             self.compiling += seconds
-            self.recorder.emit({"kind": Kind.COMPILE_TIME, "op": None, "file": None, "line": None,
-                                "seconds": seconds})
+            self.recorder.emit(DynamoEvent(kind=Kind.COMPILE_TIME, op=None, file=None, line=None,
+                                           seconds=seconds))
             self.compile_started = None
         self._put_methods(wrapped=True)
         if self.optimizer_hook is None:
@@ -154,9 +154,9 @@ class DynamoHooks:
                 origin = _shape_origin(reason, frame)
                 if origin:
                     reason += f"; the new shape comes from {origin}"
-                recorder.emit({"kind": Kind.RECOMPILE, "op": name, "file": file, "line": line,
-                               "reason": reason,
-                               "caller": f"{caller_file}:{caller_line}" if caller_file else None})
+                recorder.emit(DynamoEvent(kind=Kind.RECOMPILE, op=name, file=file, line=line,
+                                          reason=reason,
+                                          caller=f"{caller_file}:{caller_line}" if caller_file else None))
             return reasons
 
         return reasons_of
@@ -179,13 +179,13 @@ class DynamoHooks:
                 if file is not None:
                     match = GRAPH_BREAK_ID.search(reason)
                     hint = " ".join(m.strip() for m in GRAPH_BREAK_HINT.findall(reason)) or None
-                    recorder.emit({"kind": Kind.GRAPH_BREAK, "op": reason.strip().splitlines()[0],
-                                   "file": file, "line": line, "gb": match[1].upper() if match else None,
-                                   "hint": hint})
+                    recorder.emit(DynamoEvent(kind=Kind.GRAPH_BREAK, op=reason.strip().splitlines()[0],
+                                              file=file, line=line, gb=match[1].upper() if match else None,
+                                              hint=hint))
                     dynamic = DYNAMIC_OPERATOR.search(reason)
                     if dynamic:  # torch.nonzero(x) in compiled code: data-dependent on a TPU too
-                        recorder.emit({"kind": Kind.DYNAMIC, "op": dynamic["op"], "file": file, "line": line,
-                                       "traced": True})
+                        recorder.emit(ReadEvent(kind=Kind.DYNAMIC, op=dynamic["op"], file=file, line=line,
+                                                traced=True))
             except Exception:  # noqa: BLE001 - never break the compile we observe
                 pass
             return original(code_options, reason, *args, **kwargs)
@@ -235,8 +235,8 @@ class _RecompileLimitHandler(logging.Handler):
         file, line = os.path.abspath(match["file"]), _def_line_of(match["file"], int(match["line"]))
         if recording.is_library(file):
             file, line = recording.user_frame(2)
-        self.hooks.recorder.emit({"kind": Kind.RECOMPILE_LIMIT, "op": f"{limit_type}={limit}",
-                                  "file": file, "line": line, "reason": guard_reason(str(reason))})
+        self.hooks.recorder.emit(DynamoEvent(kind=Kind.RECOMPILE_LIMIT, op=f"{limit_type}={limit}",
+                                             file=file, line=line, reason=guard_reason(str(reason))))
 
 
 GUARD = re.compile(r"^(?:\d+/\d+: )?(?P<guard>.*?)(?:\s{2,}#\s*(?P<source>.*?)\s{2,}#\s*(?P<where>\S+:\d+)(?: in \S+)?)?$")

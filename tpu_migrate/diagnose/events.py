@@ -27,7 +27,8 @@ event with its count multiplied and the number of steps it was seen in (`in_step
 
 The types below are TypedDicts, not classes: the recorder builds these dicts on every host read
 of the traced program, where an object per event would cost time, and the parent reads the same
-dicts back. A type checker holds writers and readers to one schema.
+dicts back. Each writer builds its event with its type's constructor (`StepEvent(kind=...)`,
+a plain dict at run time), so a type checker holds writers and readers to one schema.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Event(TypedDict):
     file: str | None
     line: int | None
     via: NotRequired[list[str]]  # the library call the user's line made ("path:line in function")
+    static: NotRequired[bool]  # found in the source (no rank, no step of its own)
     step: NotRequired[int]
     ostep: NotRequired[int]
     # A tally entry (read_events): the steps and optimizer steps it was seen in.
@@ -99,14 +101,13 @@ class ReadEvent(Event):
     closure: NotRequired[str]  # "sync" / "async": read in an xm.add_step_closure callback
     graph: NotRequired[bool]  # a closure's read that ran a graph (it computed on the device)
     placement: NotRequired[str]  # native, the CPU standing in: placement.UNKNOWN
-    static: NotRequired[bool]  # found in the source, no rank
     traced: NotRequired[bool]  # found where the code is traced, recurs with every call
 
 
 class FallbackEvent(Event):
-    """`fallback` (op: the aten counter) and `opt_state` (op: the optimizer's class)."""
+    """`fallback` (op: the aten counter) and `opt_state` (op: the optimizer's class), always
+    with their `count`."""
 
-    count: int
     exact: NotRequired[bool]  # at the line that called the op, not at its step's end
 
 
@@ -130,6 +131,7 @@ class DynamoEvent(Event):
     `compile_time`, `incompatible` (op: the call)."""
 
     reason: NotRequired[str]  # a guard's failure; "compiled" for an op seen in a captured graph
+    caller: NotRequired[str | None]  # recompile: "path:line" of the call that ran the function
     gb: NotRequired[str | None]  # the graph break's id (GB0001)
     hint: NotRequired[str | None]
     seconds: NotRequired[float]  # compile_time
@@ -189,7 +191,7 @@ def read_events_counting(directory: str) -> tuple[dict[int, list[Event]], int]:
     went on counting (recording.Recorder), a `counted` event and one event per tally entry.
     A line that is not an event (cut short by SIGKILL or a full disk, damaged) is skipped; the
     second value counts them."""
-    events = {}
+    events: dict[int, list[Event]] = {}
     bad = 0
     for path in sorted(glob.glob(os.path.join(directory, "events.*.jsonl"))):
         pid = int(path.rsplit(".", 2)[1])

@@ -13,7 +13,7 @@ import re
 import sys
 
 from tpu_migrate.diagnose import recording
-from tpu_migrate.diagnose.events import Kind
+from tpu_migrate.diagnose.events import DynamoEvent, Kind
 
 # torch.tpu.X -> what to call instead (torchtpu-target-api.md section 1.2)
 LEGACY_DEVICE_API = {
@@ -102,5 +102,5 @@ def report_sources(recorder: recording.Recorder) -> None:
         if b"tpu" not in source:
             continue
         for line, problem in scan(source, filename):
-            recorder.emit({"kind": Kind.INCOMPATIBLE, "op": problem, "file": os.path.abspath(filename),
-                           "line": line, "static": True})
+            recorder.emit(DynamoEvent(kind=Kind.INCOMPATIBLE, op=problem, file=os.path.abspath(filename),
+                                      line=line, static=True))

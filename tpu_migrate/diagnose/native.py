@@ -37,7 +37,7 @@ import time
 
 from tpu_migrate.diagnose import call_timing, inheritance, placement, recording
 from tpu_migrate.diagnose.dynamo_hooks import DynamoHooks, as_torchtpu_compiles, compile_problems, dynamo_skips
-from tpu_migrate.diagnose.events import Kind
+from tpu_migrate.diagnose.events import BackendEvent, Kind, ReadEvent
 from tpu_migrate.diagnose.op_coverage import OpCoverage
 from tpu_migrate.diagnose.read_places import ReadPlaces, program_files
 
@@ -63,8 +63,8 @@ class NativeHooks(OpCoverage, DynamoHooks):
         accelerator = _accelerator(torch)
         self.device_types = {accelerator} if accelerator else {"cpu"}
         self.cpu_stands_in = accelerator is None
-        self.recorder.emit({"kind": Kind.BACKEND, "op": "native", "file": None, "line": None,
-                            "device": accelerator or "cpu", "started": recorder.started})
+        self.recorder.emit(BackendEvent(kind=Kind.BACKEND, op="native", file=None, line=None,
+                                        device=accelerator or "cpu", started=recorder.started))
         self.method_originals: dict[str, object] = {}  # Tensor.__dict__ entries (None: inherited)
         self.method_wrappers: dict[str, object] = {}
         self.function_originals: dict[str, object] = {}
@@ -163,8 +163,8 @@ class NativeHooks(OpCoverage, DynamoHooks):
             parsed = placement.module(filename)
             for line, name in parsed.calls_of(TENSOR_DYNAMIC) if parsed else ():
                 if placement.read_kind(filename, line, places) != placement.HOST:
-                    self.recorder.emit({"kind": Kind.DYNAMIC, "op": name, "file": os.path.abspath(filename),
-                                        "line": line, "count": 0, "static": True, "traced": True})
+                    self.recorder.emit(ReadEvent(kind=Kind.DYNAMIC, op=name, file=os.path.abspath(filename),
+                                                 line=line, count=0, static=True, traced=True))
 
     def uninstall(self) -> None:
         """Back to the untraced program (auto backend: the program turned out to use torch_xla)."""

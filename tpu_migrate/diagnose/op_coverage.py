@@ -15,7 +15,7 @@ import re
 
 from tpu_migrate.diagnose import recording
 from tpu_migrate.diagnose.dynamo_hooks import dynamo_skips
-from tpu_migrate.diagnose.events import Kind
+from tpu_migrate.diagnose.events import DynamoEvent, Kind
 from tpu_migrate.diagnose.modes import leave_dispatch_mode
 
 
@@ -96,8 +96,8 @@ class OpCoverage:
             file, line = _node_line(node[0]) or call_site
             if file is not None and (key, file, line) not in found_ops:
                 found_ops.add((key, file, line))
-                self.recorder.emit({"kind": Kind.UNSUPPORTED, "op": key, "file": file, "line": line,
-                                    "reason": "compiled"})
+                self.recorder.emit(DynamoEvent(kind=Kind.UNSUPPORTED, op=key, file=file, line=line,
+                                               reason="compiled"))
 
         coverage = self._coverage_mode(found)
         if coverage is None:

@@ -23,7 +23,7 @@ import threading
 import time
 
 from tpu_migrate.diagnose import events
-from tpu_migrate.diagnose.events import BOUNDARY_KINDS, Kind
+from tpu_migrate.diagnose.events import BOUNDARY_KINDS, FallbackEvent, Kind, RankEvent, StepEvent
 from tpu_migrate.diagnose.locations import PACKAGE_ROOTS, library_location
 from tpu_migrate.diagnose.modes import leave_dispatch_mode
 
@@ -269,18 +269,19 @@ class Recorder:
     def at_user_line(self, kind: str, op: str, depth: int = 3, **extra) -> None:
         filename, line, via = call_site(depth)
         if filename is not None:
-            event = {"kind": kind, "op": op, "file": filename, "line": line}
+            event = events.Event(kind=kind, op=op, file=filename, line=line)
             if via:  # before the wait, which an event counted past the limit drops
                 event["via"] = via
-            self.emit({**event, **extra})
+            event.update(extra)  # type: ignore[typeddict-item]  # the keys of the caller's kind (wait, ...)
+            self.emit(event)
 
     def step_boundary(self, marker: str) -> None:
         self.read_fallbacks()
         filename, line = user_frame(3)
         compiles = self.metrics.counter_value("UncachedCompile") or 0 if self.metrics else 0
-        self.emit({"kind": Kind.STEP, "op": marker, "file": filename, "line": line,
-                   "debug_offset": log_size(self.debug_file), "fallback_offset": log_size(self.fallback_file),
-                   "compiles": compiles, "compile_time": self.compile_seconds(), "time": time.perf_counter()})
+        self.emit(StepEvent(kind=Kind.STEP, op=marker, file=filename, line=line,
+                            debug_offset=log_size(self.debug_file), fallback_offset=log_size(self.fallback_file),
+                            compiles=compiles, compile_time=self.compile_seconds(), time=time.perf_counter()))
         self.steps += 1
         self.flush()
 
@@ -303,8 +304,8 @@ class Recorder:
         for name, value in current.items():
             delta = value - self.aten.get(name, 0)
             if delta > 0 and name not in EXPECTED_ATEN:
-                self.fallbacks.moved({"kind": Kind.FALLBACK, "op": name, "file": filename, "line": line,
-                                      "count": delta, "step": self.steps, "ostep": self.optimizer_steps})
+                self.fallbacks.moved(FallbackEvent(kind=Kind.FALLBACK, op=name, file=filename, line=line,
+                                                   count=delta, step=self.steps, ostep=self.optimizer_steps))
         self.fallbacks.watch_next_step()
         self.aten = current
 
@@ -328,9 +329,9 @@ class Recorder:
             pass
         self.fallbacks.step_ended()  # ops whose call was never seen stay at their step's end
         rank = os.environ.get("RANK") or os.environ.get("PJRT_LOCAL_PROCESS_RANK")
-        self.emit({"kind": Kind.END, "op": None, "file": None, "line": None,
-                   "rank": int(rank) if rank is not None and rank.isdigit() else self.rank,
-                   "time": time.perf_counter()})
+        self.emit(RankEvent(kind=Kind.END, op=None, file=None, line=None,
+                            rank=int(rank) if rank is not None and rank.isdigit() else self.rank,
+                            time=time.perf_counter()))
         self.flush()
 
 

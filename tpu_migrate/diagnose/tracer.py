@@ -15,7 +15,7 @@ import sys
 
 from tpu_migrate.diagnose import inheritance, recording, xla_hooks
 from tpu_migrate.diagnose.import_hooks import after_import
-from tpu_migrate.diagnose.events import Kind
+from tpu_migrate.diagnose.events import BackendEvent, Kind, RankEvent
 from tpu_migrate.diagnose.recording import ENV_BACKEND, ENV_DIR
 
 
@@ -40,7 +40,7 @@ def install_xla() -> None:
 
 
 def emit_xla_backend(recorder: recording.Recorder) -> None:
-    recorder.emit({"kind": Kind.BACKEND, "op": "xla", "file": None, "line": None, "started": recorder.started})
+    recorder.emit(BackendEvent(kind=Kind.BACKEND, op="xla", file=None, line=None, started=recorder.started))
 
 
 def _install_native() -> None:
@@ -71,7 +71,7 @@ def _spawn_rank_hook() -> None:
         recorder = recording.RECORDER
         if recorder is not None and isinstance(i, int):
             recorder.rank = i
-            recorder.emit({"kind": Kind.RANK, "op": None, "file": None, "line": None, "rank": i})
+            recorder.emit(RankEvent(kind=Kind.RANK, op=None, file=None, line=None, rank=i))
         return original(fn, i, *args, **kwargs)
 
     _wrap._tpu_migrate = True

@@ -14,7 +14,7 @@ import sys
 import time
 
 from tpu_migrate.diagnose import recording
-from tpu_migrate.diagnose.events import Kind
+from tpu_migrate.diagnose.events import FallbackEvent, Kind, StepEvent
 from tpu_migrate.diagnose.recording import DYNAMIC_FUNCTIONS, SYNC_METHODS, log_size
 
 
@@ -220,15 +220,15 @@ def install_torch_xla_hooks() -> None:
         recorder = recording.RECORDER
         if recorder is None:
             return
-        recorder.emit({"kind": Kind.OPT_STEP, "op": None, "file": None, "line": None,
-                       "debug_offset": log_size(recorder.debug_file),
-                       "fallback_offset": log_size(recorder.fallback_file),
-                       "compile_time": recorder.compile_seconds(), "time": time.perf_counter()})
+        recorder.emit(StepEvent(kind=Kind.OPT_STEP, op=None, file=None, line=None,
+                                debug_offset=log_size(recorder.debug_file),
+                                fallback_offset=log_size(recorder.fallback_file),
+                                compile_time=recorder.compile_seconds(), time=time.perf_counter()))
         size, known = optimizer_state_size(optimizer), state_sizes.get(id(optimizer), 0)
         if size > known:
             state_sizes[id(optimizer)] = size
-            recorder.emit({"kind": Kind.OPT_STATE, "op": type(optimizer).__name__, "file": None,
-                           "line": None, "count": size - known})
+            recorder.emit(FallbackEvent(kind=Kind.OPT_STATE, op=type(optimizer).__name__, file=None,
+                                        line=None, count=size - known))
         recorder.optimizer_steps += 1
         recorder.flush()  # the step boundary of programs without an XLA step marker
 
