@@ -128,17 +128,16 @@ def mutated_runs(tmp_path_factory):
             copies[name] = Target(migrated[program].with_name(f"mutated-{len(copies)}.py"), None, True)
             copies[name].path.write_text(text.replace(old, new))
         with ThreadPoolExecutor(2) as pool:
-            # The originals one after the other: two xmp.spawn launches at once from one warm python
-            # once lost the spawned child's pipe (EBADF); they overlap the migrated runs only. Once
-            # each: XLA:CPU repeats itself exactly (the noise floor has tests of its own), and the
-            # command's test runs an original twice.
-            originals = pool.submit(lambda: {p: [workspace.run("original", "original", Target(p, None, False), [],
-                                                               1, 300)] * 2 for p in migrated})
+            # Each original once: XLA:CPU repeats itself exactly (the noise floor has tests of its
+            # own), and the command's test runs an original twice. Both are xmp.spawn launches
+            # from one warm python at once (tests/test_warm_python_fds.py: what that once broke).
+            originals = {p: pool.submit(workspace.run, "original", "original", Target(p, None, False), [], 1, 300)
+                         for p in migrated}
             runs = {name: pool.submit(workspace.run, name, "migrated", copy, [], 1 if name in ONE_PROCESS else 2, 300)
                     for name, copy in copies.items()}
             same = {p: pool.submit(workspace.run, "migrated", "migrated", Target(path, None, True), [], 1, 300)
                     for p, path in migrated.items()}
-            originals = originals.result()
+            originals = {p: [f.result()] * 2 for p, f in originals.items()}
             yield ({p: compare.original(*originals[p]) for p in migrated}, {p: f.result() for p, f in same.items()},
                    {name: f.result() for name, f in runs.items()})
     finally:

@@ -20,6 +20,7 @@ TPU_MIGRATE_COLD_PYTHON=1 turns it off: every run then starts a real interpreter
 
 from __future__ import annotations
 
+import fcntl
 import importlib
 import json
 import os
@@ -336,7 +337,11 @@ def _reset_signals(ignored: list[int]) -> None:
 
 def _place_fds(received: list[int], numbers: list[int]) -> None:
     """Give each received descriptor its number in the client; close every other."""
-    high = [os.dup(fd) for fd in received]  # out of the way of the numbers they will take
+    # Copies above every number they will take: a plain dup takes the lowest free number, which
+    # can be one of those (the fork leaves gaps), and placing an earlier one there would
+    # overwrite a copy not yet placed.
+    floor = max(numbers, default=2) + 1
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in received]
     for fd in received:
         os.close(fd)
     for fd, number in zip(high, numbers):
