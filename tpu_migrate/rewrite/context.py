@@ -144,6 +144,7 @@ class FileContext:
     import_plan: ImportPlan  # the names the new code uses for torch, dist, os, ...
     suppressions: dict[int, frozenset[str]]  # line -> codes, or {ALL_CODES}
     plans: Plans | None = None  # the decisions that span statements, made before the walk
+    notebook: bool = False  # the code cells of a notebook, joined (notebooks.py)
     # TPU190: convert availability guards (engine.py turns this off when torch_xla stays needed).
     convert_guards: bool = True
     # id(ast statement) -> (message, whether it is a TODO): assignments of a torch_xla value that

@@ -370,6 +370,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
         manual=result.manual,
         convert_guards=convert_guards,
         waiting_for=waiting_for,
+        notebook=result.path.endswith(".ipynb"),
     )
     def fix_allowed(code, info):
         return StatementContext(file, info).fix_allowed(code)

@@ -274,6 +274,59 @@ def _main_guarded(tree: ast.Module) -> set[int]:
     return guarded
 
 
+def main_guard_only(analysis: Analysis, worker: str) -> list[tuple[str, str | None]]:
+    """What a worker finds in a forked child and a spawned one lacks: the names only the file's
+    `if __name__ == "__main__":` binds. A spawned child imports the file under another name, so
+    that block does not run there. (name, the function that reads it): the worker itself (None),
+    or a global that its code reads, directly or through the file's module-level functions it
+    calls. Methods of classes are not followed."""
+    tree = analysis.tree
+    guards = [s for s in tree.body if isinstance(s, ast.If) and _is_main_test(s.test)]
+    if not guards:
+        return []
+    guard_ids = {id(g) for g in guards}
+    # Statements the import runs in a spawned child: everything but the guards' bodies (their
+    # `else:` runs there).
+    outside = [s for s in tree.body if id(s) not in guard_ids] + [s for g in guards for s in g.orelse]
+    only = {name for g in guards for name, _ in _stores(g.body)} - {name for name, _ in _stores(outside)}
+    # A name some function declares `global` may be bound by the worker's own path
+    # (`global FLAGS; FLAGS = flags` in the worker): not judged.
+    only -= {name for node in analysis.nodes if isinstance(node, ast.Global) for name in node.names}
+    missing: list[tuple[str, str | None]] = [(worker, None)] if worker in only else []
+    seen, queue = {worker}, [worker]
+    while queue:
+        reader = queue.pop(0)
+        function = analysis.functions.get(reader)
+        for name in sorted(_global_reads(function)) if function is not None else ():
+            if name in only and all(name != known for known, _ in missing):
+                missing.append((name, reader))
+            elif name in analysis.functions and name not in seen:
+                seen.add(name)
+                queue.append(name)
+    return missing
+
+
+def _global_reads(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The names a function's code reads that none of its own scopes binds (nested functions,
+    lambdas and comprehensions counted as its own): its globals and builtins."""
+    nodes = list(ast.walk(function))
+    declared = {name for node in nodes if isinstance(node, ast.Global) for name in node.names}
+    bound = {arg.arg for node in nodes if isinstance(node, ast.arguments)
+             for arg in (*node.posonlyargs, *node.args, *node.kwonlyargs, node.vararg, node.kwarg)
+             if arg is not None}
+    for node in nodes:
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node is not function:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound.update((a.asname or a.name).partition(".")[0] for a in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    reads = {node.id for node in nodes if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
+    return reads - (bound - declared)
+
+
 def _is_main_test(test: ast.expr) -> bool:
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
         return False

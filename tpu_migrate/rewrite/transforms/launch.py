@@ -5,6 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
+from tpu_migrate.rewrite.plans import main_guard_only
 from tpu_migrate.rewrite.registry import STATEMENT, transform
 from tpu_migrate.rewrite.transforms.device import device_string_args
 from tpu_migrate.rewrite.transforms.common import (
@@ -137,19 +138,16 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
         )
     if not launch:
         _unsupported_nprocs(bound, sc, rule, where)
-    if _forked_without_main_guard(bound, sc):
-        sc.needs_manual(
-            rule.code,
-            "start_method='fork' became spawn: each worker re-runs this module on import; put "
-            "the launch under `if __name__ == \"__main__\":`",
-            where=where,
-        )
     fn = code(bound["fn"].value)
     args = bound["args"].value if "args" in bound else None
     os_name = plan.use("os")
     dist = plan.use("dist")
     call_args = _spread(args)
-    wrapper = _wrapper(sc, plans.spawn_workers[id(sc.info.node)])
+    worker = plans.spawn_workers[id(sc.info.node)]
+    wrapper = _wrapper(sc, worker)
+    if _forked(bound):
+        for problem in _what_spawn_loses(sc, worker, wrapper):
+            sc.needs_manual(rule.code, f"start_method='fork' became spawn: {problem}", where=where)
     # torchrun started this process as one of the workers (on one host or several): RANK,
     # WORLD_SIZE and LOCAL_RANK are its; torch_xla.launch called fn itself.
     lines = [f"if {dist}.is_torchelastic_launched():",
@@ -312,13 +310,32 @@ def _launch_env(count: str, sc: StatementContext) -> list[str]:
     return [f"if {test}:\n    {call}"]
 
 
-def _forked_without_main_guard(bound: dict, sc: StatementContext) -> bool:
-    """A module-level launch with the fork start method, outside `if __name__ == "__main__":`.
-    (Inside a function, the call that reaches it is usually guarded: not judged.)"""
+def _forked(bound: dict) -> bool:
     method = bound.get("start_method")
-    if method is None or not isinstance(method.value, cst.SimpleString) or method.value.evaluated_value != "fork":
-        return False
-    return sc.scope.kind == "module" and not sc.file.plans.under_main_guard(sc.info.node)
+    return method is not None and isinstance(method.value, cst.SimpleString) and method.value.evaluated_value == "fork"
+
+
+def _what_spawn_loses(sc: StatementContext, worker: str, wrapper: str) -> list[str]:
+    """What a forked worker had from its parent and a spawned one, which starts a new
+    interpreter and imports the file, does not have."""
+    if sc.file.notebook:
+        # The spawned interpreter cannot import a notebook: nothing its cells define exists there.
+        return [f"a spawned worker cannot import what a notebook defines (`{worker}`, `{wrapper}`); "
+                f"move them into a .py module and import them here"]
+    problems = []
+    # A module-level launch outside the guard runs again in each worker's import. (Inside a
+    # function, the call that reaches it is usually guarded: not judged.)
+    if sc.scope.kind == "module" and not sc.file.plans.under_main_guard(sc.info.node):
+        problems.append("each worker re-runs this module on import; put the launch under "
+                        "`if __name__ == \"__main__\":`")
+    missing = main_guard_only(sc.file.analysis, worker)
+    if missing:
+        names = ", ".join(f"`{name}` (" + (f"read by `{reader}`" if reader else "the worker") + ")"
+                          for name, reader in missing)
+        problems.append(f"a spawned worker imports this file without running `if __name__ == \"__main__\":`, "
+                        f"the only block that binds {names}; bind {'it' if len(missing) == 1 else 'them'} "
+                        f"at module level (a value can also reach the worker through `args`)")
+    return problems
 
 
 def insert_at_body_start(stmt, new: list[cst.BaseStatement]):
