@@ -49,6 +49,10 @@ class Rule:
     # runtime (a torch.optim optimizer, a pure-Python helper): `--fix-level safe` applies it in a
     # file whose unsafe fixes wait. Every other conversion goes with them (engine.py).
     also_on_torch_xla: bool = False
+    # What the value was in a program that runs SPMD (one process drove every device of a host),
+    # where TorchTPU's one process per TPU answers differently: such a call is left with a TODO
+    # that says so (transforms/__init__.py).
+    under_spmd: str | None = None
     source: str = ""  # the table's file name: <family>.toml
 
     @property
@@ -178,7 +182,7 @@ def load_catalog(directory: str | None = None) -> Catalog:
 # that would otherwise load and quietly change what the rule does.
 _KEYS = {"code": str, "name": str, "summary": str, "safety": str, "explanation": str, "matches": list,
          "match_prefixes": list, "replace": dict, "rename": dict, "params": list, "transform": str,
-         "plain_value": bool, "also_on_torch_xla": bool}
+         "plain_value": bool, "also_on_torch_xla": bool, "under_spmd": str}
 _FILE_KEYS = ("family", "rule", "modules")
 _FAMILY_KEYS = ("title", "summary")
 
@@ -209,6 +213,9 @@ def _check_table(table: dict, where: str) -> None:
         raise RuleError(f"{where}: a {table['safety']} rule needs 'replace', 'rename' or 'transform' to fix with")
     if table.get("safety") == "manual" and ("replace" in table or "rename" in table):
         raise RuleError(f"{where}: a manual rule fixes nothing: it cannot have '{fixes[0]}'")
+    if "under_spmd" in table and ("rename" in table or table.get("safety") == "manual"):
+        raise RuleError(f"{where}: 'under_spmd' says what a converted call meant under SPMD: a "
+                        f"{'rename' if 'rename' in table else 'manual'} rule converts no call")
     for key in ("replace", "rename"):
         for target, template in table.get(key, {}).items():
             if not isinstance(template, str):
@@ -265,5 +272,6 @@ def _rule_from_table(table: dict, path: Path) -> Rule:
         transform=table.get("transform"),
         plain_value=table.get("plain_value", False),
         also_on_torch_xla=table.get("also_on_torch_xla", False),
+        under_spmd=table.get("under_spmd"),
         source=path.name,
     )

@@ -32,7 +32,7 @@ from tpu_migrate.rewrite.transforms import (
     utilities,
     zero_redundancy,
 )
-from tpu_migrate.rewrite.transforms.common import atom, bind, code
+from tpu_migrate.rewrite.transforms.common import atom, bind, code, runs_spmd
 
 # Imported for their registrations.
 FAMILIES = (amp_compile, collectives, device, environment, fsdp, fsdp_checkpoints, guards, launch, loaders,
@@ -58,6 +58,10 @@ def template_values(rule, call: cst.Call | None, sc: StatementContext, qualname:
 
 
 def apply_call_rule(rule, qualname: str, call: cst.Call, sc: StatementContext):
+    if rule.under_spmd and runs_spmd(sc):
+        sc.needs_manual(rule.code, f"this file runs SPMD (one process per host), where this was {rule.under_spmd}",
+                        qualname)
+        return call
     if rule.replace:
         values = template_values(rule, call, sc, qualname)
         try:

@@ -9,6 +9,8 @@ import warnings
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_stmt, unused_name
+from tpu_migrate.rewrite.registry import rule_code
+from tpu_migrate.rewrite.todos import TEXT_MARKER
 
 
 # Expressions that need parentheses when they land inside a larger expression.
@@ -186,3 +188,21 @@ def find_all(node: cst.CSTNode, kind: type[cst.CSTNode]) -> list:
     collector = _Collector(kind)
     node.visit(collector)
     return collector.found
+
+
+# Where these names appear the program runs SPMD: one process drove every device of a host, so
+# the process queries counted hosts (or answered 1 and 0), not TorchTPU's processes per TPU.
+_SPMD_NAMES = ("torch_xla.runtime.use_spmd", "torch_xla.runtime.is_spmd", "optimum.tpu.use_fsdp_v2")
+_SPMD_MODULES = ("torch_xla.distributed.spmd.", "optimum.tpu.fsdp_v2.")
+_SPMD_TODO = f"{TEXT_MARKER}: {rule_code('TPU170')} "
+
+
+def runs_spmd(sc: StatementContext) -> bool:
+    """SPMD names in the file, or the TODO that `xr.use_spmd()` left where it went (TPU170): the
+    process queries keep their SPMD meaning on a second run too."""
+    uses = sc.file.memo.get("uses_spmd")
+    if uses is None:  # once per file: a scan per query would grow with the square of its size
+        uses = sc.file.memo["uses_spmd"] = any(
+            name in _SPMD_NAMES or name.startswith(_SPMD_MODULES) for name in sc.file.analysis.qualnames
+        ) or any(_SPMD_TODO in line for line in sc.file.source_lines)
+    return bool(uses)

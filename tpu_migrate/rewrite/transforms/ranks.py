@@ -7,7 +7,6 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
 from tpu_migrate.rewrite.registry import CALL, STATEMENT, rule_code, transform
-from tpu_migrate.rewrite.todos import TEXT_MARKER
 from tpu_migrate.rewrite.transforms.common import (
     GLOBAL_MASTER,
     LOCAL_MASTER,
@@ -17,6 +16,7 @@ from tpu_migrate.rewrite.transforms.common import (
     fresh_name,
     if_block,
     literal_bool,
+    runs_spmd,
     standalone,
 )
 
@@ -29,6 +29,11 @@ def is_master_ordinal(call, qualname, sc: StatementContext, rule):
         sc.needs_manual(
             rule.code, "`local=` is not a literal: choose LOCAL_RANK or the global rank", qualname
         )
+        return call
+    if not local and runs_spmd(sc):
+        sc.needs_manual(rule.code, "this file runs SPMD (one process per host), where this was true on every "
+                        "host; TorchTPU runs one process per TPU: port the SPMD code first, then test the rank "
+                        "(one process of the job) or LOCAL_RANK (one process per host)", qualname)
         return call
     sc.fixed(rule.code, qualname)
     return parse_expr(sc.fill(LOCAL_MASTER if local else GLOBAL_MASTER))
@@ -111,16 +116,6 @@ def master_print_statement(call, qualname, sc: StatementContext, rule, plans):
     return [*computed, guard]
 
 
-# Where these names appear the program runs SPMD: one process per host, so the process index
-# was the host's index, not a rank.
-_SPMD_NAMES = ("torch_xla.runtime.use_spmd", "torch_xla.runtime.is_spmd", "optimum.tpu.use_fsdp_v2")
-_SPMD_MODULES = ("torch_xla.distributed.spmd.", "optimum.tpu.fsdp_v2.")
-_SPMD_TODO = f"{TEXT_MARKER}: {rule_code('TPU170')} "
-# Under SPMD: what the value was, and its candidates under TorchTPU.
-_SPMD_MEANING = {
-    "process-index": ("the host's index", "the rank or NODE_RANK"),
-    "process-count": ("the number of hosts", "the world size or NNODES"),
-}
 # The rank rule whose answer each query shares in a process-per-device program.
 _SAME_AS = {"process-index": rule_code("TPU021"), "process-count": rule_code("TPU020")}
 
@@ -128,24 +123,8 @@ _SAME_AS = {"process-index": rule_code("TPU021"), "process-count": rule_code("TP
 @transform("process_query", form=CALL)
 def process_query(call, qualname, sc: StatementContext, rule):
     """Multi-process torch_xla ran one process per device, as TorchTPU does: the process
-    index is the rank and the process count the world size (TPU021 / TPU020's answers)."""
-    if _uses_spmd(sc):
-        was, now = _SPMD_MEANING[rule.name]
-        sc.needs_manual(rule.code, f"this file runs SPMD (one process per host), where this was {was}; "
-                        "TorchTPU runs one process per TPU: port the SPMD code first, then use "
-                        f"{now} as your data sharding needs", qualname)
-        return call
+    index is the rank and the process count the world size (TPU021 / TPU020's answers). In an
+    SPMD file the rule's `under_spmd` has already left the call (transforms/__init__.py)."""
     sc.fixed(rule.code, qualname)
     template = sc.file.catalog.by_code(_SAME_AS[rule.name]).replace[sc.file.target]
     return parse_expr(sc.fill(template))
-
-
-def _uses_spmd(sc: StatementContext) -> bool:
-    """SPMD names in the file, or the TODO that `xr.use_spmd()` left where it went (TPU170): the
-    process queries keep their SPMD meaning on a second run too."""
-    uses = sc.file.memo.get("uses_spmd")
-    if uses is None:  # once per file: a scan per query would grow with the square of its size
-        uses = sc.file.memo["uses_spmd"] = any(
-            name in _SPMD_NAMES or name.startswith(_SPMD_MODULES) for name in sc.file.analysis.qualnames
-        ) or any(_SPMD_TODO in line for line in sc.file.source_lines)
-    return uses
