@@ -167,8 +167,8 @@ class FileContext:
     # (scope id, name) of variables bound to a device loader and rewritten to the plain loader.
     loader_vars: dict[tuple[int, str], cst.BaseExpression] = field(default_factory=dict)
     # Blocks that rules generated, by id (the node is kept, so the id stays its own): the body
-    # of a rank guard ("guard", its condition), of xm.save's barrier ("barrier", None), or the
-    # `pass` left where a removed statement was ("pass", None). The walker tidies these up.
+    # of a rank guard ("guard", its condition), or the `pass` left where a removed statement
+    # was ("pass", None). The walker tidies these up.
     generated: dict[int, tuple[cst.CSTNode, str, str | None]] = field(default_factory=dict)
     # Where import removal deleted the first module-level import line (imports.RemovedImports):
     # the imports the new code needs go there when the file has no group of their kind.
@@ -184,7 +184,7 @@ class FileContext:
         self.generated[id(node)] = (node, role, condition)
 
     def generated_role(self, node: cst.CSTNode | None) -> tuple[str | None, str | None]:
-        """("guard", its condition), ("barrier", None), ("pass", None) for a block a rule
+        """("guard", its condition), ("pass", None) for a block a rule
         generated, else (None, None)."""
         entry = self.generated.get(id(node)) if node is not None else None
         return (entry[1], entry[2]) if entry is not None and entry[0] is node else (None, None)

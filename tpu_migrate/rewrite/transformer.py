@@ -63,8 +63,6 @@ class ModuleRewriter:
         # The rank test of the `if` whose body is being rewritten (only some ranks run here),
         # None outside such a body or in a nested function.
         self.rank_gate: str | None = None
-        # Barriers taken out of a rank-gated body, put after the outermost rank-gated `if`.
-        self.after: list[cst.BaseStatement] | None = None
 
     # -- blocks -----------------------------------------------------------------------------
 
@@ -121,9 +119,7 @@ class ModuleRewriter:
     def tidy(self, out: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """Generated rank guards, as a reviewer would write them: consecutive guards with the
         same test become one `if`; a guard inside an `if` with the same test is dropped (its
-        body stays); a barrier inside a rank-gated `if` goes after it, where every rank
-        reaches it (inside, the other ranks would never join it: torch_xla's xm.save there
-        hung the same way)."""
+        body stays)."""
         roles = [self.file.generated_role(getattr(stmt, "body", None)) for stmt in out]
         if not any(role for role, _ in roles):
             return out
@@ -136,10 +132,6 @@ class ModuleRewriter:
                 inner[0] = prepend_lines(inner[0], list(stmt.leading_lines))
                 result.extend(inner)
                 previous = None
-                continue
-            if role == "barrier" and plain and self.rank_gate is not None and self.after is not None:
-                if not any(self.file.generated_role(b.body)[0] == "barrier" for b in self.after):
-                    self.after.append(stmt)  # its leading lines are empty: it never comes first
                 continue
             if role == "guard" and plain and condition == previous and not stmt.leading_lines:
                 last = result[-1]
@@ -330,14 +322,7 @@ class ModuleRewriter:
             stmt = ExprRewriter(sc, stmt).rewrite(stmt)
 
         # Bodies first (their statements pair with the ast), then insertions at their start.
-        collect = isinstance(stmt, cst.If) and not elif_ and self.rank_gate is None
-        if collect:
-            outer_after, self.after = self.after, []
-        try:
-            stmt = self.children(stmt, node)
-        finally:
-            if collect:
-                after, self.after = self.after, outer_after
+        stmt = self.children(stmt, node)
         if prefix:
             stmt = insert_at_body_start(stmt, prefix)
 
@@ -350,10 +335,7 @@ class ModuleRewriter:
             return [], comments_of_removed_if(stmt)
         folded = None if elif_ or sc is None else self._folded_if(stmt, node, sc)
         if folded is not None:
-            statements, comments = folded
-            return [*statements, *after] if collect and after else statements, comments
-        if collect and after:
-            return [stmt, *after], []
+            return folded
         return [stmt], []
 
     def _emptied_if(self, stmt, sc) -> bool:
@@ -435,12 +417,11 @@ class ModuleRewriter:
             return stmt.with_changes(**changes)
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             # A function's body runs wherever it is called: no enclosing rank test holds there.
-            outer, outer_after = self.rank_gate, self.after
-            self.rank_gate, self.after = None, None
+            outer, self.rank_gate = self.rank_gate, None
             try:
                 return stmt.with_changes(body=self.body_block(stmt.body, node.body))
             finally:
-                self.rank_gate, self.after = outer, outer_after
+                self.rank_gate = outer
         if isinstance(stmt, cst.With):
             return stmt.with_changes(body=self.body_block(stmt.body, node.body))
         if isinstance(stmt, (cst.Try, cst.TryStar)):

@@ -26,7 +26,7 @@ from tpu_migrate.rewrite.transforms.common import (
     is_xla,
     parse_block,
 )
-from tpu_migrate.rewrite.transforms.collectives import average_gradients, world_guard
+from tpu_migrate.rewrite.transforms.collectives import average_gradients
 
 
 @transform("remove_step_marker", form=CALL)
@@ -152,26 +152,18 @@ def xla_save_statement(call, qualname, sc: StatementContext, rule, plans):
     ):
         sc.needs_manual(rule.code, "cannot read the arguments of xm.save", qualname)
         return None
-    where = sc.fixed(rule.code, qualname)
+    sc.fixed(rule.code, qualname)
     plan = sc.file.import_plan
     tree = f"{helper(sc, '_cpu_copies', CPU_COPIES)}({code(bound['data'].value)})"
     save = plan.fill("{torch}.save") + f"({tree}, {code(bound['file_or_path'].value)})"
-    # xm.save ended with a rendezvous: no rank reads the file before it is written.
-    barrier = f"if {world_guard(sc, rule.code, where, short=True)}:\n" + plan.fill("    {dist}.barrier()\n")
+    # torch_xla 2.x's xm.save has no closing rendezvous (1.x's had one): the ranks that do not
+    # write go on at once, as before. A barrier here would hang where only some ranks save.
     if not master_only:
-        return [parse_stmt(save + "\n"), _barrier(barrier, sc)]
+        return [parse_stmt(save + "\n")]
     condition = sc.fill(GLOBAL_MASTER if global_master else LOCAL_MASTER)
     guard = parse_stmt(f"if {condition}:\n    {save}\n")
     sc.file.mark(guard.body, "guard", condition)
-    return [guard, _barrier(barrier, sc)]
-
-
-def _barrier(text: str, sc: StatementContext) -> cst.If:
-    """xm.save's closing rendezvous. Marked: inside a rank-gated `if`, where only some ranks
-    would reach it (and wait for ever), the walker moves it after that `if` (transformer.py)."""
-    barrier = parse_stmt(text)
-    sc.file.mark(barrier.body, "barrier")
-    return barrier
+    return [guard]
 
 
 @transform("unwrap_step_context", on="with")
