@@ -144,7 +144,7 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
     dist = plan.use("dist")
     call_args = _spread(args)
     worker = plans.spawn_workers[id(sc.info.node)]
-    wrapper = _wrapper(sc, worker)
+    wrapper = _wrapper(sc, worker, launch)
     if _forked(bound):
         for problem in _what_spawn_loses(sc, worker, wrapper):
             sc.needs_manual(rule.code, f"start_method='fork' became spawn: {problem}", where=where)
@@ -177,35 +177,43 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
 # own: the launched function is never edited (a GPU path or a test may call it too). RANK is the
 # global rank on a pod: this host's NODE_RANK (set_tpu_launch_env sets it on a multi-host slice)
 # times the processes per host, plus the local index; fn gets it, as torch_xla gave fn the global
-# ordinal. `{setup}` selects the local accelerator (portable), `{init}` starts the group.
+# ordinal; under torchrun, torch_xla.launch gave fn the local rank (`{index}`). `{setup}` selects
+# the local accelerator (portable), `{init}` starts the group.
 WORKER = '''def {name}(local_index, fn, nprocs, *args):
     """Prepare this process as xmp.spawn did, then call fn unchanged (added by tpu-migrate)."""
     if not {dist}.is_torchelastic_launched():
         {os}.environ["LOCAL_RANK"] = str(local_index)
         {os}.environ["RANK"] = str(int({os}.environ.get("NODE_RANK", 0)) * nprocs + local_index)
 {setup}{init}    try:
-        return fn(int({os}.environ["RANK"]), *args)
+        return fn({index}, *args)
     finally:
         if {dist}.is_initialized():
             {dist}.destroy_process_group()
 '''
 
 
-def _wrapper(sc: StatementContext, worker: str) -> str:
+# The index fn gets: xmp.spawn gave the global ordinal; torch_xla.launch too, except under
+# torchrun, where it called fn(LOCAL_RANK) in the process torchrun started.
+SPAWN_INDEX = 'int({os}.environ["RANK"])'
+LAUNCH_INDEX = 'local_index if {dist}.is_torchelastic_launched() else int({os}.environ["RANK"])'
+
+
+def _wrapper(sc: StatementContext, worker: str, launch: bool) -> str:
     """The name of the file's wrapper that starts `worker` (added once per file and variant)."""
     file = sc.file
     setup = init = ""
     if file.target == "portable":
         # One accelerator per process: each rank's index-less device is its own one.
         setup = "    " + SELECT_LOCAL_DEVICE.format(torch="{torch}", local_rank="local_index").replace("\n    ", "\n        ")
-    base = "_xmp_worker"
+    base = "_launch_worker" if launch else "_xmp_worker"
     if not file.plans.other_inits:
         if worker in file.plans.self_initializing:
-            base = "_xmp_worker_own_group"  # the worker starts the group itself, on every path
+            base += "_own_group"  # the worker starts the group itself, on every path
         else:
             backend = '"tpu_dist"' if file.target == "tpu" else ""
             init = f"    {{dist}}.init_process_group({backend})\n"
-    template = WORKER.replace("{setup}", setup).replace("{init}", init)
+    template = WORKER.replace("{setup}", setup).replace("{init}", init).replace(
+        "{index}", LAUNCH_INDEX if launch else SPAWN_INDEX)
     return helper(sc, base, template)
 
 
