@@ -369,9 +369,15 @@ def average_gradients(optimizer: str, sc: StatementContext, code_: str,
     ]
 
 
+# torch_xla's reduce types are plain strings: used on their own (a table's key, a comparison,
+# a default, a value handed to the program's own helper) they keep their value.
+REDUCE_TYPE_VALUES = {"REDUCE_SUM": "sum", "REDUCE_MUL": "mul", "REDUCE_MIN": "min", "REDUCE_MAX": "max",
+                      "REDUCE_AND": "and", "REDUCE_OR": "or"}
+
+
 @transform("reduce_op_constant", form=REFERENCE)
 def reduce_op_constant(node, qualname, sc: StatementContext, rule):
-    """`xm.REDUCE_SUM` used on its own (a name rule)."""
-    op = REDUCE_OPS[qualname.rsplit(".", 1)[1]]
+    """`xm.REDUCE_SUM` used on its own (not as a converted collective's reduce type, where it
+    becomes `dist.ReduceOp.SUM`): the string it always was."""
     sc.fixed(rule.code, qualname)
-    return parse_expr(sc.file.import_plan.fill("{dist}.ReduceOp.") + op)
+    return cst.SimpleString(f'"{REDUCE_TYPE_VALUES[qualname.rsplit(".", 1)[1]]}"')
