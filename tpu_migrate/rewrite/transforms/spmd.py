@@ -134,12 +134,21 @@ def spmd_mesh(call, qualname, sc: StatementContext, rule):
 @transform("spmd_mesh", form=STATEMENT)
 def spmd_mesh_statement(call, qualname, sc: StatementContext, rule, plans):
     """`xs.set_global_mesh(mesh)` goes where nothing in the file reads the global mesh back
-    (the converted SpmdFullyShardedDataParallel shards over every process without it)."""
+    (the converted SpmdFullyShardedDataParallel shards over every process without it), with a
+    TODO where it was: other modules, and torch_xla's own kernels, may read it."""
     if qualname == SET_GLOBAL_MESH and GET_GLOBAL_MESH not in sc.file.analysis.qualnames and len(call.args) == 1:
-        sc.fixed(rule.code, qualname)
+        where = sc.fixed(rule.code, qualname)
+        sc.needs_manual(rule.code, GLOBAL_MESH_GONE.format(mesh=code(call.args[0].value)), where=where)
         return []
     sc.needs_manual(rule.code, _manual_mesh(qualname), qualname)
     return None
+
+
+# Where xs.set_global_mesh(mesh) went: nothing in its file read the mesh back, but code elsewhere
+# may (a model's xs.get_global_mesh(), flash_attention's partition spec without a mesh).
+GLOBAL_MESH_GONE = ("`xs.set_global_mesh({mesh})` was here: TorchTPU has no global mesh; code in other modules "
+                    "that read it (xs.get_global_mesh(), torch_xla's flash_attention without mesh=) must be "
+                    "handed this DeviceMesh")
 
 
 def _manual_mesh(qualname: str) -> str:
