@@ -145,6 +145,8 @@ class FileContext:
     suppressions: dict[int, frozenset[str]]  # line -> codes, or {ALL_CODES}
     plans: Plans | None = None  # the decisions that span statements, made before the walk
     notebook: bool = False  # the code cells of a notebook, joined (notebooks.py)
+    # A wrap by torch_xla's FSDP stays in the file: its models' get_shard_metadata() stays too.
+    xla_fsdp_kept: bool = False
     # TPU190: convert availability guards (engine.py turns this off when torch_xla stays needed).
     convert_guards: bool = True
     # id(ast statement) -> (message, whether it is a TODO): assignments of a torch_xla value that

@@ -25,7 +25,7 @@ from tpu_migrate.rewrite.names import analyze, is_xla_name
 from tpu_migrate.rewrite.plans import make_plans
 from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
-from tpu_migrate.rewrite.transforms.fsdp_checkpoints import shard_metadata_reads
+from tpu_migrate.rewrite.transforms.fsdp_checkpoints import XLA_FSDP_NAMES, shard_metadata_reads
 from tpu_migrate.rewrite.transforms.spmd_parameters import parameter_marking_loops
 from tpu_migrate.rules import Catalog, RuleError, load_catalog
 
@@ -158,6 +158,15 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
         file = _file_context(text, options, catalog, result, True, fresh, waiting_for)
         new_module = _rewrite_module(module, tree, file)
+    if file.plans.shard_metadata_reads and _xla_fsdp_kept(file):
+        # A wrap by torch_xla's FSDP is left for a human: its model is torch_xla's, whose
+        # get_shard_metadata() the FSDP2 helper must not answer (it has no torch_xla shards).
+        result.fixes.clear()
+        result.manual.clear()
+        fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
+        file = _file_context(text, options, catalog, result, file.convert_guards, fresh, file.waiting_for,
+                             xla_fsdp_kept=True)
+        new_module = _rewrite_module(module, tree, file)
     if file.guards_converted and file.kept_xla_imports:
         # Availability guards mean "a TPU is here" only once nothing in the file needs torch_xla
         # any more; while some use remains (a manual TODO), they keep testing for torch_xla.
@@ -165,7 +174,8 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         result.manual.clear()
         # Anew: plans marked the first analysis.
         fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
-        file = _file_context(text, options, catalog, result, False, fresh, file.waiting_for)
+        file = _file_context(text, options, catalog, result, False, fresh, file.waiting_for,
+                             xla_fsdp_kept=file.xla_fsdp_kept)
         new_module = _rewrite_module(module, tree, file)
     for _ in range(3):
         # Assignments whose converted value would go to a call left to torch_xla: kept (flows.py).
@@ -175,7 +185,8 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         result.fixes.clear()
         result.manual.clear()
         fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
-        again = _file_context(text, options, catalog, result, file.convert_guards, fresh, file.waiting_for)
+        again = _file_context(text, options, catalog, result, file.convert_guards, fresh, file.waiting_for,
+                              xla_fsdp_kept=file.xla_fsdp_kept)
         again.held = {**file.held, **held}  # keyed by the statements of `tree`, which both walk
         file = again
         new_module = _rewrite_module(module, tree, file)
@@ -354,8 +365,10 @@ def _span_at_most(node: ast.AST, line_starts: list[int]) -> int:
     return line_starts[end_line - 1] - line_starts[first - 1] + node.end_col_offset
 
 
-def _file_context(text, options, catalog, result, convert_guards, analysis, waiting_for=None) -> FileContext:
-    """What the walk knows about the file, the cross-statement plans included."""
+def _file_context(text, options, catalog, result, convert_guards, analysis, waiting_for=None,
+                  xla_fsdp_kept=False) -> FileContext:
+    """What the walk knows about the file, the cross-statement plans included. `xla_fsdp_kept`:
+    a wrap by torch_xla's FSDP stays, so `model.get_shard_metadata()` reads stay torch_xla's."""
     file = FileContext(
         catalog=catalog,
         options=options,
@@ -371,15 +384,21 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
         convert_guards=convert_guards,
         waiting_for=waiting_for,
         notebook=result.path.endswith(".ipynb"),
+        xla_fsdp_kept=xla_fsdp_kept,
     )
     def fix_allowed(code, info):
         return StatementContext(file, info).fix_allowed(code)
 
     file.plans = make_plans(analysis, catalog.canonical, fix_allowed)
-    file.plans.shard_metadata_reads = shard_metadata_reads(analysis)
+    file.plans.shard_metadata_reads = {} if xla_fsdp_kept else shard_metadata_reads(analysis)
     file.plans.sharded_parameter_loops, file.plans.parameter_mark_refusals = parameter_marking_loops(
         analysis, catalog.canonical, fix_allowed)
     return file
+
+
+def _xla_fsdp_kept(file: FileContext) -> bool:
+    """Whether an import of torch_xla's FSDP class stays: a wrap (or other use) was left to it."""
+    return any(binding.qualname in XLA_FSDP_NAMES for binding in file.kept_xla_imports)
 
 
 def _held_unsafe_fix(result: FileResult, options: Options, catalog: Catalog) -> tuple[str, int] | None:
