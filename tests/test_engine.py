@@ -54,6 +54,19 @@ def test_files_without_torch_xla_are_not_parsed_at_all():
     assert result.error is None and not result.changed
 
 
+@pytest.mark.parametrize("neuron_import", ["from torch_neuronx.utils import get_platform_target",
+                                           "import neuronx_distributed.parallel_layers as nxd",
+                                           "from optimum.neuron import NeuronTrainer"])
+def test_aws_neuron_code_is_left_as_it_is_with_a_warning(neuron_import):
+    """torch_xla also drives AWS Neuron (PJRT_DEVICE=NEURON): its `xla` device and mark_step are a
+    NeuronCore's, not a TPU's (neuronx-distributed's parallel_state.py was rewritten to `tpu`)."""
+    data = (f"import torch\nimport torch_xla.core.xla_model as xm\n{neuron_import}\n\n"
+            "xm.mark_step()\nt = torch.rand([1], device=\"xla\")\n").encode()
+    result = rewrite_bytes(data, "neuron.py", Options())
+    assert not result.changed and not result.fixes and not result.manual and result.error is None
+    assert [(note.line, "AWS Neuron" in note.message) for note in result.notes] == [(3, True)]
+
+
 def test_syntax_error_is_reported_with_its_line():
     result = run(b"import torch_xla\n\nx = (1,\n")
     assert result.error.startswith("syntax error at line")

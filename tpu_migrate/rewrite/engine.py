@@ -105,6 +105,14 @@ def _report_open_work(text: str, result: FileResult, catalog: Catalog) -> None:
 
 
 TRIGGER_STRINGS = registry.trigger_strings()
+# AWS Neuron runs on torch_xla too (PJRT_DEVICE=NEURON): its `xla` device is a NeuronCore, its
+# collectives Neuron's. A file that imports these is Neuron code, not TPU code: left as it is.
+NEURON_PACKAGES = ("torch_neuronx", "torch_neuron", "neuronx_distributed", "libneuronxla", "transformers_neuronx",
+                   "optimum.neuron")
+
+
+def _neuron_package(qualname: str) -> str | None:
+    return next((p for p in NEURON_PACKAGES if qualname == p or qualname.startswith(p + ".")), None)
 
 
 @lru_cache(maxsize=None)
@@ -128,6 +136,11 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
     dynamic_imports = [d for info in analysis.infos.values() for d in info.dynamic_imports]
     result.imports_xla = has_xla_imports or bool(dynamic_imports)
     if not has_xla_imports and not any(i.interesting for i in analysis.infos.values()):
+        return None
+    neuron = next((b for b in analysis.imports if _neuron_package(b.qualname)), None)
+    if neuron is not None:
+        result.notes.append(Note(neuron.stmt.lineno, f"not rewritten: it imports {_neuron_package(neuron.qualname)} "
+                                 "(AWS Neuron), whose torch_xla drives Trainium / Inferentia, not a TPU"))
         return None
     _check_nesting(tree, text)
     file = _file_context(text, options, catalog, result, True, analysis)
