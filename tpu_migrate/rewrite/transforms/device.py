@@ -15,8 +15,10 @@ from tpu_migrate.rewrite.transforms.common import (
     PORTABLE_DEVICE,
     bind,
     clean_args,
+    code,
     helper,
     quote_of,
+    runs_spmd,
 )
 
 # Where a plain string must stay a string (data, `device_type=`), target portable uses the type
@@ -128,10 +130,27 @@ DEFAULT_BACKEND = '''def {name}():
 
 @transform("device_call", form=CALL)
 def device_call(call, qualname, sc: StatementContext, rule):
+    index = _device_index(call, qualname)
+    if index is not None and not runs_spmd(sc):  # under SPMD torch_xla returned xla:0 for any index
+        sc.needs_manual(rule.code, f"this picked device `{code(index)}` of the devices one process drove (one process over "
+                        "several TPUs, e.g. a thread per device); TorchTPU binds each process to one TPU, "
+                        "its index 0: run one process per device (torchrun) and give each its share",
+                        qualname)
+        return call
     sc.fixed(rule.code, qualname)
     if sc.file.target == "tpu":
         return parse_expr(sc.file.import_plan.fill('{torch}.device("tpu")'))
     return parse_expr(sc.file.import_plan.fill(PORTABLE_DEVICE))
+
+
+def _device_index(call: cst.Call, qualname: str) -> cst.BaseExpression | None:
+    """The device index the call picks, unless it is absent, None or 0 (the process's own device)."""
+    bound = bind(call, ["index"] if qualname == "torch_xla.device" else ["n", "devkind"])
+    arg = None if bound is None else bound.get("index") or bound.get("n")
+    if arg is None or (isinstance(arg.value, cst.Name) and arg.value.value == "None") or \
+            (isinstance(arg.value, cst.Integer) and arg.value.evaluated_value == 0):
+        return None
+    return arg.value
 
 
 @transform("device_strings", calls=("torch.device",))
