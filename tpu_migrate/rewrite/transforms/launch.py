@@ -6,7 +6,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.plans import main_guard_only
-from tpu_migrate.rewrite.registry import STATEMENT, transform
+from tpu_migrate.rewrite.registry import STATEMENT, emits, transform
 from tpu_migrate.rewrite.transforms.device import device_string_args
 from tpu_migrate.rewrite.transforms.common import (
     atom,
@@ -18,6 +18,7 @@ from tpu_migrate.rewrite.transforms.common import (
     literal_bool,
     clean_args,
     quote_of,
+    runs_spmd,
 )
 
 
@@ -49,6 +50,10 @@ def init_process_group(call: cst.Call, sc: StatementContext):
             sc.needs_manual("TPU070", "the torch_xla collectives of this file, which needed no group, now "
                             "run on the default group this call makes: make sure its backend can carry "
                             "tpu tensors (\"tpu_dist\"; gloo carries only CPU tensors)")
+        if _xla_rendezvous(bound.get("init_method")) and sc.enabled("TPU070"):
+            # A gloo (or other) group that rendezvoused through torch_xla's handler, which only
+            # `import torch_xla` registered: env://, as the "xla" backend's call gets.
+            return _without_xla_rendezvous(call, bound["init_method"], sc)
         # `backend=args.backend or "xla"`: its "xla" strings, like any backend keyword's (TPU005)
         return device_string_args(call, sc)
     if not sc.enabled("TPU070"):
@@ -57,11 +62,7 @@ def init_process_group(call: cst.Call, sc: StatementContext):
     where = sc.fixed("TPU070", "torch.distributed.init_process_group")
     plan = sc.file.import_plan
     method = bound.get("init_method")
-    drop_method = (
-        method is not None
-        and isinstance(method.value, cst.SimpleString)
-        and method.value.evaluated_value in ("xla://", "pjrt://")
-    )
+    drop_method = _xla_rendezvous(method)
     kept = [a for a in call.args if not (a is method and drop_method)]
     args = []
     for i, arg in enumerate(kept):
@@ -77,18 +78,7 @@ def init_process_group(call: cst.Call, sc: StatementContext):
         args.append(arg)
     new = call.with_changes(args=clean_args(args))
     if drop_method and not sc.file.plans.workers:
-        # xla:// took rank and world size from torch_xla's runtime: `python train.py` needed no
-        # environment. env:// reads it: a process no launcher started is rank 0 of 1 (what a
-        # launcher such as torchrun set is kept).
-        if sc.can_prefix:
-            os_name = plan.use("os")
-            sc.before.extend(parse_block([*_rendezvous_defaults(os_name),
-                                          f'{os_name}.environ.setdefault("RANK", "0")',
-                                          f'{os_name}.environ.setdefault("WORLD_SIZE", "1")']))
-        else:
-            sc.needs_manual("TPU070", "the env:// rendezvous needs RANK, WORLD_SIZE, MASTER_ADDR and "
-                            "MASTER_PORT, which `python train.py` does not set (xla:// needed none): "
-                            "set them before this statement", where=where)
+        _env_rendezvous_defaults(sc, where)
     if sc.file.target == "portable" and not sc.file.plans.workers and sc.can_prefix:
         # torchrun and friends start one process per accelerator: each must use its own
         # (an index-less device is the current one, 0 unless set; NCCL refuses duplicates).
@@ -106,6 +96,44 @@ def init_process_group(call: cst.Call, sc: StatementContext):
         # second one.
         return parse_expr(f"{code(new)} if not {plan.use('dist')}.is_initialized() else None")
     return new
+
+
+def _xla_rendezvous(method: cst.Arg | None) -> bool:
+    """`init_method="xla://"` / `"pjrt://"`: torch_xla's rendezvous handlers."""
+    return method is not None and isinstance(method.value, cst.SimpleString) and \
+        method.value.evaluated_value in ("xla://", "pjrt://")
+
+
+@emits("TPU070")
+def _env_rendezvous_defaults(sc: StatementContext, where) -> None:
+    """xla:// took rank and world size from torch_xla's runtime: `python train.py` needed no
+    environment. env:// reads it: a process no launcher started is rank 0 of 1 (what a launcher
+    such as torchrun set is kept)."""
+    if sc.can_prefix:
+        os_name = sc.file.import_plan.use("os")
+        sc.before.extend(parse_block([*_rendezvous_defaults(os_name),
+                                      f'{os_name}.environ.setdefault("RANK", "0")',
+                                      f'{os_name}.environ.setdefault("WORLD_SIZE", "1")']))
+    else:
+        sc.needs_manual("TPU070", "the env:// rendezvous needs RANK, WORLD_SIZE, MASTER_ADDR and "
+                        "MASTER_PORT, which `python train.py` does not set (xla:// needed none): "
+                        "set them before this statement", where=where)
+
+
+@emits("TPU070")
+def _without_xla_rendezvous(call: cst.Call, method: cst.Arg, sc: StatementContext):
+    """`init_process_group("gloo", init_method="xla://")`: the same group through env://."""
+    if runs_spmd(sc):
+        # One process per host: xla:// made a group of the hosts, env:// under TorchTPU's launch
+        # one of every TPU's process.
+        sc.needs_manual("TPU070", "this file runs SPMD (one process per host), where xla:// made a group of "
+                        "the hosts; TorchTPU runs one process per TPU: port the SPMD code first, then "
+                        "rendezvous through env:// (the launcher's RANK and WORLD_SIZE)")
+        return call
+    where = sc.fixed("TPU070", "torch.distributed.init_process_group")
+    if not sc.file.plans.workers:
+        _env_rendezvous_defaults(sc, where)
+    return call.with_changes(args=clean_args([a for a in call.args if a is not method]))
 
 
 @transform("spawn", form=STATEMENT)
