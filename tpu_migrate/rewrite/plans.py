@@ -53,9 +53,10 @@ class Plans:
     # Workers that only the converted launch runs, always in its process group: private
     # module-level functions the file names nowhere but at the launch (named_expressions.py).
     joined_workers: set[str] = field(default_factory=set)
-    # id(statement) -> (line, col) of each `model.get_shard_metadata()` in it, in a file that
+    # id(statement) -> (line, col, method) of each `model.get_shard_metadata()` and
+    # `model.clip_grad_norm_(...)` in it, in a file that
     # wraps a model with torch_xla's FSDP (transforms/fsdp_checkpoints.py).
-    shard_metadata_reads: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    shard_metadata_reads: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
     # id(`for` statement) -> the model's name, for the loops that mark each of an SPMD model's
     # parameters and become fully_shard (transforms/spmd_parameters.py).
     sharded_parameter_loops: dict[int, str] = field(default_factory=dict)

@@ -19,7 +19,7 @@ import libcst as cst
 from tpu_migrate.rewrite.context import StatementContext
 from tpu_migrate.rewrite.names import Analysis, mark_subtrees
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, rule_code, transform
-from tpu_migrate.rewrite.transforms.common import bind, clean_args, helper
+from tpu_migrate.rewrite.transforms.common import bind, clean_args, code, helper
 
 RULE = rule_code("TPU176")
 XLA_FSDP = rule_code("TPU173")
@@ -176,13 +176,30 @@ def consolidation_reference(node, qualname, sc: StatementContext, rule):
     return cst.Name(_helper_for(sc, function))
 
 
-@transform("xla_fsdp_checkpoint", on="call")
+# torch_xla FSDP's own gradient clipping, which FSDP2 modules lack (TPU173's wrapper method).
+CLIP = "clip_grad_norm_"
+CLIP_TODO = ("FSDP2 modules have no clip_grad_norm_ (torch_xla's FSDP wrapper had): "
+             "torch.nn.utils.clip_grad_norm_({model}.parameters(), max_norm) clips by the same global norm of "
+             "the sharded (DTensor) gradients, and returns it as a DTensor (.full_tensor() for its value)")
+
+
+@transform("xla_fsdp_checkpoint", on="call", emits=("TPU173",))
 def shard_metadata_call(call, qualname, sc: StatementContext):
-    """`model.get_shard_metadata()` -> `_shard_metadata(model)`, where the plans found the read."""
+    """`model.get_shard_metadata()` -> `_shard_metadata(model)`, and a TODO on
+    `model.clip_grad_norm_(...)`, where the plans found the read."""
     reads = sc.file.plans.shard_metadata_reads.get(id(sc.info.node))
-    if not reads or not (isinstance(call.func, cst.Attribute) and call.func.attr.value == METHOD) or call.args:
+    method = call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+    entry = next((read for read in reads or () if read[2] == method), None)
+    if entry is None:
         return None
-    where = reads.pop(0)
+    reads.remove(entry)
+    where = entry[:2]
+    if method == CLIP:
+        if sc.enabled(XLA_FSDP) and sc.file.options.enabled(XLA_FSDP):
+            sc.needs_manual(XLA_FSDP, CLIP_TODO.format(model=code(call.func.value)), where=where)
+        return None
+    if call.args:
+        return None
     if not (sc.enabled(RULE) and sc.file.options.enabled(XLA_FSDP)):
         return None  # left with the torch_xla model it reads
     if sc.file.options.fix_level == "safe":  # TPU176 is unsafe, as TPU173 that made the model
@@ -193,16 +210,18 @@ def shard_metadata_call(call, qualname, sc: StatementContext):
     return cst.Call(func=cst.Name(helper(sc, "_shard_metadata", SHARD_METADATA)), args=[cst.Arg(call.func.value)])
 
 
-def shard_metadata_reads(analysis: Analysis) -> dict[int, list[tuple[int, int]]]:
-    """id(statement) -> (line, col) of each `X.get_shard_metadata()` read in it, in a file that
-    wraps a model with torch_xla's FSDP; those statements are marked for the walk."""
+def shard_metadata_reads(analysis: Analysis) -> dict[int, list[tuple[int, int, str]]]:
+    """id(statement) -> (line, col, method) of each `X.get_shard_metadata()` and
+    `X.clip_grad_norm_(...)` read in it, in a file that wraps a model with torch_xla's FSDP;
+    those statements are marked for the walk."""
     if not analysis.qualnames & XLA_FSDP_NAMES:
         return {}
-    reads: dict[int, list[tuple[int, int]]] = {}
+    reads: dict[int, list[tuple[int, int, str]]] = {}
     for _, dotted, info, line, col in analysis.loads:
-        if dotted.endswith("." + METHOD):
+        method = dotted.rsplit(".", 1)[-1]
+        if "." in dotted and method in (METHOD, CLIP) and not dotted.startswith("torch."):
             info.forced = True
-            reads.setdefault(id(info.node), []).append((line, col + 1))
+            reads.setdefault(id(info.node), []).append((line, col + 1, method))
     for positions in reads.values():
         positions.sort()
     if reads:
