@@ -57,6 +57,9 @@ class Plans:
     # `model.clip_grad_norm_(...)` in it, in a file that
     # wraps a model with torch_xla's FSDP (transforms/fsdp_checkpoints.py).
     shard_metadata_reads: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
+    # id(statement) -> (line, col) of each `optimizer.step(found_inf=...)` in it, in a file that
+    # uses torch_xla's sync-free optimizers (transforms/amp_compile.py).
+    found_inf_steps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
     # id(`for` statement) -> the model's name, for the loops that mark each of an SPMD model's
     # parameters and become fully_shard (transforms/spmd_parameters.py).
     sharded_parameter_loops: dict[int, str] = field(default_factory=dict)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
-from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, transform
+from tpu_migrate.rewrite.names import Analysis, finding_position, mark_subtrees
+from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, rule_code, transform
 from tpu_migrate.rewrite.transforms.common import (
     PORTABLE_DEVICE,
     code,
@@ -162,3 +165,60 @@ def eager_mode_statement(call, qualname, sc: StatementContext, rule, plans):
         return None
     sc.fixed(rule.code, qualname)
     return []
+
+
+# torch_xla's sync-free optimizers took `step(found_inf=...)` (a GradScaler's overflow flag) and
+# skipped the update where it was set; TPU123 makes them torch.optim's, whose step() takes no
+# such argument (TypeError on the first step).
+SYNCFREE_RULE = rule_code("TPU123")
+SYNCFREE = "torch_xla.amp.syncfree."
+FOUND_INF = "found_inf"
+FOUND_INF_TODO = ("`found_inf=` is torch_xla's sync-free optimizers' (they skipped the step where it was set); "
+                  "TPU123 makes them torch.optim's, whose step() takes none: drop it (TorchTPU trains in bfloat16 "
+                  "without a GradScaler), or skip the step yourself where found_inf is set")
+
+
+def found_inf_steps(analysis: Analysis) -> dict[int, list[tuple[int, int]]]:
+    """id(statement) -> (line, col) of each `X.step(..., found_inf=...)` in it, in a file that uses
+    torch_xla's sync-free optimizers; those statements are marked for the walk."""
+    if not any(name.startswith(SYNCFREE) for name in analysis.qualnames):
+        return {}
+    steps: dict[int, list[tuple[int, int]]] = {}
+    for info in analysis.infos.values():
+        if not isinstance(info.node, (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return)):
+            continue
+        for node in ast.walk(info.node):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step" \
+                    and any(keyword.arg == FOUND_INF for keyword in node.keywords):
+                info.forced = True
+                steps.setdefault(id(info.node), []).append(finding_position(node))
+    for positions in steps.values():
+        positions.sort()
+    if steps:
+        mark_subtrees(analysis.tree.body, analysis.infos)
+    return steps
+
+
+def uses_syncfree(sc: StatementContext) -> bool:
+    """The file's sync-free optimizers, or the TODO a first run left where they were (their
+    import is gone then): the found_inf steps keep their TODO on a second run too."""
+    return any(name.startswith(SYNCFREE) for name in sc.file.analysis.qualnames) or any(
+        FOUND_INF_TODO in line for line in sc.file.source_lines)
+
+
+def passes_found_inf(call: cst.Call) -> bool:
+    return any(arg.keyword is not None and arg.keyword.value == FOUND_INF for arg in call.args)
+
+
+@transform("syncfree_step", on="call", emits=("TPU123",))
+def found_inf_step(call, qualname, sc: StatementContext):
+    """A TODO on `optimizer.step(found_inf=...)`, where the plans found it."""
+    positions = sc.file.plans.found_inf_steps.get(id(sc.info.node))
+    if not positions or not (isinstance(call.func, cst.Attribute) and call.func.attr.value == "step") \
+            or not passes_found_inf(call):
+        return None
+    where = positions.pop(0)
+    if sc.enabled(SYNCFREE_RULE):
+        sc.needs_manual(SYNCFREE_RULE, FOUND_INF_TODO, where=where)
+    return None
+

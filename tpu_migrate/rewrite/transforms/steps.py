@@ -26,6 +26,7 @@ from tpu_migrate.rewrite.transforms.common import (
     is_xla,
     parse_block,
 )
+from tpu_migrate.rewrite.transforms.amp_compile import FOUND_INF_TODO, passes_found_inf, uses_syncfree
 from tpu_migrate.rewrite.transforms.collectives import average_gradients
 
 
@@ -51,6 +52,10 @@ def _optimizer_step_parts(call, qualname, sc: StatementContext, rule):
     step_args = []
     if "optimizer_args" in bound:
         step_args = _keyword_args(bound["optimizer_args"].value)
+    step = cst.Call(func=cst.Name("step"), args=step_args)
+    if passes_found_inf(step) and uses_syncfree(sc):
+        sc.needs_manual(rule.code, FOUND_INF_TODO, qualname)
+        return None
     optimizer = bound["optimizer"].value
     if not isinstance(optimizer, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)):
         optimizer = optimizer.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
