@@ -31,17 +31,19 @@ def _two_hosts(path: Path, tmp_path: Path) -> list[dict]:
     port = str(harness.free_port())
     procs = []
     for host in (0, 1):
-        env = {**os.environ, "PJRT_DEVICE": "CPU", "RANK": str(host), "LOCAL_RANK": "0", "WORLD_SIZE": "2",
-               "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(host), "NODE_RANK": str(host),
-               "TORCHELASTIC_RUN_ID": "pod", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        # TORCH_DIST_INIT_BARRIER: the worker runs no collective, so without init's own barrier
+        # host 1 could finish, and close its side of gloo's mesh, while host 0 still connects.
+        env = {**harness._mp_env({}), "PJRT_DEVICE": "CPU", "RANK": str(host), "LOCAL_RANK": "0",
+               "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(host), "NODE_RANK": str(host),
+               "TORCHELASTIC_RUN_ID": "pod", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+               "TORCH_DIST_INIT_BARRIER": "1"}
         procs.append(subprocess.Popen([sys.executable, str(path)], env=env, cwd=tmp_path, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    records = []
-    for proc in procs:
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, out[-3000:]
-        records.append([json.loads(line) for line in LAUNCH_LINE.findall(out)])
-    return records
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), "\n".join(
+        f"===== host {host} (exit {proc.returncode}) =====\n{out[-3000:]}" for host, (proc, out)
+        in enumerate(zip(procs, outputs)))
+    return [[json.loads(line) for line in LAUNCH_LINE.findall(out)] for out in outputs]
 
 
 def test_the_worker_gets_its_index_on_its_host_as_the_original_did(tmp_path):
