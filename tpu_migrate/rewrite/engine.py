@@ -26,6 +26,7 @@ from tpu_migrate.rewrite.plans import make_plans
 from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rewrite.transforms.amp_compile import found_inf_steps
+from tpu_migrate.rewrite.transforms.spmd import mesh_attribute_reads
 from tpu_migrate.rewrite.transforms.fsdp_checkpoints import XLA_FSDP_NAMES, shard_metadata_reads
 from tpu_migrate.rewrite.transforms.spmd_parameters import parameter_marking_loops
 from tpu_migrate.rules import Catalog, RuleError, load_catalog
@@ -406,6 +407,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
     file.plans = make_plans(analysis, catalog.canonical, fix_allowed)
     file.plans.shard_metadata_reads = {} if xla_fsdp_kept else shard_metadata_reads(analysis)
     file.plans.found_inf_steps = found_inf_steps(analysis)
+    file.plans.mesh_attribute_reads = mesh_attribute_reads(analysis)
     file.plans.sharded_parameter_loops, file.plans.parameter_mark_refusals = parameter_marking_loops(
         analysis, catalog.canonical, fix_allowed)
     return file

@@ -60,6 +60,9 @@ class Plans:
     # id(statement) -> (line, col) of each `optimizer.step(found_inf=...)` in it, in a file that
     # uses torch_xla's sync-free optimizers (transforms/amp_compile.py).
     found_inf_steps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # id(statement) -> (line, col, mesh, attribute) of each torch_xla Mesh attribute read on a
+    # mesh TPU171 converts (transforms/spmd.py).
+    mesh_attribute_reads: dict[int, list[tuple[int, int, str, str]]] = field(default_factory=dict)
     # id(`for` statement) -> the model's name, for the loops that mark each of an SPMD model's
     # parameters and become fully_shard (transforms/spmd_parameters.py).
     sharded_parameter_loops: dict[int, str] = field(default_factory=dict)

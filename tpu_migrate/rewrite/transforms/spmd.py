@@ -25,6 +25,7 @@ import ast
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext
+from tpu_migrate.rewrite.names import finding_position, mark_subtrees
 from tpu_migrate.rewrite.helper_code import BATCH_SLICE
 from tpu_migrate.rewrite.registry import CALL, STATEMENT, rule_code, transform
 from tpu_migrate.rewrite.transforms.common import bind, code, given, helper, parse_block
@@ -38,6 +39,7 @@ SET_GLOBAL_MESH = "torch_xla.distributed.spmd.set_global_mesh"
 GET_GLOBAL_MESH = "torch_xla.distributed.spmd.get_global_mesh"
 SHARDING_SPEC = "torch_xla.distributed.spmd.ShardingSpec"
 BATCH_SLICE_CODE = rule_code("TPU184")
+MESH_RULE = rule_code("TPU171")
 
 PROCESS_MODEL = (
     "SPMD ran this program once, driving every device; it now runs once per device: launch it with "
@@ -158,6 +160,55 @@ def _manual_mesh(qualname: str) -> str:
     return ("build the DeviceMesh by hand: init_device_mesh(\"tpu\", mesh_shape, mesh_dim_names=axis_names), "
             "or DeviceMesh(\"tpu\", torch.tpu.distributed.topology_aware_mesh(mesh_shape, dcn_mesh_shape=...), "
             "mesh_dim_names=axis_names) for a hybrid (ICI x DCN) mesh")
+
+
+# torch_xla Mesh attributes that a DeviceMesh names otherwise or lacks, read on a name bound to a
+# mesh TPU171 converts: what to write instead.
+MESH_ATTRIBUTES = {
+    "mesh_shape": "tuple({mesh}.shape)",
+    "axis_names": "{mesh}.mesh_dim_names",
+    "shape": "{mesh}.shape (a tuple of sizes; torch_xla's shape() was a dict of axis name to size)",
+    "device_ids": "{mesh}.mesh.flatten().tolist() (ranks, not device ids)",
+    "get_logical_mesh": "{mesh}.mesh (a tensor of ranks)",
+    "get_axis_name_idx": "{mesh}.mesh_dim_names.index(name)",
+    "get_op_sharding": "a DTensor placement (TPU172)",
+}
+
+
+def mesh_attribute_reads(analysis) -> dict[int, list[tuple[int, int, str, str]]]:
+    """id(statement) -> (line, col, mesh, attribute) of each read of a torch_xla Mesh attribute on a
+    name assigned `xs.Mesh(...)` / `xs.get_1d_mesh(...)` in the file; those statements are marked
+    for the walk."""
+    meshes = set()
+    for info in analysis.infos.values():
+        node = info.node
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Call) and any(
+                ref.qualname in (MESH, ONE_AXIS_MESH) and (ref.line, ref.col) == finding_position(node.value.func)
+                for ref in info.refs):
+            target = ast.unparse(node.targets[0])
+            if isinstance(node.targets[0], (ast.Name, ast.Attribute)):
+                meshes.add(target)
+    reads: dict[int, list[tuple[int, int, str, str]]] = {}
+    for _, dotted, info, line, col in analysis.loads if meshes else ():
+        mesh, _, attribute = dotted.rpartition(".")
+        if mesh in meshes and attribute in MESH_ATTRIBUTES:
+            info.forced = True
+            reads.setdefault(id(info.node), []).append((line, col + 1, mesh, attribute))
+    if reads:
+        mark_subtrees(analysis.tree.body, analysis.infos)
+    return reads
+
+
+@transform("spmd_mesh", on="statement")
+def mesh_attribute_statement(small, sc: StatementContext):
+    """A TODO on each read of a torch_xla Mesh attribute that the converted mesh lacks."""
+    reads = sc.file.plans.mesh_attribute_reads.pop(id(sc.info.node), ())
+    if reads and sc.enabled(MESH_RULE) and sc.file.options.fix_level != "safe":
+        for line, col, mesh, attribute in reads:
+            advice = MESH_ATTRIBUTES[attribute].format(mesh=mesh)
+            sc.needs_manual(MESH_RULE, f"`{mesh}.{attribute}` is torch_xla's Mesh's; {mesh} is now a DeviceMesh: "
+                            f"{advice}", where=(line, col))
+    return None
 
 
 # SpmdFullyShardedDataParallel.__init__'s parameters (torch_xla 2.9): module, then keywords.
