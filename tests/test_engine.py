@@ -346,6 +346,23 @@ def test_a_form_feed_on_its_own_line_is_fine():
     assert result.output == b'import torch\n\x0c\ndef f():\n    return torch.device("tpu")\n'
 
 
+@pytest.mark.parametrize(
+    "handler",
+    ["except A :", "except* A :", "except (A, B) \t:", "except (A  # a: b\n) :", "except A \\\n :",
+     "except ....A :  # c"],
+)
+def test_the_space_before_an_except_colon_stays(handler):
+    """Found by tests/test_properties.py: libcst 1.9 parses `except A :` (no `as`) without the
+    space before the colon, which printed as `except A:`. Nested handlers are numbered in the
+    file's order, and a file whose definitions are left out of libcst's parse keeps them too."""
+    body = f"try:\n    pass\n{handler}\n    try: pass\n    except B  :\n        pass\n"
+    long_def = "def g():\n" + "    y = 1\n" * 400 + f"    try: pass\n    {handler.replace(chr(10), chr(10) + '    ')}\n        pass\n"
+    source = f"import torch_xla.core.xla_model as xm\n{body}{long_def}def f():\n    return xm.xla_device()\n{body}"
+    result = run(source.encode())
+    assert result.output == source.replace("import torch_xla.core.xla_model as xm\n", "import torch\n").replace(
+        "xm.xla_device()", 'torch.device("tpu")').encode()
+
+
 def _full_walk_too_deep(tree) -> bool:
     """The nesting count without the short-text shortcut (engine._check_nesting)."""
     stack = [(tree, 0)]

@@ -306,7 +306,8 @@ def test_the_locality_check_accepts_every_fixture():
 @given(program=spliced_programs(), target=TARGETS)
 # What this found (regression tests in test_engine.py): comments dropped at the end of the file,
 # a TODO added again after a form feed in a comment, new blocks indented with a form feed, a line
-# end dropped in a file mixing \r\n and \n, a comment lost above the import after a removed one.
+# end dropped in a file mixing \r\n and \n, a comment lost above the import after a removed one,
+# the space before an except clause's colon.
 @example(program="import torch_xla.core.xla_model as xm\ndevice = xm.xla_device()\n\n    \t#\n\n  # b\n",
          target="tpu")
 @example(program="# header\x0c\n\nxm.unlazy([])\nimport torch_xla.core.xla_model as xm\n", target="tpu")
@@ -315,6 +316,8 @@ def test_the_locality_check_accepts_every_fixture():
 @example(program="import torch_xla.core.xla_model as xm\nd = xm.xla_device()\npass\n#\\\r\n", target="portable")
 @example(program="import torch_xla.core.xla_model as xm\n#\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
                  "def train(optimizer, use_ddp):\n    if not use_ddp:\n        xm.optimizer_step(optimizer)\n",
+         target="tpu")
+@example(program="import torch_xla.core.xla_model as xm\ndevice = xm.xla_device()\ntry: pass\nexcept ....A :\n pass\n",
          target="tpu")
 def test_spliced_torch_xla_idioms_change_only_what_is_reported(program, target):
     built = []  # whether the engine left definitions out of libcst's parse, per rewrite
