@@ -9,8 +9,10 @@ from tpu_migrate.rewrite.registry import CALL, emits, transform
 from tpu_migrate.rewrite.transforms.common import is_xla
 
 
-def tpu_available(sc: StatementContext) -> str:
-    if sc.file.target == "tpu":
+def tpu_available(sc: StatementContext, tpu_only: bool = False) -> str:
+    """The test for the target; `tpu_only`: a TPU's even for target portable (where "any
+    accelerator" would send a GPU into a branch written for a TPU)."""
+    if sc.file.target == "tpu" or tpu_only:
         return sc.file.import_plan.fill(
             '{torch}.accelerator.is_available() and {torch}.accelerator.current_accelerator().type == "tpu"'
         )
@@ -35,10 +37,37 @@ def guards_allowed(sc: StatementContext, qualname: str | None) -> bool:
 
 @transform("availability_guard", form=CALL)
 def availability_guard(call, qualname, sc: StatementContext, rule):
+    if _may_ask_for_a_gpu(call, qualname):
+        # True only for torch_xla on a GPU: "a TPU is here" would turn it around.
+        sc.needs_manual(
+            rule.code, "kept: this asks whether torch_xla runs on a GPU (check_is_gpu), which TorchTPU "
+            "does not replace; port what it guards by hand", qualname,
+        )
+        return call
     if not guards_allowed(sc, qualname):
         return call
     sc.fixed(rule.code, qualname)
-    return parse_expr(tpu_available(sc))
+    return parse_expr(tpu_available(sc, tpu_only=_argument(call, qualname, "check_is_tpu", 0) is not None))
+
+
+def _may_ask_for_a_gpu(call: cst.Call, qualname: str) -> bool:
+    """`check_is_gpu` given and not plainly False, or maybe given through `*args` / `**kwargs`."""
+    return _argument(call, qualname, "check_is_gpu", 1) is not None or (
+        qualname.endswith(".is_torch_xla_available") and any(arg.star for arg in call.args))
+
+
+def _argument(call: cst.Call, qualname: str, keyword: str, index: int) -> cst.BaseExpression | None:
+    """The flag `keyword` (at `index`) of `is_torch_xla_available(check_is_tpu=False,
+    check_is_gpu=False)` (transformers, accelerate) when it is given and not plainly False."""
+    if not qualname.endswith(".is_torch_xla_available"):
+        return None
+    for position, arg in enumerate(call.args):
+        if arg.star:
+            break
+        if (arg.keyword.value == keyword) if arg.keyword else position == index:
+            plainly_false = isinstance(arg.value, cst.Name) and arg.value.value in ("False", "None")
+            return None if plainly_false else arg.value
+    return None
 
 
 @transform("availability_guard", calls=("importlib.util.find_spec",))
