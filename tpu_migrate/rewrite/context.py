@@ -252,6 +252,8 @@ class StatementContext:
         # Statements a rule needs run just before this one (simple statements only: see
         # `can_prefix`), e.g. selecting the rank's accelerator before a process group starts.
         self.before: list[cst.BaseStatement] = []
+        # ... and just after it, e.g. the settings Optimum's loader stored in the model's config.
+        self.after: list[cst.BaseStatement] = []
         self.can_prefix = False
         # > 0 while the rewriter is inside a lambda, comprehension, `a if c else b` or `and` /
         # `or`: code there may run several times or not at all, so nothing is hoisted out.
@@ -427,21 +429,22 @@ class StatementContext:
                     self.removed(ref.dotted)
                     return
 
-    def snapshot(self) -> tuple[int, Counter, frozenset[str], int, frozenset[str]]:
+    def snapshot(self) -> tuple[int, Counter, frozenset[str], tuple[int, int], frozenset[str]]:
         """What `rollback` needs to forget the fixes made since."""
         return (len(self.file.fixes), Counter(self.file.removed_roots), self.file.import_plan.used(),
-                len(self.before), frozenset(self.file.helpers))
+                (len(self.before), len(self.after)), frozenset(self.file.helpers))
 
-    def rollback(self, snapshot: tuple[int, Counter, frozenset[str], int, frozenset[str]]) -> None:
+    def rollback(self, snapshot: tuple[int, Counter, frozenset[str], tuple[int, int], frozenset[str]]) -> None:
         """Forget the fixes made since `snapshot`: their code was thrown away (the arguments of
         a call left for a human are kept byte for byte), and with it the calls of the helpers
         added since. The references they consumed stay consumed: the call's own finding covers
         them."""
-        count, removed, used, before, helpers = snapshot
+        count, removed, used, (before, after), helpers = snapshot
         del self.file.fixes[count:]
         self.file.removed_roots = removed
         self.file.import_plan.restore(used)
         del self.before[before:]
+        del self.after[after:]
         for base in set(self.file.helpers) - helpers:
             del self.file.helper_code[self.file.helpers.pop(base)]
 

@@ -186,9 +186,9 @@ class ModuleRewriter:
             sc = StatementContext(self.file, info)
             sc.can_prefix = True
             result = self.small_statement(small, sc)
-            if sc.before:
+            if sc.before or sc.after:
                 statements = result if isinstance(result, list) else [cst.SimpleStatementLine(body=[result])]
-                result = [*sc.before, *statements]
+                result = [*sc.before, *statements, *sc.after]
             todos.extend(sc.todos_to_write())
             pieces.append(result)
         if not todos and all(p is small for p, small in zip(pieces, line.body)):
