@@ -32,6 +32,7 @@ from tpu_migrate.rewrite.transforms.common import bind, code, given, helper, par
 from tpu_migrate.rewrite.transforms.fsdp import SPMD_FSDP, for_target, fully_shard_call, join_world
 
 USE_SPMD = "torch_xla.runtime.use_spmd"
+IS_SPMD = "torch_xla.runtime.is_spmd"
 SPMD_FSDP_CODE = rule_code("TPU179")
 MESH = "torch_xla.distributed.spmd.Mesh"
 ONE_AXIS_MESH = "torch_xla.distributed.spmd.get_1d_mesh"
@@ -91,8 +92,13 @@ def use_spmd(call, qualname, sc: StatementContext, rule, plans):
 @transform("use_spmd", form=CALL)
 def use_spmd_value(call, qualname, sc: StatementContext, rule):
     """`xr.is_spmd()` (or `use_spmd()` used as a value): for a human."""
-    sc.needs_manual(rule.code, rule.summary, qualname)
+    sc.needs_manual(rule.code, IS_SPMD_LEFT if qualname == IS_SPMD else rule.summary, qualname)
     return call
+
+
+IS_SPMD_LEFT = ("`xr.is_spmd()` is True where xr.use_spmd() ran: one process drove every device; TorchTPU "
+                "runs one process per device, so the SPMD branch's meaning is yours to port (sharding "
+                "through DeviceMesh / FSDP2 / DTensor), then drop the test")
 
 
 def _mesh_arguments(call: cst.Call, qualname: str) -> tuple[list[cst.Arg], cst.CSTNode | None] | None:
