@@ -24,7 +24,7 @@ import libcst as cst
 from tpu_migrate.findings import Fix
 from tpu_migrate.rewrite.context import FileContext, parse_stmt
 from tpu_migrate.rewrite.layout import merge_leading_lines
-from tpu_migrate.rewrite.names import finding_position, is_xla_name
+from tpu_migrate.rewrite.names import XLA_OPS, finding_position, is_xla_name
 from tpu_migrate.rewrite.registry import emits
 
 SIDE_EFFECT_BACKEND = "torch_xla.distributed.xla_backend"
@@ -53,6 +53,11 @@ def unused_xla_names(file: FileContext) -> set[tuple[tuple[str, ...], str, str]]
     """
     analysis = file.analysis
     keys = {b.key for b in analysis.imports if removable(b.qualname, file)}
+    if any(qualname.startswith(XLA_OPS + ".") for qualname in analysis.qualnames):
+        # torch.ops.xla's operators exist once torch_xla is imported, and no rule converts them:
+        # the module's own torch_xla imports stay with their TODOs.
+        top_level = {id(stmt) for stmt in analysis.tree.body}
+        keys -= {b.key for b in analysis.imports if is_xla_name(b.qualname) and id(b.stmt) in top_level}
     return {k for k in keys if analysis.import_uses[k] - file.removed_roots[k] <= 0}
 
 

@@ -33,7 +33,9 @@ from functools import cached_property
 from tpu_migrate.rewrite.bindings import Binding, Position, Span, reaching, state
 from tpu_migrate.rewrite.dependencies import DISTRIBUTION, REQUIREMENT, REQUIREMENT_KEYWORDS
 
-XLA_ROOTS = ("torch_xla", "torch_xla_py", "optimum.tpu")
+# torch.ops.xla: the operators torch_xla registers when imported (torch.ops.xla.dynamo_set_buffer_donor_).
+XLA_OPS = "torch.ops.xla"
+XLA_ROOTS = ("torch_xla", "torch_xla_py", "optimum.tpu", XLA_OPS)
 
 DDP_NAMES = frozenset(
     {
