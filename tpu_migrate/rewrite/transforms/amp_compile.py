@@ -91,6 +91,12 @@ def torch_compile(call: cst.Call, sc: StatementContext):
             sc.needs_manual("TPU130", "the backend is chosen at run time: where it is TorchTPU's \"tpu\" "
                             "(or was \"openxla\"), drop mode= and dynamic=True, which it rejects",
                             where=sc.consume("torch.compile"))
+        elif backend is _UNKNOWN:
+            # "openxla" from a variable or a flag reaches torch.compile, which without torch_xla
+            # has no such backend.
+            instead = 'use "tpu"' if tpu else "leave the backend out (PyTorch's default)"
+            sc.needs_manual("TPU130", f'the backend is chosen at run time: where it is torch_xla\'s "openxla" '
+                            f'or "openxla_eval", {instead}', where=sc.consume("torch.compile"))
         return call
     if backend not in _TPU_BACKENDS:
         return call
