@@ -187,7 +187,8 @@ class ModuleRewriter:
             sc.can_prefix = True
             result = self.small_statement(small, sc)
             if sc.before or sc.after:
-                statements = result if isinstance(result, list) else [cst.SimpleStatementLine(body=[result])]
+                statements = result if isinstance(result, list) else [cst.SimpleStatementLine(
+                    body=[result.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])]  # `a; b`: a line of its own
                 result = [*sc.before, *statements, *sc.after]
             todos.extend(sc.todos_to_write())
             pieces.append(result)
