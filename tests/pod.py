@@ -137,7 +137,8 @@ class Pod:
                 for k, run in enumerate(self.runs) for line in POD_LINE.findall(run.output)]
 
     def proc_lines(self) -> list[dict]:
-        """The `@proc` lines of the programs that print them (index, rank and world)."""
+        """The `@proc` lines of the programs that print them (index, rank and world; some also
+        the host's counts)."""
         return [json.loads(line) for run in self.runs for line in PROC_LINE.findall(run.output)]
 
     def one_world_problems(self) -> list[str]:
@@ -161,6 +162,11 @@ class Pod:
         for proc in self.proc_lines():
             if proc["index"] != proc["rank"] or proc["world"] != world:
                 problems.append(f"a worker got index {proc['index']} as rank {proc['rank']} of {proc['world']}")
+            # torch_xla's runtime in each process xmp.spawn started: the processes on its host,
+            # the host's devices, one device of its own (programs that print them).
+            host = {key: proc[key] for key in ("local", "devices", "addressable") if key in proc}
+            if host and host != {"local": CHIPS_PER_HOST, "devices": CHIPS_PER_HOST, "addressable": 1}:
+                problems.append(f"rank {proc['rank']} counted {host} on its host of {CHIPS_PER_HOST} chips")
         return problems
 
 

@@ -205,12 +205,14 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
 # own: the launched function is never edited (a GPU path or a test may call it too). RANK is the
 # global rank on a pod: this host's NODE_RANK (set_tpu_launch_env sets it on a multi-host slice)
 # times the processes per host, plus the local index; fn gets it, as torch_xla gave fn the global
-# ordinal; under torchrun, torch_xla.launch gave fn the local rank (`{index}`). `{setup}` selects
+# ordinal; under torchrun, torch_xla.launch gave fn the local rank (`{index}`). LOCAL_WORLD_SIZE
+# stands for PJRT_LOCAL_PROCESS_COUNT (xr.local_process_count(), TPU166). `{setup}` selects
 # the local accelerator (portable), `{init}` starts the group.
 WORKER = '''def {name}(local_index, fn, nprocs, *args):
     """Prepare this process as xmp.spawn did, then call fn unchanged (added by tpu-migrate)."""
     if not {dist}.is_torchelastic_launched():
         {os}.environ["LOCAL_RANK"] = str(local_index)
+        {os}.environ["LOCAL_WORLD_SIZE"] = str(nprocs)
         {os}.environ["RANK"] = str(int({os}.environ.get("NODE_RANK", 0)) * nprocs + local_index)
 {setup}{init}    try:
         return fn({index}, *args)
