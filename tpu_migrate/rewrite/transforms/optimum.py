@@ -78,12 +78,12 @@ def _store_settings(settings: dict[str, cst.BaseExpression], where: tuple[int, i
     elsewhere (the call returned, passed on), a TODO says what to store."""
     model = _assigned_to(where, sc)
     values = {name: code(value) for name, value in settings.items()}
-    if model is not None and not any(_mentions(value, model.split(".")[0]) for value in values.values()):
+    if model is not None and not any(_reads(value, model) for value in values.values()):
         sc.after.extend(parse_stmt(f"{model}.config.{name} = {value}\n") for name, value in values.items())
         return
-    stores = "; ".join(f"model.config.{name} = {value}" for name, value in values.items())
-    sc.needs_manual(rule.code, f"Optimum stored these in the model's config; store them on the loaded model: "
-                    f"{stores}", where=where)
+    stores = "; ".join(f"{model or 'model'}.config.{name} = {value}" for name, value in values.items())
+    sc.needs_manual(rule.code, "Optimum stored these in the loaded model's config; store them, with the values "
+                    f"they had before this line: {stores}", where=where)
 
 
 def _assigned_to(where: tuple[int, int], sc: StatementContext) -> str | None:
@@ -99,9 +99,15 @@ def _assigned_to(where: tuple[int, int], sc: StatementContext) -> str | None:
     return ast.unparse(node.targets[0]) if isinstance(target, ast.Name) else None
 
 
-def _mentions(expression: str, name: str) -> bool:
-    """Whether `expression` reads `name`, which the assignment rebinds before the stores run."""
-    return any(isinstance(node, ast.Name) and node.id == name for node in ast.walk(ast.parse(expression)))
+def _reads(expression: str, target: str) -> bool:
+    """Whether `expression` reads `target` (`model`, `self.model`) or something of it, which the
+    assignment rebinds before the stores run (`self.batch_size` is not `self.model`'s)."""
+    for node in ast.walk(ast.parse(expression, mode="eval")):
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            dotted = ast.unparse(node)
+            if dotted == target or dotted.startswith(target + "."):
+                return True
+    return False
 
 
 FSDP_XLA_KEYS = frozenset({"xla_fsdp_v2", "xla_fsdp_grad_ckpt", "xla_fsdp_settings"})
