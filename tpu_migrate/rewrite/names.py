@@ -617,6 +617,8 @@ class _Walker:
             if module is not None:
                 info.dynamic_imports.append((*finding_position(node), module))
             for keyword in node.keywords:
+                if keyword.arg in self.strings:  # `os.environ.update(XLA_USE_BF16="1")`
+                    info.trigger_string = True
                 if keyword.arg in REQUIREMENT_KEYWORDS:
                     # `install_requires=["torch_xla"]`: here a bare name is a requirement too.
                     for sub in ast.walk(keyword.value):

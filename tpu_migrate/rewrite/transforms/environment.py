@@ -5,7 +5,7 @@ from __future__ import annotations
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
-from tpu_migrate.rewrite.registry import CALL, transform
+from tpu_migrate.rewrite.registry import CALL, emits, transform
 from tpu_migrate.rewrite.transforms.common import (
     bind,
 )
@@ -80,19 +80,57 @@ def _environ_key(node: cst.BaseExpression, sc: StatementContext) -> str | None:
 @transform("runtime_env", on="statement", strings=ENV_NAMES)
 def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
     """Setting torch_xla's runtime variables: removed. Returns [] to remove, else None."""
-    key = None
+    _bf16_elsewhere(small, sc)
+    key, value = None, None
     if isinstance(small, cst.Assign) and len(small.targets) == 1:
-        key = _environ_key(small.targets[0].target, sc)
+        key, value = _environ_key(small.targets[0].target, sc), small.value
     elif isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
         func = sc.resolve(small.value.func)
         if func in ("os.environ.setdefault", "os.putenv", "os.environ.pop"):
             key = _environ_key(small.value, sc)
+            if func != "os.environ.pop" and len(small.value.args) > 1:
+                value = small.value.args[1].value
     elif isinstance(small, cst.Del) and isinstance(small.target, cst.Subscript):
         key = _environ_key(small.target, sc)
     if key not in RUNTIME_ENV or not sc.enabled("TPU140"):
         return None
+    if key == "PJRT_DEVICE" and value is not None and not (
+            isinstance(value, cst.SimpleString) and value.evaluated_value == "TPU"):
+        # torch_xla ran on the device this names ("CPU" for exact fp32, "CUDA"); TorchTPU's
+        # device is the TPU. Kept (TorchTPU ignores it), with what to do.
+        sc.needs_manual("TPU140", "PJRT_DEVICE chose torch_xla's device, here maybe not the TPU: TorchTPU "
+                        'ignores it; where the program meant "CPU", use torch.device("cpu") for that run',
+                        where=sc.where)
+        return None
     sc.fixed("TPU140", where=sc.where)
     return []
+
+
+@emits("TPU141")
+def _bf16_elsewhere(small: cst.BaseSmallStatement, sc: StatementContext) -> None:
+    """XLA_USE_BF16 / XLA_DOWNCAST_BF16 named where no plain `os.environ` read or write holds it
+    (a dict of variables set in a loop, `os.environ.update(XLA_USE_BF16="1")`, a subprocess's
+    `env=`): it made torch_xla compute float tensors in bf16, which TorchTPU never does."""
+    plain = set()
+    named = None
+    for node in _walk(small):
+        if isinstance(node, (cst.Subscript, cst.Call, cst.Comparison)) and _environ_key(node, sc) in BF16_ENV:
+            plain.update(id(sub) for sub in _walk(node) if isinstance(sub, cst.SimpleString))
+        elif isinstance(node, cst.SimpleString) and id(node) not in plain and node.evaluated_value in BF16_ENV:
+            named = node.evaluated_value
+        elif isinstance(node, cst.Arg) and node.keyword is not None and node.keyword.value in BF16_ENV:
+            named = node.keyword.value
+    if named is not None and sc.enabled("TPU141"):
+        sc.needs_manual("TPU141", f"{named} is set or read here: it made torch_xla compute float tensors in "
+                        "bf16, and TorchTPU ignores it: convert the model with .to(torch.bfloat16) or use "
+                        "torch.autocast", where=sc.where)
+
+
+def _walk(node: cst.CSTNode):
+    """`node` and every node below it, parents first."""
+    yield node
+    for child in node.children:
+        yield from _walk(child)
 
 
 @transform("runtime_env", on="subscript", emits=("TPU141",))
