@@ -270,11 +270,11 @@ class StatementContext:
 
     def fill(self, template: str, **extra: str) -> str:
         """The file's ImportPlan.fill, with named expressions in their form for this statement:
-        short in a joined worker, else a call of their helper (named_expressions.py)."""
+        short in a joined worker, else a call of their helper (named_expressions.py); named
+        helper functions (`{map_tensors}`) by their name everywhere."""
         if self.in_joined_worker:
             template = named_expressions.expand(template, in_group=True)
-        else:
-            template = named_expressions.with_helpers(template, self.file.helper)
+        template = named_expressions.with_helpers(template, self.file.helper)
         return self.file.import_plan.fill(template, **extra)
 
     @property

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 
-def _through_containers(params: str, leaf: str, doc: str) -> str:
+def _through_containers(params: str, leaf: str, doc: str, objects: bool = False) -> str:
     """A helper's code that rebuilds `obj` through dicts (their type and attributes kept: a state
-    dict's _metadata), lists and tuples (named tuples included), with `leaf` for each tensor.
-    torch 2.9 has no public pytree module (torch.utils.pytree comes later)."""
+    dict's _metadata), lists and tuples (named tuples included), with `leaf` for each tensor;
+    `objects`: also through the attributes of other objects (a copy of each), as torch_xla's
+    device loaders went through a transformers BatchEncoding. torch 2.9 has no public pytree
+    module (torch.utils.pytree comes later)."""
     rest = params.partition(",")[2]
+    through_objects = f'''    if hasattr(obj, "__dict__") and not callable(obj):  # a batch object: its attributes
+        copied = {{copy}}.copy(obj)
+        for key, value in vars(obj).items():
+            vars(copied)[key] = {{name}}(value{"," if rest else ""}{rest})
+        return copied
+''' if objects else ""
     return f'''def {{name}}({params}):
     """{doc}"""
     if isinstance(obj, {{torch}}.Tensor):
@@ -20,7 +28,7 @@ def _through_containers(params: str, leaf: str, doc: str) -> str:
     if isinstance(obj, (list, tuple)):
         values = [{{name}}(value{"," if rest else ""}{rest}) for value in obj]
         return type(obj)(*values) if hasattr(obj, "_fields") else type(obj)(values)
-    return obj
+{through_objects}    return obj
 '''
 
 
@@ -29,8 +37,8 @@ CPU_COPIES = _through_containers("obj", "obj.cpu()", "`obj` with its tensors cop
                                  "tuples (as xm.save saved).")
 # What torch_xla's device loaders and send_cpu_data_to_device did to a batch: every tensor in it
 # moved (TO_DEVICE; named_expressions.py gives TOML templates the helper as `{map_tensors}`).
-MAP_TENSORS = _through_containers("obj, fn", "fn(obj)", "`obj` with `fn` applied to each of its tensors, through dicts, lists "
-                                  "and tuples (added by tpu-migrate).")
+MAP_TENSORS = _through_containers("obj, fn", "fn(obj)", "`obj` with `fn` applied to each of its tensors, through dicts, lists, "
+                                  "tuples and other objects' attributes (added by tpu-migrate).", objects=True)
 
 
 # What SPMD did to a batch sharded FSDP style (on its first dimension over one mesh axis), with

@@ -127,14 +127,16 @@ def _move_target_ok(target: cst.BaseExpression) -> bool:
 
 
 def _move_statement(target: cst.BaseExpression, device: cst.BaseExpression, sc) -> cst.BaseStatement:
+    """The loop's first statement: what the device loader moved, moved. torch_xla moved the
+    tensors of each batch and passed anything else through (file names, a list of dicts), so
+    an unpacked batch's parts go through the same walk, not `.to()` each."""
     dev = code(device)
     if isinstance(target, cst.Name):
         moved = sc.fill(TO_DEVICE, device=dev, obj=target.value)
         return parse_stmt(f"{target.value} = {moved}\n")
-    names = [e.value.value for e in target.elements]
-    lhs = ", ".join(names)
-    rhs = ", ".join(f"{n}.to({dev})" for n in names)
-    return parse_stmt(f"{lhs} = {rhs}\n")
+    names = ", ".join(e.value.value for e in target.elements) + ("," if len(target.elements) == 1 else "")
+    moved = sc.fill(TO_DEVICE, device=dev, obj=f"({names})")
+    return parse_stmt(f"{names} = {moved}\n")
 
 
 @transform("device_loader", on="loop")
