@@ -80,7 +80,8 @@ def _environ_key(node: cst.BaseExpression, sc: StatementContext) -> str | None:
 @transform("runtime_env", on="statement", strings=ENV_NAMES)
 def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
     """Setting torch_xla's runtime variables: removed. Returns [] to remove, else None."""
-    _bf16_elsewhere(small, sc)
+    if sc.info.trigger_string:  # a walk of the statement only where an ENV_NAMES string stands
+        _bf16_elsewhere(small, sc)
     key, value = None, None
     if isinstance(small, cst.Assign) and len(small.targets) == 1:
         key, value = _environ_key(small.targets[0].target, sc), small.value
