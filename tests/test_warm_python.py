@@ -53,6 +53,7 @@ def main():
         "streams": [stream(sys.stdin), stream(sys.stdout), stream(sys.stderr)],
         "same_streams": [sys.stdin is sys.__stdin__, sys.stdout is sys.__stdout__, sys.stderr is sys.__stderr__],
         "signals": {int(s): disposition(s) for s in signal.valid_signals()},
+        "mask": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "fds": sorted(int(f) for f in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{f}")
                       and os.get_inheritable(int(f))),
         "bytecode": sys.dont_write_bytecode, "tmp": tempfile.gettempdir(),
@@ -118,8 +119,8 @@ def warm(servers):
 
 def _run(python: str, workdir: Path, flavour: str, *args: str) -> tuple[subprocess.CompletedProcess, str]:
     """The probe under `python` with an extra inherited pipe, a sitecustomize (and for the
-    migrated flavour a blocking package) on PYTHONPATH, some standard input, and the suite's
-    environment."""
+    migrated flavour a blocking package) on PYTHONPATH, some standard input, SIGUSR2 blocked
+    (a program starts with the mask its launcher had) and the suite's environment."""
     site = workdir / "site"
     site.mkdir(exist_ok=True)
     (site / "sitecustomize.py").write_text(SITE)
@@ -133,7 +134,8 @@ def _run(python: str, workdir: Path, flavour: str, *args: str) -> tuple[subproce
                         **FLAVOURS[flavour][1]})
     try:
         proc = subprocess.run([python, "probe.py", *args], cwd=workdir, env=env, input="a line\nanother\n",
-                              capture_output=True, text=True, pass_fds=[write], timeout=120)
+                              capture_output=True, text=True, pass_fds=[write], timeout=120,
+                              preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2}))
     finally:
         os.close(write)
         with os.fdopen(read) as pipe:
@@ -159,6 +161,7 @@ def test_a_program_cannot_tell_the_warm_python_from_python(servers, tmp_path, fl
     assert hot_pipe == cold_pipe == "through the inherited pipe"
     # The probe really ran, and really warm (the comparison above would pass if both failed alike).
     assert '"site": "yes"' in hot.stdout and '"stdin": "a line\\n"' in hot.stdout
+    assert f'"mask": [{int(signal.SIGUSR2)}]' in hot.stdout
     if flavour == "migrated":
         assert "torch_xla is blocked" in hot.stdout
     else:

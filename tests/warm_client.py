@@ -56,31 +56,47 @@ def main(server: str, python: str):
     except OSError:
         cold(python)
     fds = inherited_fds()
-    # Signals ignored here stay ignored in `python` (SIGINT of a background job, nohup's SIGHUP).
+    # Signals ignored here stay ignored in `python` (SIGINT of a background job, nohup's SIGHUP),
+    # and blocked ones stay blocked: python starts with the mask it was executed with.
     ignored = [int(s) for s in signal.valid_signals()
                if s not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(s) is signal.SIG_IGN]
-    request = json.dumps({"args": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "fds": fds,
-                          "ignored": ignored}).encode()
-    socket.send_fds(sock, [struct.pack("!I", len(request)) + request], fds)
-    buffer = bytearray()
-    reply = read_line(sock, buffer)
-    if reply is None or "cold" in reply:  # what it could not reproduce: reply["cold"]
-        sock.close()
-        cold(python)
-    for fd in fds:  # the child has them now; a pipe's reader must see EOF when the child closes it
-        if fd > 2:
-            os.close(fd)
-    child = reply["pid"]
+    blocked = sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    # Forwarding starts before the child exists: the program can run (and install a handler)
+    # before the server's reply arrives here, and a signal in between must reach it, not end
+    # this client by default. Until the child's number is known, signals wait in `pending`.
+    child = None
+    pending = []
 
     def forward(signum, frame):
+        if child is None:
+            pending.append(signum)
+            return
         try:
             os.kill(child, signum)
         except ProcessLookupError:
             pass
 
-    for signum in FORWARDED:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, forward)
+    forwarded = [s for s in FORWARDED if signal.getsignal(s) is not signal.SIG_IGN]
+    for signum in forwarded:
+        signal.signal(signum, forward)
+    request = json.dumps({"args": sys.argv[1:], "env": dict(os.environ), "cwd": os.getcwd(), "fds": fds,
+                          "ignored": ignored, "blocked": blocked}).encode()
+    socket.send_fds(sock, [struct.pack("!I", len(request)) + request], fds)
+    buffer = bytearray()
+    reply = read_line(sock, buffer)
+    if reply is None or "cold" in reply:  # what it could not reproduce: reply["cold"]
+        sock.close()
+        for signum in forwarded:
+            signal.signal(signum, signal.SIG_DFL)
+        if pending:  # no program has started: the signal ends this process as it would python
+            os.kill(os.getpid(), pending[0])
+        cold(python)
+    for fd in fds:  # the child has them now; a pipe's reader must see EOF when the child closes it
+        if fd > 2:
+            os.close(fd)
+    child = reply["pid"]
+    for signum in pending:
+        forward(signum, None)
     reply = read_line(sock, buffer)
     if reply is None:  # the server died: the child was killed with it
         os._exit(70)

@@ -386,6 +386,8 @@ def become(request: dict, fds: list[int], client: str, changes: dict[str, str | 
     options, kind, target, argv = _parse_args(request["args"])
     os.setsid()
     _reset_signals(request["ignored"])
+    # The client's mask, not the server's: python keeps the mask it was executed with.
+    signal.pthread_sigmask(signal.SIG_SETMASK, request.get("blocked", []))
     _place_fds(fds, request["fds"])
     base_path = _base_path()
     os.chdir(request["cwd"])
