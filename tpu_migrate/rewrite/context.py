@@ -43,18 +43,29 @@ class ImportPlan:
 
     Decided before any rewriting from the file's own module-level imports, so templates can be
     filled in as they are applied; what was used but not imported is added once at the end.
+    `notebook`: the joined code cells (notebooks.py), where the new code may run in a cell
+    before the one that imports what it uses (`import os` in the last cell). There an import
+    counts only if it comes before the first module-level statement that runs code; any other
+    is added again at the top.
     """
 
-    def __init__(self, analysis: Analysis):
+    def __init__(self, analysis: Analysis, notebook: bool = False):
         self._used: set[str] = set()
         bound = analysis.bound_names
+        deadline = _first_code_line(analysis.tree) if notebook else None
+        bindings = analysis.module_scope.bindings
+
+        def in_time(name: str | None) -> bool:
+            return name is not None and (deadline is None or any(
+                b.is_import and b.at[0] < deadline for b in bindings.get(name, ())))
+
         torch = analysis.module_alias("torch")
-        self._torch_imported = torch is not None
+        self._torch_imported = in_time(torch)
         self.names = {"torch": torch or "torch"}
         dist = analysis.module_alias("torch.distributed")
         if dist is None:
             dist = "dist" if "dist" not in bound else None
-        self._dist_imported = analysis.module_alias("torch.distributed") is not None
+        self._dist_imported = in_time(analysis.module_alias("torch.distributed"))
         self.names["dist"] = dist or f"{self.names['torch']}.distributed"
         self._dist_as_attribute = dist is None
         # Modules the new code may use (standard library, then loguru for TPU158): the file's
@@ -64,7 +75,8 @@ class ImportPlan:
         for module in (*_STDLIB_MODULES, "loguru"):
             alias = analysis.module_alias(module)
             if alias is not None:
-                self.names[module], self._modules[module] = alias, None
+                late = None if in_time(alias) else f"import {module}" + (f" as {alias}" if alias != module else "")
+                self.names[module], self._modules[module] = alias, late
             elif module not in bound:
                 self.names[module], self._modules[module] = module, f"import {module}"
             else:
@@ -73,6 +85,7 @@ class ImportPlan:
         # torch's submodules that `import torch` does not import (FSDP's wrap policies, TPU175;
         # its ZeRO optimizer, TPU169): named in full, imported unless the file imports them.
         imported = {alias.name for node in analysis.tree.body if isinstance(node, ast.Import)
+                    and (deadline is None or node.lineno < deadline)
                     for alias in node.names if alias.asname is None}
         self._submodules_imported = set()
         for placeholder, module in TORCH_SUBMODULES.items():
@@ -80,7 +93,7 @@ class ImportPlan:
             if module in imported:
                 self._submodules_imported.add(placeholder)
         transformers = analysis.module_alias("transformers")
-        self._transformers_imported = transformers is not None
+        self._transformers_imported = in_time(transformers)
         self.names["transformers"] = transformers or "transformers"
 
     def use(self, placeholder: str) -> str:
@@ -125,6 +138,17 @@ class ImportPlan:
         if "loguru" in self._used and self._modules["loguru"]:
             lines.append(self._modules["loguru"])
         return lines
+
+
+def _first_code_line(tree: ast.Module) -> int:
+    """The line of the first module-level statement that runs code: not an import, a
+    definition, a docstring or a notebook magic's `pass` (past the end: none)."""
+    for index, node in enumerate(tree.body):
+        docstring = index == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+        if not (docstring or isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef,
+                                                ast.ClassDef, ast.Pass))):
+            return node.lineno
+    return len(tree.body) and tree.body[-1].end_lineno + 1
 
 
 def unused_name(base: str, *taken: set[str]) -> str:
@@ -217,7 +241,7 @@ class FileContext:
         for name, node in self.analysis.functions.items():
             if name.rstrip("0123456789") != base:
                 continue
-            plan = ImportPlan(self.analysis)  # a throwaway: filling must not mark modules used
+            plan = ImportPlan(self.analysis, self.notebook)  # a throwaway: filling must not mark modules used
             try:
                 wanted = ast.parse(plan.fill(template, name=name, **names)).body[0]
             except (SyntaxError, KeyError, IndexError):

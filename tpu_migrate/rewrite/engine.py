@@ -389,7 +389,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
         catalog=catalog,
         options=options,
         analysis=analysis,
-        import_plan=ImportPlan(analysis),
+        import_plan=ImportPlan(analysis, notebook=result.path.endswith(".ipynb")),
         suppressions=parse_suppressions(text),
         # Python's lines, as ast numbers them: str.splitlines() also breaks at \f, \v, \x1c-\x1e,
         # \x85, \u2028 and \u2029, which may sit in comments and strings (a ^L page break), and

@@ -158,13 +158,15 @@ def _add_imports(module: cst.Module, lines: list[str], hint: RemovedImports | No
 
 
 def _add_helpers(module: cst.Module, helpers: list[str]) -> cst.Module:
-    """Helper functions after the leading imports; helper classes, whose bases are read when the
-    class is defined (`class _X(torch.nn.Module)`), after the file's last module-level import
-    (a script may import torch after parsing its flags), unless module-level code uses them
-    before it."""
+    """Helper functions, and classes with no bases (`class _RateTracker:`), after the leading
+    imports: they read nothing until called, and a notebook's later cells, or a script's
+    functions called before its last import, may use them. Helper classes whose bases are read
+    when the class is defined (`class _X(torch.nn.Module)`) after the file's last module-level
+    import (a script may import torch after parsing its flags), unless module-level code uses
+    them before it."""
     parsed = [parse_stmt(code) for code in helpers]
-    functions = [stmt for stmt in parsed if not isinstance(stmt, cst.ClassDef)]
-    classes = [stmt for stmt in parsed if isinstance(stmt, cst.ClassDef)]
+    functions = [stmt for stmt in parsed if not _reads_names_when_defined(stmt)]
+    classes = [stmt for stmt in parsed if _reads_names_when_defined(stmt)]
     body = list(module.body)
     first = _leading_imports_end(body)
     late = _late_position(body, first, {stmt.name.value for stmt in classes}) if classes else first
@@ -172,6 +174,10 @@ def _add_helpers(module: cst.Module, helpers: list[str]) -> cst.Module:
         return _insert_helpers(module, first, parsed)
     module = _insert_helpers(module, late, classes)
     return _insert_helpers(module, first, functions) if functions else module
+
+
+def _reads_names_when_defined(stmt: cst.BaseStatement) -> bool:
+    return isinstance(stmt, cst.ClassDef) and bool(stmt.bases or stmt.keywords or stmt.decorators)
 
 
 def _late_position(body: list[cst.BaseStatement], first: int, names: set[str]) -> int:
@@ -330,11 +336,10 @@ def _leading_imports_end(body: list[cst.BaseStatement]) -> int:
         index = 1
     while index < len(body) and _is_future(body[index]):
         index += 1
-    start = index
     while index < len(body) and _is_notebook_magic(body[index]):
-        index += 1  # a notebook's `!pip install` cell before its imports
+        index += 1  # a notebook's `!pip install` cell before its imports: what is added goes below
     if index == len(body) or not _is_import_line(body[index]):
-        return start
+        return index
     while index < len(body) and (_is_import_line(body[index]) or _is_notebook_magic(body[index])):
         index += 1
     return index

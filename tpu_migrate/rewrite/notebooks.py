@@ -2,28 +2,46 @@
 
 The code cells are joined with a marker comment between them, so imports are managed across the
 notebook (an `import torch` added once, at the top of the first cell; a torch_xla import in the
-first cell removed only when no later cell uses it). IPython syntax is not Python: a cell that
-starts with a cell magic (`%%writefile`, `%%bash`) is kept whole, and line magics and shell lines
-(`%matplotlib`, `!pip install`) are swapped for a placeholder statement and restored afterwards.
+first cell removed only when no later cell uses it; an import the new code needs that the
+notebook makes only in a later cell added at the top too). IPython syntax is not Python:
+
+- line magics and shell lines (`%matplotlib`, `!pip install`) are swapped for a placeholder
+  statement and restored afterwards. One that names what a torch_xla import bound
+  (`%time xm.mark_step()`) or XLA_USE_BF16 (`%env XLA_USE_BF16=1`) gets a placeholder that
+  names them too: the rules mark it with a TODO, and the imports it needs stay;
+- a cell magic that runs its cell as Python (`%%time`, `%%capture`) is a magic line above
+  Python: the cell is converted with the others;
+- a `%%writefile x.py` cell is the file it writes: converted as a module of its own;
+- any other cell magic (`%%bash`) keeps its cell whole.
+
 Outputs and metadata are kept; a notebook with nothing to change is not written at all, so it
 stays byte-identical. Findings name the cell: line numbers are within the cell.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import replace
 
-from tpu_migrate.findings import FileResult, Manual
+from tpu_migrate.findings import FileResult, Manual, Note
 from tpu_migrate.rewrite import dependencies
 from tpu_migrate.rewrite.context import Options
 from tpu_migrate.rewrite.engine import rewrite_bytes
 from tpu_migrate.rewrite.files import prefilter
+from tpu_migrate.rewrite.names import is_xla_name
+from tpu_migrate.rewrite.transforms.environment import BF16_ENV
 from tpu_migrate.rules import Catalog
 
 CELL_MARKER = "# tpu-migrate-cell "
 MAGIC = re.compile(r"^(\s*)([%!].*)$")
-PLACEHOLDER = "pass  # tpu-migrate-magic "
+MAGIC_MARKER = "  # tpu-migrate-magic "  # ends each placeholder line (imports.py knows it too)
+# Cell magics whose body IPython runs as Python, in the notebook's namespace.
+PYTHON_CELL_MAGICS = frozenset({"time", "timeit", "capture", "prun"})
+# Line magics whose argument is a Python statement (`%time xm.mark_step()`).
+PYTHON_LINE_MAGICS = frozenset({"%time", "%timeit", "%prun"})
+WRITEFILE = re.compile(r"^%%writefile\s+(?P<path>[^\s-]\S*\.py)\s*$")  # not -a: a part of a file
+_WORD = re.compile(r"[A-Za-z_]\w*")
 
 
 def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog | None = None) -> FileResult:
@@ -38,14 +56,25 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
         result.error = f"not a readable notebook: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return result
     installs = _install_findings(notebook, options)
-    cells = [i for i, cell in enumerate(notebook.cells)
-             if cell.cell_type == "code" and not cell.source.lstrip().startswith("%%")]
+    cells, files = [], []
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        magic = _cell_magic(cell.source)
+        if magic is None or magic in PYTHON_CELL_MAGICS:
+            cells.append(index)
+        elif WRITEFILE.match(cell.source.lstrip().split("\n", 1)[0]):
+            files.append(index)
+    written = {index: _rewrite_written_file(index, notebook.cells[index].source, options, catalog, result)
+               for index in files}
     if not cells:
         result.manual.extend(installs)
-        return result
+        return _write(result, notebook, data, {i: s for i, s in written.items() if s is not None})
+    xla_names = _xla_bound_names(notebook, cells)
     magics: list[str] = []
     parts: list[str] = []
     starts: dict[int, int] = {}  # notebook cell index -> first line of its code in the module
+    magic_columns: dict[int, int] = {}  # a placeholder's line in the module -> its magic's column
     line = 1
     for index in cells:
         parts.append(f"{CELL_MARKER}{index}")
@@ -55,7 +84,8 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
         for text in notebook.cells[index].source.split("\n"):
             match = MAGIC.match(text)
             if match:
-                source_lines.append(f"{match[1]}{PLACEHOLDER}{len(magics)}")
+                magic_columns[line + len(source_lines)] = len(match[1]) + 1
+                source_lines.append(f"{match[1]}{_placeholder(match[2], xla_names)}{MAGIC_MARKER}{len(magics)}")
                 magics.append(text)
             else:
                 source_lines.append(text)
@@ -69,16 +99,17 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
         owner = max((i for i in cells if starts[i] <= module_line), default=cells[0], key=lambda i: starts[i])
         return owner, module_line - starts[owner] + 1
 
-    for finding in inner.fixes:
+    def in_cell(finding):
         cell, within = cell_of(finding.line)
-        result.fixes.append(replace(finding, line=within, cell=cell))
-    for finding in inner.manual:
-        cell, within = cell_of(finding.line)
-        result.manual.append(replace(finding, line=within, cell=cell))
+        # A finding on a magic's placeholder points at the magic, not into the placeholder.
+        return replace(finding, line=within, cell=cell, col=magic_columns.get(finding.line, finding.col))
+
+    result.fixes.extend(in_cell(finding) for finding in inner.fixes)
+    result.manual.extend(in_cell(finding) for finding in inner.manual)
     for note in inner.notes:
         cell, within = cell_of(note.line)
         result.notes.append(replace(note, line=within, cell=cell))
-    result.imports_xla = inner.imports_xla
+    result.imports_xla = result.imports_xla or inner.imports_xla
     for kept in inner.kept_imports:
         cell, within = cell_of(kept.line)
         result.kept_imports.append(replace(kept, line=within, cell=cell))
@@ -86,14 +117,22 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
         result.error_cell, result.error_line = cell_of(inner.error_line)
         result.error = inner.error.replace(f"at line {inner.error_line}:",
                                            f"at cell {result.error_cell}, line {result.error_line}:", 1)
-    if not result.error and installs:
-        result.manual.extend(installs)
-        result.manual.sort(key=lambda m: (m.cell, m.line, m.col, m.code))
-    if not inner.changed:
+    if result.error:  # left as it is, the cells it writes included
         return result
-    new_sources = _split_cells(inner.output.decode("utf-8"), magics)
+    result.manual.extend(installs)
+    result.manual.sort(key=lambda m: (m.cell, m.line, m.col, m.code))
+    result.fixes.sort(key=lambda f: (f.cell, f.line, f.col))
+    changed = dict(_split_cells(inner.output.decode("utf-8"), magics)) if inner.changed else {}
+    changed.update({i: s for i, s in written.items() if s is not None})
+    return _write(result, notebook, data, changed)
+
+
+def _write(result: FileResult, notebook, data: bytes, new_sources: dict[int, str]) -> FileResult:
+    """`result` with the notebook whose cells get `new_sources`, where one differs."""
+    import nbformat
+
     diffs = {}
-    for index, source in new_sources.items():
+    for index, source in sorted(new_sources.items()):
         old = notebook.cells[index].source
         if old.rstrip("\n") != source.rstrip("\n"):
             diffs[index] = (old, source)
@@ -106,6 +145,68 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
             result.output += b"\n"
         result.cell_diffs = diffs
     return result
+
+
+def _cell_magic(source: str) -> str | None:
+    """The name of the cell magic a cell starts with (`%%time` -> "time"), if any."""
+    stripped = source.lstrip()
+    if not stripped.startswith("%%"):
+        return None
+    return stripped[2:].split(None, 1)[0] if stripped[2:].strip() else ""
+
+
+def _rewrite_written_file(index: int, source: str, options: Options, catalog: Catalog | None,
+                          result: FileResult) -> str | None:
+    """The new source of cell `index`, a `%%writefile x.py` cell (None: unchanged): its body
+    rewritten as the module it writes. Its findings go into `result` under the cell, with the
+    cell's line numbers (the magic is line 1); an error in it is a note, as the other cells
+    still convert."""
+    lead = source[:len(source) - len(source.lstrip())]
+    magic, _, body = source[len(lead):].partition("\n")
+    offset = lead.count("\n") + 1
+    # Under the written file's name: a module of its own (a setup.py is one), not a notebook.
+    inner = rewrite_bytes(body.encode("utf-8"), WRITEFILE.match(magic)["path"], options, catalog)
+    if inner.error:
+        line = inner.error_line + offset if inner.error_line else 1
+        result.notes.append(Note(line, f"the file this cell writes ({magic}) is not converted: {inner.error}",
+                                 cell=index))
+        return None
+    result.fixes.extend(replace(f, line=f.line + offset, cell=index) for f in inner.fixes)
+    result.manual.extend(replace(m, line=m.line + offset, cell=index) for m in inner.manual)
+    result.notes.extend(replace(n, line=n.line + offset, cell=index) for n in inner.notes)
+    result.imports_xla = result.imports_xla or inner.imports_xla
+    result.kept_imports.extend(replace(k, line=k.line + offset, cell=index) for k in inner.kept_imports)
+    if not inner.changed:
+        return None
+    return f"{lead}{magic}\n{inner.output.decode('utf-8')}"
+
+
+def _xla_bound_names(notebook, cells: list[int]) -> frozenset[str]:
+    """The names the notebook's imports of torch_xla / optimum.tpu bind (`xm`, `torch_xla`),
+    in the cells that parse."""
+    found = set()
+    for index in cells:
+        source = "\n".join("pass" if MAGIC.match(text) else text for text in notebook.cells[index].source.split("\n"))
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found.update(alias.asname or alias.name.split(".")[0] for alias in node.names if is_xla_name(alias.name))
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and is_xla_name(node.module or ""):
+                found.update(alias.asname or alias.name for alias in node.names if alias.name != "*")
+    return frozenset(found)
+
+
+def _placeholder(magic: str, xla_names: frozenset[str]) -> str:
+    """The statement that stands for an IPython line: `pass`, or a tuple of the torch_xla names
+    (in a magic whose argument is Python) and bf16 variables it names, for the rules to mark
+    (and to keep those imports)."""
+    words = set(_WORD.findall(magic))
+    python = magic.split(None, 1)[0] in PYTHON_LINE_MAGICS
+    named = [*sorted(words & xla_names if python else ()), *(repr(name) for name in sorted(words & BF16_ENV))]
+    return f"({', '.join(named)},)" if named else "pass"
 
 
 def _install_findings(notebook, options: Options) -> list[Manual]:
@@ -142,8 +243,8 @@ def _split_cells(module: str, magics: list[str]) -> dict[int, str]:
             sources[current] = list(preamble)
             preamble = []
             continue
-        if PLACEHOLDER in text:
-            number = int(text.split(PLACEHOLDER, 1)[1].split()[0])
+        if MAGIC_MARKER in text:
+            number = int(text.rsplit(MAGIC_MARKER, 1)[1].split()[0])
             text = magics[number]
         if current is None:
             preamble.append(text)
@@ -151,6 +252,10 @@ def _split_cells(module: str, magics: list[str]) -> dict[int, str]:
             sources[current].append(text)
     result = {}
     for index, lines in sources.items():
+        # A cell magic must stay the cell's first line: what was added above it goes below.
+        magic = next((i for i, text in enumerate(lines) if text.startswith("%%")), None)
+        if magic:
+            lines.insert(0, lines.pop(magic))
         while lines and lines[-1] == "":
             lines.pop()
         result[index] = "\n".join(lines)
