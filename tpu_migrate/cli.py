@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -62,6 +63,15 @@ def _rewrite_paths(files, settings, jobs, sources=None):
     except RuleError as exc:
         _configuration_error(exc)
     return rewrite_paths(files, Options(**settings), jobs, sources=sources)
+
+
+def _spmd_importers(paths, files: list[str]) -> tuple[tuple[str, str], ...]:
+    """The project's modules that an SPMD program imports (rewrite/spmd_programs.py): under the
+    project root, or among the run's files where no pyproject.toml or .git marks one."""
+    from tpu_migrate.rewrite.spmd_programs import imported_by_spmd
+
+    root = project_root(list(paths))
+    return imported_by_spmd(files, None if root == Path(root.anchor) else root)
 
 
 def _configuration_error(exc: Exception) -> None:
@@ -182,6 +192,7 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
         else:
             files.append(path)
 
+    settings["spmd_importers"] = _spmd_importers(paths, files)
     show_progress = output_format == "text" and stderr.is_terminal and len(files) > PROGRESS_THRESHOLD
     with Progress(
         TextColumn("rewriting"), BarColumn(), MofNCompleteColumn(), console=stderr,

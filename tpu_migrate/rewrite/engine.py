@@ -10,6 +10,7 @@ whose output does not parse is kept byte-for-byte and reported as an error.
 from __future__ import annotations
 
 import ast
+import os
 import re
 from functools import lru_cache
 
@@ -400,6 +401,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
         convert_guards=convert_guards,
         waiting_for=waiting_for,
         notebook=result.path.endswith(".ipynb"),
+        spmd_importer=_spmd_importer(options, result.path),
         xla_fsdp_kept=xla_fsdp_kept,
     )
     def fix_allowed(code, info):
@@ -412,6 +414,12 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
     file.plans.sharded_parameter_loops, file.plans.parameter_mark_refusals = parameter_marking_loops(
         analysis, catalog.canonical, fix_allowed)
     return file
+
+
+def _spmd_importer(options: Options, path: str) -> str | None:
+    if not options.spmd_importers:
+        return None
+    return dict(options.spmd_importers).get(os.path.realpath(path))
 
 
 def _xla_fsdp_kept(file: FileContext) -> bool:

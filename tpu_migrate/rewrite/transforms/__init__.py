@@ -32,7 +32,7 @@ from tpu_migrate.rewrite.transforms import (
     utilities,
     zero_redundancy,
 )
-from tpu_migrate.rewrite.transforms.common import atom, bind, code, runs_spmd
+from tpu_migrate.rewrite.transforms.common import atom, bind, code, spmd_reason
 
 # Imported for their registrations.
 FAMILIES = (amp_compile, collectives, device, environment, fsdp, fsdp_checkpoints, guards, launch, loaders,
@@ -58,8 +58,9 @@ def template_values(rule, call: cst.Call | None, sc: StatementContext, qualname:
 
 
 def apply_call_rule(rule, qualname: str, call: cst.Call, sc: StatementContext):
-    if rule.under_spmd and runs_spmd(sc):
-        sc.needs_manual(rule.code, f"this file runs SPMD (one process per host), where this was {rule.under_spmd}",
+    reason = spmd_reason(sc) if rule.under_spmd else None
+    if reason is not None:
+        sc.needs_manual(rule.code, f"{reason}, where this was {rule.under_spmd}",
                         qualname)
         return call
     if rule.replace:

@@ -199,10 +199,20 @@ _SPMD_TODO = f"{TEXT_MARKER}: {rule_code('TPU170')} "
 
 def runs_spmd(sc: StatementContext) -> bool:
     """SPMD names in the file, or the TODO that `xr.use_spmd()` left where it went (TPU170): the
-    process queries keep their SPMD meaning on a second run too."""
+    process queries keep their SPMD meaning on a second run too. Or an SPMD program of the
+    project imports this module (spmd_programs.py)."""
+    return spmd_reason(sc) is not None
+
+
+def spmd_reason(sc: StatementContext) -> str | None:
+    """Why the file's process queries meant hosts, for their TODO; None where they did not."""
     uses = sc.file.memo.get("uses_spmd")
     if uses is None:  # once per file: a scan per query would grow with the square of its size
         uses = sc.file.memo["uses_spmd"] = any(
             name in _SPMD_NAMES or name.startswith(_SPMD_MODULES) for name in sc.file.analysis.qualnames
         ) or any(_SPMD_TODO in line for line in sc.file.source_lines)
-    return bool(uses)
+    if uses:
+        return "this file runs SPMD (one process per host)"
+    if sc.file.spmd_importer is not None:
+        return f"{sc.file.spmd_importer} imports this module and runs SPMD (one process per host)"
+    return None

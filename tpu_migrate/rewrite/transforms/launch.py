@@ -18,7 +18,7 @@ from tpu_migrate.rewrite.transforms.common import (
     literal_bool,
     clean_args,
     quote_of,
-    runs_spmd,
+    spmd_reason,
 )
 
 
@@ -123,10 +123,11 @@ def _env_rendezvous_defaults(sc: StatementContext, where) -> None:
 @emits("TPU070")
 def _without_xla_rendezvous(call: cst.Call, method: cst.Arg, sc: StatementContext):
     """`init_process_group("gloo", init_method="xla://")`: the same group through env://."""
-    if runs_spmd(sc):
+    reason = spmd_reason(sc)
+    if reason is not None:
         # One process per host: xla:// made a group of the hosts, env:// under TorchTPU's launch
         # one of every TPU's process.
-        sc.needs_manual("TPU070", "this file runs SPMD (one process per host), where xla:// made a group of "
+        sc.needs_manual("TPU070", f"{reason}, where xla:// made a group of "
                         "the hosts; TorchTPU runs one process per TPU: port the SPMD code first, then "
                         "rendezvous through env:// (the launcher's RANK and WORLD_SIZE)")
         return call

@@ -16,7 +16,7 @@ from tpu_migrate.rewrite.transforms.common import (
     fresh_name,
     if_block,
     literal_bool,
-    runs_spmd,
+    spmd_reason,
     standalone,
 )
 
@@ -30,8 +30,9 @@ def is_master_ordinal(call, qualname, sc: StatementContext, rule):
             rule.code, "`local=` is not a literal: choose LOCAL_RANK or the global rank", qualname
         )
         return call
-    if not local and runs_spmd(sc):
-        sc.needs_manual(rule.code, "this file runs SPMD (one process per host), where this was true on every "
+    reason = spmd_reason(sc) if not local else None
+    if reason is not None:
+        sc.needs_manual(rule.code, f"{reason}, where this was true on every "
                         "host; TorchTPU runs one process per TPU: port the SPMD code first, then test the rank "
                         "(one process of the job) or LOCAL_RANK (one process per host)", qualname)
         return call

@@ -1,0 +1,105 @@
+"""A module imported by an SPMD program: its process queries counted hosts too, so they keep a
+TODO naming the program, though the module itself shows no SPMD (rewrite/spmd_programs.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tpu_migrate.rewrite.context import Options
+from tpu_migrate.rewrite.engine import rewrite_bytes
+from tpu_migrate.rewrite.spmd_programs import imported_by_spmd
+
+TRAIN = """\
+import torch_xla.runtime as xr
+from pkg import utils
+from pkg.models import net
+
+xr.use_spmd()
+print(utils.host(), net)
+"""
+UTILS = """\
+import torch_xla.runtime as xr
+from . import helpers
+
+
+def host():
+    return xr.global_ordinal(), xr.world_size()
+"""
+HELPERS = "import torch_xla.core.xla_model as xm\nRANK = xm.get_ordinal()\n"
+# Asks whether SPMD is on, and runs either way: not an SPMD program.
+ASKS = "import torch_xla.runtime as xr\nimport pkg.other\nprint(xr.is_spmd())\n"
+
+
+def write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+@pytest.fixture
+def project(tmp_path) -> Path:
+    write(tmp_path, {"train.py": TRAIN, "asks.py": ASKS, "pkg/__init__.py": "", "pkg/utils.py": UTILS,
+                     "pkg/helpers.py": HELPERS, "pkg/other.py": HELPERS, "pkg/models/__init__.py": "",
+                     "pkg/models/net.py": "net = 1\n", "src/README.md": ""})
+    return tmp_path
+
+
+def real(root: Path, name: str) -> str:
+    return os.path.realpath(root / name)
+
+
+def test_the_modules_an_spmd_program_imports_are_found_through_packages_and_relative_imports(project):
+    found = dict(imported_by_spmd([], project))
+    assert found == {real(project, name): "train.py" for name in (
+        "pkg/__init__.py", "pkg/utils.py", "pkg/helpers.py", "pkg/models/__init__.py", "pkg/models/net.py")}
+
+
+def test_without_a_project_root_the_run_s_own_files_are_looked_at(project):
+    assert imported_by_spmd([str(project / "pkg" / "utils.py")], None) == ()
+    found = dict(imported_by_spmd([str(project / "train.py"), str(project / "pkg" / "utils.py")], None))
+    assert found[real(project, "pkg/utils.py")] == "train.py"
+
+
+def test_a_process_query_in_an_imported_module_keeps_a_todo_naming_the_program(project):
+    options = Options(spmd_importers=imported_by_spmd([], project))
+    path = str(project / "pkg" / "utils.py")
+    result = rewrite_bytes(UTILS.encode(), path, options)
+    assert [(m.code, m.line) for m in result.manual] == [("TPU021", 6), ("TPU020", 6)]
+    assert result.manual[0].message.startswith("train.py imports this module and runs SPMD (one process per host)")
+    assert "xr.global_ordinal(), xr.world_size()" in result.output.decode()
+    # The same module, not imported by an SPMD program, converts.
+    alone = rewrite_bytes(UTILS.encode(), path, Options())
+    assert alone.manual == [] and "dist.get_rank()" in alone.output.decode()
+
+
+@pytest.mark.slow
+def test_the_command_finds_the_program_from_the_project_root_and_the_cache_follows_it(cli, project):
+    """A pre-commit run passes only the changed module: the SPMD script beside it still counts,
+    and when the script starts SPMD later, the module's cached result is not reused."""
+    (project / ".git").mkdir()
+    (project / "train.py").write_text(TRAIN.replace("xr.use_spmd()\n", ""))
+    before = cli("rewrite", "--check", "pkg/utils.py", cwd=project).stdout.decode()
+    assert "pkg/utils.py:6:12 TPU021 fixable" in before, before
+    (project / "train.py").write_text(TRAIN)
+    after = cli("rewrite", "--check", "utils.py", cwd=project / "pkg").stdout.decode()
+    assert "utils.py:6:12 TPU021 train.py imports this module and runs SPMD" in after, after
+    assert "0 fix(es)" in after
+
+
+def test_a_tree_too_large_to_scan_falls_back_to_the_run_s_files(project, monkeypatch):
+    from tpu_migrate.rewrite import spmd_programs
+
+    monkeypatch.setattr(spmd_programs, "MAX_FILES", 3)
+    assert imported_by_spmd([str(project / "pkg" / "utils.py")], project) == ()
+
+
+def test_virtual_environments_and_hidden_directories_are_not_the_project(project):
+    program = "import torch_xla.runtime as xr\nimport lonely\nxr.use_spmd()\n"
+    write(project, {"lonely.py": "", "venv/pyvenv.cfg": "home = /usr\n", "venv/lib/spmd.py": program,
+                    ".tox/py311/lib/spmd.py": program})
+    assert real(project, "lonely.py") not in dict(imported_by_spmd([], project))
+    write(project, {"tools/spmd.py": program})  # the same program in the project: it counts
+    assert dict(imported_by_spmd([], project))[real(project, "lonely.py")] == os.path.join("tools", "spmd.py")

@@ -1,0 +1,141 @@
+"""Which modules of the project an SPMD program imports: their process queries meant hosts too.
+
+Under `xr.use_spmd()` one process drove every TPU of a host, so `xr.world_size()` and
+`xr.global_ordinal()` counted hosts (or answered 1 and 0), in the program's own file and in
+every module it imports. A file alone does not show that it is imported by such a program, so
+this pass looks at the whole project before the rewrite: the Python files under the project
+root (the run's own files where there is none) that name SPMD, and the project's modules they
+import, directly or through others. The rewrite then leaves those modules' process queries with
+a TODO that names the program (transforms/common.py `spmd_reason`).
+
+The pass reads every Python file of the project (a byte search; a parse only where SPMD is
+named), on every run: a pre-commit run that passes only a helper module must still know that
+the training script beside it runs SPMD. The result is part of the rewrite's settings, so the
+result cache of a file stays valid only while the project's SPMD programs import the same modules.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tpu_migrate.rewrite.names import is_xla_name
+
+# Bytes a file that runs SPMD holds (a file without any of them is not parsed).
+_MARKERS = (b"use_spmd", b"distributed.spmd", b"fsdp_v2")
+_SPMD_MODULES = ("torch_xla.distributed.spmd", "optimum.tpu.fsdp_v2")
+# What turns SPMD on (`xr.is_spmd()` only asks: a library may ask and run either way).
+_SPMD_CALLS = frozenset({"use_spmd", "use_fsdp_v2"})
+# Directories that hold no module of the project: installed packages, caches, version control.
+_SKIPPED = frozenset({"__pycache__", "node_modules", "site-packages", "dist-packages", "build"})
+MAX_FILES = 20_000  # a tree larger than this is not a project to scan whole: the run's files only
+
+
+def imported_by_spmd(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str, str], ...]:
+    """(module's real path, the SPMD program that imports it) for each module of the project
+    that an SPMD program imports, sorted. `root`: the project root, None where there is none
+    (then only `run_files` are looked at)."""
+    candidates = list(_python_files(root)) if root is not None else None
+    if candidates is None or len(candidates) > MAX_FILES:
+        candidates = [os.path.realpath(f) for f in run_files if f.endswith(".py")]
+    bases = [str(root), str(root / "src")] if root is not None else []
+    found: dict[str, str] = {}
+    for program in sorted(candidates):
+        tree = _spmd_tree(program)
+        if tree is None:
+            continue
+        shown = os.path.relpath(program, root) if root is not None else os.path.basename(program)
+        seen = {program}
+        queue = [(program, tree)]
+        while queue:
+            path, module = queue.pop()
+            for imported in _local_imports(path, module, bases):
+                if imported in seen:
+                    continue
+                seen.add(imported)
+                found.setdefault(imported, shown)
+                parsed = _parse(imported)
+                if parsed is not None:
+                    queue.append((imported, parsed))
+    return tuple(sorted(found.items()))
+
+
+def _python_files(root: Path) -> Iterator[str]:
+    for directory, subdirectories, names in os.walk(root):
+        # Hidden directories (.git, .venv, .tox) and virtual environments hold no project module.
+        subdirectories[:] = [d for d in subdirectories if not d.startswith(".") and d not in _SKIPPED
+                             and not os.path.exists(os.path.join(directory, d, "pyvenv.cfg"))]
+        for name in names:
+            if name.endswith(".py"):
+                yield os.path.realpath(os.path.join(directory, name))
+
+
+def _spmd_tree(path: str) -> ast.Module | None:
+    """The parsed file, if it runs SPMD: it imports torch_xla's or Optimum's SPMD modules, or
+    names use_spmd / use_fsdp_v2 and imports torch_xla or optimum.tpu."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    if not any(marker in data for marker in _MARKERS):
+        return None
+    tree = _parse(path, data)
+    if tree is None:
+        return None
+    imported, called = set(), False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+        elif isinstance(node, ast.Attribute) and node.attr in _SPMD_CALLS or \
+                isinstance(node, ast.Name) and node.id in _SPMD_CALLS:
+            called = True
+    if any(name.startswith(_SPMD_MODULES) for name in imported):
+        return tree
+    return tree if called and any(is_xla_name(name) for name in imported) else None
+
+
+def _parse(path: str, data: bytes | None = None) -> ast.Module | None:
+    try:
+        if data is None:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        return ast.parse(data, path)
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def _local_imports(path: str, tree: ast.Module, bases: list[str]) -> Iterator[str]:
+    """The project's files that `tree` (the file at `path`) imports: modules found beside it,
+    under the project root or its src/, and the packages' __init__.py files on the way."""
+    here = os.path.dirname(path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield from _module_files(alias.name, [here, *bases])
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here
+                for _ in range(node.level - 1):
+                    base = os.path.dirname(base)
+                prefix, roots = node.module or "", [base]
+            else:
+                prefix, roots = node.module or "", [here, *bases]
+            if prefix:
+                yield from _module_files(prefix, roots)
+            for alias in node.names:  # `from pkg import module`
+                yield from _module_files(f"{prefix}.{alias.name}".lstrip("."), roots)
+
+
+def _module_files(dotted: str, roots: list[str]) -> Iterator[str]:
+    parts = dotted.split(".")
+    for root in roots:
+        for depth in range(1, len(parts) + 1):
+            stem = os.path.join(root, *parts[:depth])
+            for candidate in (os.path.join(stem, "__init__.py"), stem + ".py"):
+                if os.path.isfile(candidate):
+                    yield os.path.realpath(candidate)
