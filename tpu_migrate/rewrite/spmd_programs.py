@@ -37,6 +37,7 @@ def imported_by_spmd(run_files: Iterable[str], root: Path | None) -> tuple[tuple
     """(module's real path, the SPMD program that imports it) for each module of the project
     that an SPMD program imports, sorted. `root`: the project root, None where there is none
     (then only `run_files` are looked at)."""
+    root = Path(os.path.realpath(root)) if root is not None else None
     candidates = list(_python_files(root)) if root is not None else None
     if candidates is None or len(candidates) > MAX_FILES:
         candidates = [os.path.realpath(f) for f in run_files if f.endswith(".py")]
@@ -68,19 +69,15 @@ def _python_files(root: Path) -> Iterator[str]:
         subdirectories[:] = [d for d in subdirectories if not d.startswith(".") and d not in _SKIPPED
                              and not os.path.exists(os.path.join(directory, d, "pyvenv.cfg"))]
         for name in names:
-            if name.endswith(".py"):
-                yield os.path.realpath(os.path.join(directory, name))
+            if name.endswith(".py"):  # real already below a real root (walk follows no links)
+                yield os.path.join(directory, name)
 
 
 def _spmd_tree(path: str) -> ast.Module | None:
     """The parsed file, if it runs SPMD: it imports torch_xla's or Optimum's SPMD modules, or
     names use_spmd / use_fsdp_v2 and imports torch_xla or optimum.tpu."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    if not any(marker in data for marker in _MARKERS):
+    data = _read(path)
+    if data is None or not any(marker in data for marker in _MARKERS):
         return None
     tree = _parse(path, data)
     if tree is None:
@@ -99,13 +96,31 @@ def _spmd_tree(path: str) -> ast.Module | None:
     return tree if called and any(is_xla_name(name) for name in imported) else None
 
 
-def _parse(path: str, data: bytes | None = None) -> ast.Module | None:
+def _read(path: str) -> bytes | None:
+    """The file's bytes (None: unreadable). os.read, not open(): the buffered file object costs
+    more than the read for the small files a project is made of (benchmarks/bench_spmd_scan.py)."""
     try:
-        if data is None:
-            with open(path, "rb") as handle:
-                data = handle.read()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _parse(path: str, data: bytes | None = None) -> ast.Module | None:
+    data = _read(path) if data is None else data
+    if data is None:
+        return None
+    try:
         return ast.parse(data, path)
-    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
 
