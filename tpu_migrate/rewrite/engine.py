@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 from functools import lru_cache
 
 import libcst as cst
@@ -309,7 +308,7 @@ def _true_footer(text: str, parsed: str, tree: ast.Module, module: cst.Module) -
     node = tree.body[-len(last.body) if isinstance(last, cst.SimpleStatementLine) else -1]
     first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
     start = 0
-    for count, match in enumerate(_LINE_BREAK.finditer(text), start=2):
+    for count, match in enumerate(todos.LINE_BREAK.finditer(text), start=2):
         if count > first:
             break
         start = match.end()
@@ -333,7 +332,6 @@ def _plain_tail(text: str, last_line: int | None) -> bool:
     return all(not line or line == "\r" or line.startswith("#") for line in tail.split("\n"))
 
 
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 MAX_NESTING = 1000
 
 
@@ -355,7 +353,7 @@ def _check_nesting(tree: ast.AST, text: str) -> None:
     text is short cannot hide the limit under it, and the walk skips it: it visits only the
     outer statements of a file, and counts the same.
     """
-    line_starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
+    line_starts = todos.line_starts(text)
     stack = [(tree, 0)]
     children, bool_op = ast.iter_child_nodes, ast.BoolOp
     while stack:
@@ -395,7 +393,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
         # Python's lines, as ast numbers them: str.splitlines() also breaks at \f, \v, \x1c-\x1e,
         # \x85, \u2028 and \u2029, which may sit in comments and strings (a ^L page break), and
         # would shift every later line (a TODO above a statement was then not seen: added again).
-        source_lines=_LINE_BREAK.split(text),
+        source_lines=todos.LINE_BREAK.split(text),
         fixes=result.fixes,
         manual=result.manual,
         convert_guards=convert_guards,

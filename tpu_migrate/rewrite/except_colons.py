@@ -12,10 +12,11 @@ import re
 
 import libcst as cst
 
+from tpu_migrate.rewrite import todos
+
 # A colon with whitespace before it somewhere after an `except`: the only files to look at (the
 # clause's first colon may sit in a comment inside its parentheses).
 _SPACED_COLON = re.compile(r"\s:")
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 def restore_except_colons(module: cst.Module, text: str, tree: ast.Module | None) -> cst.Module:
@@ -37,7 +38,7 @@ def _spaces_before_colons(text: str, tree: ast.Module) -> list[str]:
     """Per except clause, in the order of the file: the whitespace between its type (and the
     parentheses that close after it) and its colon; "" for clauses libcst reads right (bare
     `except:` and `except X as e`)."""
-    line_starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
+    line_starts = todos.line_starts(text)
     handlers = sorted((node for node in ast.walk(tree) if isinstance(node, ast.ExceptHandler)),
                       key=lambda node: (node.lineno, node.col_offset))
     spaces = []
@@ -60,7 +61,7 @@ def _space_before_colon(text: str, position: int) -> str:
     after_parens = position
     while text[position] != ":":
         if text[position] == "#":
-            position = _LINE_BREAK.search(text, position).start()
+            position = todos.LINE_BREAK.search(text, position).start()
         elif text[position] == ")":
             after_parens = position + 1
         position += 1

@@ -19,7 +19,12 @@ from tpu_migrate.findings import Manual
 
 TEXT_MARKER = "TODO(tpu-migrate)"
 _TODO = re.compile(r"#\s*TODO\(tpu-migrate\):\s*(TPU\d+)\b\s*(.*?)\s*$")
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")  # Python's line breaks (as ast numbers lines)
+LINE_BREAK = re.compile(r"\r\n|\r|\n")  # Python's line breaks (as ast numbers lines)
+
+
+def line_starts(text: str) -> list[int]:
+    """The offset in `text` where each line starts, as ast numbers lines (line n at [n - 1])."""
+    return [0] + [m.end() for m in LINE_BREAK.finditer(text)]
 
 
 def open_todos(text: str) -> list[Manual]:
@@ -37,7 +42,7 @@ def open_todos(text: str) -> list[Manual]:
 def _comments(text: str) -> list[tuple[int, int, str]]:
     """(line, 0-based column, text) of each comment. Tokens, so that a TODO quoted in a string
     is not one; a file the tokenizer refuses falls back to lines that are only a comment."""
-    lines = _LINE_BREAK.split(text)
+    lines = LINE_BREAK.split(text)
     feed = iter(line + "\n" for line in lines)
     try:
         return [(tok.start[0], tok.start[1], tok.string)
