@@ -34,6 +34,21 @@ def unpacked(loader, device):
     for images, labels, names in pl.MpDeviceLoader(loader, device):
         seen.append((images, labels, names))
     return seen
+
+
+def consume(batches):
+    return len(batches), list(batches)
+
+
+def parallel_epochs(loader, device, epochs):
+    """The 1.x loop: a ParallelLoader per epoch, its per-device loader passed on, then
+    read again (the pass is used up)."""
+    seen = []
+    for epoch in range(epochs):
+        para_loader = pl.ParallelLoader(loader, [device], loader_prefetch_size=2)
+        seen.append(consume(para_loader.per_device_loader(device)))
+        seen.append(consume(para_loader.per_device_loader(device)))
+    return seen
 '''
 
 Pair = collections.namedtuple("Pair", "x y")
@@ -114,6 +129,16 @@ def test_an_unpacked_batch_moves_its_tensors_and_keeps_the_rest(target, torch):
     seen = migrated(target)["unpacked"](batches, torch.device("meta"))
     assert [names for _, _, names in seen] == [("a.jpg", "b.jpg"), ("c.jpg", "d.jpg")]
     assert all(on_meta(images) and on_meta(labels) for images, labels, _ in seen)
+
+
+@pytest.mark.parametrize("target", ["tpu", "portable"])
+def test_a_parallel_loader_passed_on_is_one_pass_of_moved_batches(target, torch, batches):
+    """ParallelLoader began one pass over the loader when made; its per_device_loader iterated
+    that pass (len() the loader's), and a second per_device_loader found it used up."""
+    seen = migrated(target)["parallel_epochs"](batches, torch.device("meta"), 2)
+    assert [(length, len(got)) for length, got in seen] == [(5, 5), (5, 0)] * 2
+    assert all(on_meta(batch) for _, got in seen for batch in got)
+    assert seen[0][1][2]["name"] == "b3" and isinstance(seen[0][1][3], Pair)
 
 
 @pytest.mark.parametrize("target", ["tpu", "portable"])

@@ -473,7 +473,8 @@ class StatementContext:
         del self.before[before:]
         del self.after[after:]
         for base in set(self.file.helpers) - helpers:
-            del self.file.helper_code[self.file.helpers.pop(base)]
+            # A helper the file already had (an earlier run's) has no code to add: nothing to drop.
+            self.file.helper_code.pop(self.file.helpers.pop(base), None)
 
     def leftover_refs(self) -> list[Ref]:
         from tpu_migrate.rewrite.names import is_xla_name

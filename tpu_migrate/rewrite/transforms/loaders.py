@@ -62,6 +62,32 @@ SHARDED_DEVICE_LOADER = '''class {name}:
     def __len__(self):
         return len(self._loader)
 '''
+# What a ParallelLoader held in a variable (`para_loader.per_device_loader(device)` passed on) is
+# to its code: torch_xla started one pass over the loader when it was made, and the iterators
+# per_device_loader gave shared that pass (one device per process, so one queue).
+PARALLEL_LOADER_CLASS = '''class {name}:
+    """pl.ParallelLoader(loader, [device])'s stand-in (added by tpu-migrate): one pass over
+    `loader`, begun when it is made; per_device_loader(device) iterates that pass, each batch
+    moved to `device`, and len() is len(loader)."""
+
+    def __init__(self, loader):
+        self._loader = loader
+        self._pass = iter(loader)
+        self._device = None
+
+    def per_device_loader(self, device):
+        self._device = device
+        return self
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return {map_tensors}(next(self._pass), lambda t: t.to(self._device))
+
+    def __len__(self):
+        return len(self._loader)
+'''
 # The ShardingSpec's own finding, taken back when the loader converts with it.
 SPMD_SHARDING_CODE = rule_code("TPU172")
 # MpDeviceLoader's keywords that only tune its background threads and its implicit
@@ -215,13 +241,7 @@ def device_loader(call, qualname, sc: StatementContext, rule):
             sc.fixed(rule.code, qualname)
             return parts[0]
     if qualname != MP_DEVICE_LOADER:
-        sc.needs_manual(
-            rule.code,
-            "replace the device loader with the plain DataLoader and move each batch with "
-            ".to(device) in the loop; without the move the batches stay on the CPU",
-            qualname,
-        )
-        return call
+        return _parallel_loader(call, qualname, sc, rule)
     if loop_only:
         sc.file.loader_vars[(id(sc.scope), node.targets[0].id)] = LOOPS_KEPT
     return _wrapped_loader(call, qualname, sc, rule)
@@ -253,6 +273,44 @@ def _wrapped_loader(call, qualname, sc: StatementContext, rule):
         qualname,
     )
     return call
+
+
+def _parallel_loader(call, qualname, sc: StatementContext, rule):
+    """`pl.ParallelLoader(loader, [device], ...)` outside a `for` header -> `_ParallelLoader(loader)`
+    (PARALLEL_LOADER_CLASS), or the call kept with a manual finding saying why."""
+    bound = bind(call, ["loader", "devices"])
+    devices = bound.get("devices") if bound is not None else None
+    if bound is None or "loader" not in bound or devices is None:
+        problem = "cannot read the loader and devices arguments"
+    elif not (isinstance(devices.value, (cst.List, cst.Tuple)) and len(devices.value.elements) == 1
+              and isinstance(devices.value.elements[0], cst.Element)):
+        problem = ("it is not given one device (`[device]`): with several, it dealt the batches out among "
+                   "them, and TorchTPU runs one process per TPU")
+    elif unknown := sorted(set(bound) - {"loader", "devices"} - _TUNING_KEYWORDS):
+        problem = f"unknown argument `{unknown[0]}=`"
+    elif _other_parallel_loader_uses(sc):
+        problem = "the file uses a ParallelLoader's other methods or state, which the stand-in lacks"
+    else:
+        sc.fixed(rule.code, qualname)
+        return cst.Call(func=cst.Name(helper(sc, "_ParallelLoader", PARALLEL_LOADER_CLASS)),
+                        args=[cst.Arg(bound["loader"].value)])
+    sc.needs_manual(rule.code, f"{problem}; replace the device loader with the plain DataLoader and move each "
+                    "batch with .to(device) in the loop; without the move the batches stay on the CPU", qualname)
+    return call
+
+
+def _other_parallel_loader_uses(sc: StatementContext) -> bool:
+    """Whether a name the file binds to a ParallelLoader is used other than through
+    `.per_device_loader(...)` (`.close()`, `._cpu_loader`)."""
+    held = {target.id for node in sc.file.analysis.nodes if isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Call) and _called_name(node.value.func) == "ParallelLoader"
+            for target in node.targets if isinstance(target, ast.Name)}
+    return any(isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in held
+               and node.attr != "per_device_loader" for node in sc.file.analysis.nodes)
+
+
+def _called_name(func: ast.expr) -> str | None:
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
 def _sharded_loader(call, bound, qualname, sc: StatementContext, rule):
