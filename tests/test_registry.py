@@ -106,6 +106,9 @@ TABLE_MISTAKES = [
      "launch.toml: key(s) summary, title outside any table (they go in [family] or a [[rule]])"),
     ("launch.toml", "[family]\n", "[[rule]]\n",
      "launch.toml: a file of rules starts with a [family] table"),
+    ("ranks.toml", 'under_spmd_for = ["torch_xla.runtime.global_device_count"]',
+     'under_spmd_for = ["torch_xla.runtime.global_devices_count"]',
+     "ranks.toml: rule TPU025: 'under_spmd_for' names torch_xla.runtime.global_devices_count, which the rule does not match"),
 ]
 
 

@@ -53,11 +53,22 @@ class Rule:
     # where TorchTPU's one process per TPU answers differently: such a call is left with a TODO
     # that says so (transforms/__init__.py).
     under_spmd: str | None = None
+    # The matched names `under_spmd` speaks for, where the rule matches names that meant different
+    # things under SPMD (`xr.global_device_count()` was 1, `xr.global_runtime_device_count()` not);
+    # empty: every name the rule matches.
+    under_spmd_for: tuple[str, ...] = ()
     source: str = ""  # the table's file name: <family>.toml
 
     @property
     def family(self) -> str:
         return self.source.removesuffix(".toml")
+
+    def spmd_meaning(self, qualname: str) -> str | None:
+        """What the call of `qualname` answered in a program that ran SPMD, where converting it
+        would change that; None where the conversion keeps its meaning there too."""
+        if self.under_spmd_for and qualname not in self.under_spmd_for:
+            return None
+        return self.under_spmd
 
 
 @dataclass(frozen=True)
@@ -182,7 +193,8 @@ def load_catalog(directory: str | None = None) -> Catalog:
 # that would otherwise load and quietly change what the rule does.
 _KEYS = {"code": str, "name": str, "summary": str, "safety": str, "explanation": str, "matches": list,
          "match_prefixes": list, "replace": dict, "rename": dict, "params": list, "transform": str,
-         "plain_value": bool, "also_on_torch_xla": bool, "under_spmd": str}
+         "plain_value": bool, "also_on_torch_xla": bool, "under_spmd": str,
+         "under_spmd_for": list}
 _FILE_KEYS = ("family", "rule", "modules")
 _FAMILY_KEYS = ("title", "summary")
 
@@ -216,6 +228,12 @@ def _check_table(table: dict, where: str) -> None:
     if "under_spmd" in table and ("rename" in table or table.get("safety") == "manual"):
         raise RuleError(f"{where}: 'under_spmd' says what a converted call meant under SPMD: a "
                         f"{'rename' if 'rename' in table else 'manual'} rule converts no call")
+    if "under_spmd_for" in table:
+        if "under_spmd" not in table:
+            raise RuleError(f"{where}: 'under_spmd_for' names the calls 'under_spmd' speaks for: give 'under_spmd'")
+        stray = sorted(set(table["under_spmd_for"]) - set(table.get("matches", ())))
+        if stray:
+            raise RuleError(f"{where}: 'under_spmd_for' names {', '.join(stray)}, which the rule does not match")
     for key in ("replace", "rename"):
         for target, template in table.get(key, {}).items():
             if not isinstance(template, str):
@@ -273,5 +291,6 @@ def _rule_from_table(table: dict, path: Path) -> Rule:
         plain_value=table.get("plain_value", False),
         also_on_torch_xla=table.get("also_on_torch_xla", False),
         under_spmd=table.get("under_spmd"),
+        under_spmd_for=tuple(table.get("under_spmd_for", ())),
         source=path.name,
     )

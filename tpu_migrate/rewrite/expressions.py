@@ -241,7 +241,7 @@ class ExprRewriter:
             if rule is not None:
                 if original is self.statement_call and rule.transform in REGISTRY.statement and (
                     isinstance(self.root, cst.Expr) or rule.transform in REGISTRY.assign
-                ):
+                ) and transforms.spmd_change(rule, qualname, sc) is None:
                     self.deferred.add(id(original))
                     return updated  # the statement-level rule takes the whole statement
                 if not sc.may_fix(rule, qualname):

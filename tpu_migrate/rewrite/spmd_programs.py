@@ -24,10 +24,12 @@ from pathlib import Path
 from tpu_migrate.rewrite.names import is_xla_name
 
 # Bytes a file that runs SPMD holds (a file without any of them is not parsed).
-_MARKERS = (b"use_spmd", b"distributed.spmd", b"fsdp_v2")
+_MARKERS = (b"use_spmd", b"distributed.spmd", b"fsdp_v2", b"XLA_USE_SPMD")
 _SPMD_MODULES = ("torch_xla.distributed.spmd", "optimum.tpu.fsdp_v2")
-# What turns SPMD on (`xr.is_spmd()` only asks: a library may ask and run either way).
+# What turns SPMD on (`xr.is_spmd()` only asks: a library may ask and run either way), and the
+# environment variable that did the same before torch_xla started.
 _SPMD_CALLS = frozenset({"use_spmd", "use_fsdp_v2"})
+SPMD_ENV = "XLA_USE_SPMD"
 # Directories that hold no module of the project: installed packages, caches, version control.
 _SKIPPED = frozenset({"__pycache__", "node_modules", "site-packages", "dist-packages", "build"})
 MAX_FILES = 20_000  # a tree larger than this is not a project to scan whole: the run's files only
@@ -75,7 +77,7 @@ def _python_files(root: Path) -> Iterator[str]:
 
 def _spmd_tree(path: str) -> ast.Module | None:
     """The parsed file, if it runs SPMD: it imports torch_xla's or Optimum's SPMD modules, or
-    names use_spmd / use_fsdp_v2 and imports torch_xla or optimum.tpu."""
+    names use_spmd / use_fsdp_v2 / "XLA_USE_SPMD" and imports torch_xla or optimum.tpu."""
     data = _read(path)
     if data is None or not any(marker in data for marker in _MARKERS):
         return None
@@ -89,7 +91,8 @@ def _spmd_tree(path: str) -> ast.Module | None:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             imported.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
         elif isinstance(node, ast.Attribute) and node.attr in _SPMD_CALLS or \
-                isinstance(node, ast.Name) and node.id in _SPMD_CALLS:
+                isinstance(node, ast.Name) and node.id in _SPMD_CALLS or \
+                isinstance(node, ast.Constant) and node.value == SPMD_ENV:
             called = True
     if any(name.startswith(_SPMD_MODULES) for name in imported):
         return tree

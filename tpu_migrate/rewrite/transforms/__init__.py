@@ -57,11 +57,19 @@ def template_values(rule, call: cst.Call | None, sc: StatementContext, qualname:
     return values
 
 
+def spmd_change(rule, qualname: str, sc: StatementContext) -> str | None:
+    """Why converting this call would change what it answered, where the program runs SPMD and
+    the rule says it meant something else there (the rule's `under_spmd`); None elsewhere. Such
+    a call is left, with that as its TODO, by apply_call_rule (and no statement rule takes it)."""
+    meaning = rule.spmd_meaning(qualname)
+    reason = spmd_reason(sc) if meaning else None
+    return None if reason is None else f"{reason}, where this was {meaning}"
+
+
 def apply_call_rule(rule, qualname: str, call: cst.Call, sc: StatementContext):
-    reason = spmd_reason(sc) if rule.under_spmd else None
-    if reason is not None:
-        sc.needs_manual(rule.code, f"{reason}, where this was {rule.under_spmd}",
-                        qualname)
+    change = spmd_change(rule, qualname, sc)
+    if change is not None:
+        sc.needs_manual(rule.code, change, qualname)
         return call
     if rule.replace:
         values = template_values(rule, call, sc, qualname)
@@ -105,6 +113,8 @@ def statement_rule(call: cst.Call, sc: StatementContext, assign: bool = False):
         return None
     if assign and rule.transform not in ASSIGN:
         return None
+    if spmd_change(rule, qualname, sc) is not None:
+        return None  # left with its TODO as a call (apply_call_rule)
     if not sc.may_fix(rule, qualname):
         return None
     return rule, qualname
@@ -118,5 +128,5 @@ def apply_statement_rule(rule, qualname, call, sc: StatementContext, plans, assi
 
 __all__ = [
     "CALL", "STATEMENT", "ASSIGN", "REFERENCE",
-    "apply_call_rule", "apply_reference_rule", "statement_rule", "apply_statement_rule",
+    "apply_call_rule", "spmd_change", "apply_reference_rule", "statement_rule", "apply_statement_rule",
 ]

@@ -10,6 +10,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_stmt, unused_name
 from tpu_migrate.rewrite.registry import rule_code
+from tpu_migrate.rewrite.spmd_programs import SPMD_ENV
 from tpu_migrate.rewrite.todos import TEXT_MARKER
 
 
@@ -210,7 +211,7 @@ def spmd_reason(sc: StatementContext) -> str | None:
     if uses is None:  # once per file: a scan per query would grow with the square of its size
         uses = sc.file.memo["uses_spmd"] = any(
             name in _SPMD_NAMES or name.startswith(_SPMD_MODULES) for name in sc.file.analysis.qualnames
-        ) or any(_SPMD_TODO in line for line in sc.file.source_lines)
+        ) or any(_SPMD_TODO in line or SPMD_ENV in line for line in sc.file.source_lines)
     if uses:
         return "this file runs SPMD (one process per host)"
     if sc.file.spmd_importer is not None:

@@ -9,13 +9,15 @@ from tpu_migrate.rewrite.registry import CALL, emits, transform
 from tpu_migrate.rewrite.transforms.common import (
     bind,
 )
+from tpu_migrate.rewrite.spmd_programs import SPMD_ENV  # turned SPMD on, as xr.use_spmd() does (TPU170)
+from tpu_migrate.rewrite.transforms.spmd import PROCESS_MODEL
 
 
 # Environment variables torch_xla's runtime read (TPU140) and its bf16 switches (TPU141): their
 # statements are visited (`strings=`), so a rule sees them with no torch_xla reference near.
 RUNTIME_ENV = frozenset({"PJRT_DEVICE", "XRT_TPU_CONFIG", "TPU_NUM_DEVICES", "XRT_DEVICE_MAP", "XRT_WORKERS"})
 BF16_ENV = frozenset({"XLA_USE_BF16", "XLA_DOWNCAST_BF16"})
-ENV_NAMES = RUNTIME_ENV | BF16_ENV
+ENV_NAMES = RUNTIME_ENV | BF16_ENV | {SPMD_ENV}
 
 PRECISIONS = {"default": "medium", "high": "high", "highest": "highest"}
 
@@ -77,7 +79,7 @@ def _environ_key(node: cst.BaseExpression, sc: StatementContext) -> str | None:
     return None
 
 
-@transform("runtime_env", on="statement", strings=ENV_NAMES)
+@transform("runtime_env", on="statement", strings=ENV_NAMES, emits=("TPU170",))
 def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
     """Setting torch_xla's runtime variables: removed. Returns [] to remove, else None."""
     if sc.info.trigger_string:  # a walk of the statement only where an ENV_NAMES string stands
@@ -93,6 +95,11 @@ def environment_statement(small: cst.BaseSmallStatement, sc: StatementContext):
                 value = small.value.args[1].value
     elif isinstance(small, cst.Del) and isinstance(small.target, cst.Subscript):
         key = _environ_key(small.target, sc)
+    if key == SPMD_ENV and value is not None and sc.enabled("TPU170"):
+        # Kept (TorchTPU ignores it): what it turned on is what the program must be ported from.
+        sc.needs_manual("TPU170", f"{SPMD_ENV} turned SPMD on here, as xr.use_spmd() does: {PROCESS_MODEL}",
+                        where=sc.where)
+        return None
     if key not in RUNTIME_ENV or not sc.enabled("TPU140"):
         return None
     if key == "PJRT_DEVICE" and value is not None and not (
@@ -139,7 +146,7 @@ def environment_reads(node: cst.BaseExpression, sc: StatementContext) -> cst.Bas
     """Reading torch_xla's variables: a manual finding (on subscripts, calls and comparisons).
     Returns `node`, unchanged."""
     key = _environ_key(node, sc)
-    if key is None:
+    if key is None or key == SPMD_ENV:  # asking whether SPMD is on: the file counts as SPMD (common.py)
         return node
     code_ = "TPU141" if key in BF16_ENV else "TPU140"
     if not sc.enabled(code_) or any(t.code == code_ for t in sc.todos):
