@@ -131,20 +131,32 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
     if target is not None:
         lines = _reduce_into(target, atom(inputs), op, scale, sc, rule.code, where)  # a tensor: a new one
     elif assign is None:
-        # A statement: only a list is meaningful (reduced in place).
+        # A statement: a list is reduced in place; a tensor's reduction was returned, and
+        # dropped here, so the tensor itself stays as it was.
         elements = inputs.elements if isinstance(inputs, (cst.List, cst.Tuple)) else None
-        lines = [f"if {world_guard(sc, rule.code, where)}:"]
         if elements is not None and all(isinstance(e, cst.Element) for e in elements):
+            lines = [f"if {world_guard(sc, rule.code, where)}:"]
             for element in elements:
                 lines.append(f"    {dist}.all_reduce({code(element.value)}, op={op})")
-                if scale:
-                    lines.append(f"    {atom(element.value)}.mul_({scale})")
+                lines += _scaled_in_place(atom(element.value), scale, sc, "    ")
         else:
             var = fresh_name(sc, "tensor")
-            lines += [f"    for {var} in {code(inputs)}:", f"        {dist}.all_reduce({var}, op={op})"]
-            if scale:
-                lines.append(f"        {var}.mul_({scale})")
+            lines, tensors = [], code(inputs)
+            if not isinstance(inputs, (cst.Name, cst.Attribute)):  # evaluated once, as before
+                tensors = fresh_name(sc, "tensors")
+                lines.append(f"{tensors} = {code(inputs)}")
+            lines += [f"if not isinstance({tensors}, {plan.use('torch')}.Tensor) and {world_guard(sc, rule.code, where)}:",
+                      f"    for {var} in {tensors}:", f"        {dist}.all_reduce({var}, op={op})",
+                      *_scaled_in_place(var, scale, sc, "        ")]
     return parse_block(lines)
+
+
+def _scaled_in_place(tensor: str, scale: str | None, sc: StatementContext, indent: str) -> list[str]:
+    """torch_xla scaled the reduced tensors in place outside autograd: a parameter (a leaf that
+    requires grad) may be one, and `mul_` refuses it under autograd."""
+    if not scale:
+        return []
+    return [f"{indent}with {sc.file.import_plan.use('torch')}.no_grad():", f"{indent}    {tensor}.mul_({scale})"]
 
 
 @transform("all_reduce", form=CALL)
