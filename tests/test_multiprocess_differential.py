@@ -131,7 +131,8 @@ class Runs:
         self.lock = threading.Lock()
         self.futures: dict[tuple, Future] = {}
         self.serial = 0
-        programs = sorted({case.program for case in CASES})
+        # With the library modules the programs import (lib_*.py), migrated in the same run.
+        programs = sorted({case.program for case in CASES} | {p.name for p in harness.MP_PROGRAMS.glob("lib_*.py")})
         self.copies = harness.migrate_many([harness.MP_PROGRAMS / p for p in programs], workdir / "migrated")
 
     def _submit(self, key: tuple, fn, *args, **kwargs) -> Future:

@@ -90,12 +90,10 @@ def init_process_group(call: cst.Call, sc: StatementContext):
         # The launcher's worker already joined the group; the program's own call (often on one
         # path only) runs where no launcher of this file made one, e.g. under torchrun.
         return parse_expr(f"{code(new)} if not {plan.use('dist')}.is_initialized() else None")
-    if sc.file.analysis.qualnames & XLA_COLLECTIVES:
-        # A converted collective that ran first made the default group from the launch
-        # environment (_process_group), as torch_xla's needed none: this call must not make a
-        # second one.
-        return parse_expr(f"{code(new)} if not {plan.use('dist')}.is_initialized() else None")
-    return new
+    # A converted collective that ran first, in this module or in any other the program imports
+    # (a library's), made the default group from the launch environment (_process_group), as
+    # torch_xla's needed none: this call must not make a second one.
+    return parse_expr(f"{code(new)} if not {plan.use('dist')}.is_initialized() else None")
 
 
 def _xla_rendezvous(method: cst.Arg | None) -> bool:
