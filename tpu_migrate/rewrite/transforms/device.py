@@ -58,6 +58,15 @@ _MESSAGES = {
     ("compare", "portable"): 'compares with {s}, torch_xla\'s device or backend name: compare a device '
                              'type with (torch.accelerator.current_accelerator() or '
                              'torch.device("cpu")).type and a backend with dist.get_backend() instead',
+    # A name that holds a process-group backend: where its "xla" was converted (TPU005, in this
+    # file or where the value is set), the test no longer holds; say so, not "may".
+    ("compare-backend", "tpu"): 'compares a process-group backend with {s}: this rewrite writes "tpu_dist" '
+                                'where a backend held "xla" (TPU005), so this test is false for those '
+                                'values now: compare with "tpu_dist"',
+    ("compare-backend", "portable"): 'compares a process-group backend with {s}: this rewrite writes the '
+                                     'accelerator\'s default backend where a backend held "xla" (TPU005), so '
+                                     'this test is false for those values now: test the device '
+                                     '(torch.accelerator.current_accelerator()) instead',
 }
 
 
@@ -473,8 +482,10 @@ def device_type_compare(original: cst.Comparison, cmp: cst.Comparison, sc: State
     converted = _device_type_compare(cmp, sc)
     if converted is not cmp:
         return converted
-    for operand in (cmp.left, *(c.comparator for c in cmp.comparisons)):
-        mark(operand, sc, "compare")
+    operands = (cmp.left, *(c.comparator for c in cmp.comparisons))
+    use = "compare-backend" if any(hint_of(_target_name(o), sc) == "backend" for o in operands) else "compare"
+    for operand in operands:
+        mark(operand, sc, use)
     return cmp
 
 
