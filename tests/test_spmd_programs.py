@@ -103,3 +103,16 @@ def test_virtual_environments_and_hidden_directories_are_not_the_project(project
     assert real(project, "lonely.py") not in dict(imported_by_spmd([], project))
     write(project, {"tools/spmd.py": program})  # the same program in the project: it counts
     assert dict(imported_by_spmd([], project))[real(project, "lonely.py")] == os.path.join("tools", "spmd.py")
+
+
+def test_a_fifo_or_device_named_like_a_module_is_not_read(project):
+    """Opening a FIFO for reading waits for a writer: the project pass must not."""
+    import threading
+
+    os.mkfifo(project / "pkg" / "fifo.py")
+    (project / "null.py").symlink_to("/dev/null")
+    found = []
+    scan = threading.Thread(target=lambda: found.append(dict(imported_by_spmd([], project))), daemon=True)
+    scan.start()
+    scan.join(20)
+    assert found and real(project, "pkg/utils.py") in found[0]

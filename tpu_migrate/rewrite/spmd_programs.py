@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import os
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -103,10 +104,13 @@ def _read(path: str) -> bytes | None:
     """The file's bytes (None: unreadable). os.read, not open(): the buffered file object costs
     more than the read for the small files a project is made of (benchmarks/bench_spmd_scan.py)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a FIFO named *.py opens without a writer (and is then refused), not hangs.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: no module of the project
+            return None
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
