@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tpu_migrate.rewrite.spmd_programs import imported_by_spmd  # noqa: E402
+from tpu_migrate.rewrite.spmd_programs import spmd_modules  # noqa: E402
 
 PLAIN = "import os\n\n\ndef f{n}(x):\n    return os.path.join(str(x), '{n}')\n" * 8
 XLA = "import torch_xla.runtime as xr\n\n\ndef rank{n}():\n    return xr.global_ordinal()\n"
@@ -63,9 +63,9 @@ def main() -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT), "TPU_MIGRATE_CACHE_DIR": str(root / ".cache")}
         command = [sys.executable, "-m", "tpu_migrate", "rewrite", "--check", str(target)]
         subprocess.run(command, env=env, cwd=root, capture_output=True)  # fills the cache
-        found = imported_by_spmd([], root)
+        found = spmd_modules([], root)
         assert os.path.realpath(target) in dict(found), "the program's module was not found"
-        scan = best(args.repeat, lambda: imported_by_spmd([], root))
+        scan = best(args.repeat, lambda: spmd_modules([], root))
         cached = best(args.repeat, lambda: subprocess.run(command, env=env, cwd=root, capture_output=True))
     print(f"{args.files} files, {len(found)} imported by the SPMD program")
     print(f"the pass alone:                 {scan * 1000:7.1f} ms")

@@ -10,7 +10,7 @@ import pytest
 
 from tpu_migrate.rewrite.context import Options
 from tpu_migrate.rewrite.engine import rewrite_bytes
-from tpu_migrate.rewrite.spmd_programs import imported_by_spmd
+from tpu_migrate.rewrite.spmd_programs import spmd_modules
 
 TRAIN = """\
 import torch_xla.runtime as xr
@@ -29,6 +29,7 @@ def host():
     return xr.global_ordinal(), xr.world_size()
 """
 HELPERS = "import torch_xla.core.xla_model as xm\nRANK = xm.get_ordinal()\n"
+IMPORTED_BY_TRAIN = "train.py imports this module and runs SPMD (one process per host)"
 # Asks whether SPMD is on, and runs either way: not an SPMD program.
 ASKS = "import torch_xla.runtime as xr\nimport pkg.other\nprint(xr.is_spmd())\n"
 
@@ -52,19 +53,19 @@ def real(root: Path, name: str) -> str:
 
 
 def test_the_modules_an_spmd_program_imports_are_found_through_packages_and_relative_imports(project):
-    found = dict(imported_by_spmd([], project))
-    assert found == {real(project, name): "train.py" for name in (
+    found = dict(spmd_modules([], project))
+    assert found == {real(project, name): IMPORTED_BY_TRAIN for name in (
         "pkg/__init__.py", "pkg/utils.py", "pkg/helpers.py", "pkg/models/__init__.py", "pkg/models/net.py")}
 
 
 def test_without_a_project_root_the_run_s_own_files_are_looked_at(project):
-    assert imported_by_spmd([str(project / "pkg" / "utils.py")], None) == ()
-    found = dict(imported_by_spmd([str(project / "train.py"), str(project / "pkg" / "utils.py")], None))
-    assert found[real(project, "pkg/utils.py")] == "train.py"
+    assert spmd_modules([str(project / "pkg" / "utils.py")], None) == ()
+    found = dict(spmd_modules([str(project / "train.py"), str(project / "pkg" / "utils.py")], None))
+    assert found[real(project, "pkg/utils.py")] == IMPORTED_BY_TRAIN
 
 
 def test_a_process_query_in_an_imported_module_keeps_a_todo_naming_the_program(project):
-    options = Options(spmd_importers=imported_by_spmd([], project))
+    options = Options(spmd_modules=spmd_modules([], project))
     path = str(project / "pkg" / "utils.py")
     result = rewrite_bytes(UTILS.encode(), path, options)
     assert [(m.code, m.line) for m in result.manual] == [("TPU021", 6), ("TPU020", 6)]
@@ -93,16 +94,17 @@ def test_a_tree_too_large_to_scan_falls_back_to_the_run_s_files(project, monkeyp
     from tpu_migrate.rewrite import spmd_programs
 
     monkeypatch.setattr(spmd_programs, "MAX_FILES", 3)
-    assert imported_by_spmd([str(project / "pkg" / "utils.py")], project) == ()
+    assert spmd_modules([str(project / "pkg" / "utils.py")], project) == ()
 
 
 def test_virtual_environments_and_hidden_directories_are_not_the_project(project):
     program = "import torch_xla.runtime as xr\nimport lonely\nxr.use_spmd()\n"
     write(project, {"lonely.py": "", "venv/pyvenv.cfg": "home = /usr\n", "venv/lib/spmd.py": program,
                     ".tox/py311/lib/spmd.py": program})
-    assert real(project, "lonely.py") not in dict(imported_by_spmd([], project))
+    assert real(project, "lonely.py") not in dict(spmd_modules([], project))
     write(project, {"tools/spmd.py": program})  # the same program in the project: it counts
-    assert dict(imported_by_spmd([], project))[real(project, "lonely.py")] == os.path.join("tools", "spmd.py")
+    assert dict(spmd_modules([], project))[real(project, "lonely.py")].startswith(
+        f"{os.path.join('tools', 'spmd.py')} imports this module")
 
 
 def test_a_fifo_or_device_named_like_a_module_is_not_read(project):
@@ -112,7 +114,28 @@ def test_a_fifo_or_device_named_like_a_module_is_not_read(project):
     os.mkfifo(project / "pkg" / "fifo.py")
     (project / "null.py").symlink_to("/dev/null")
     found = []
-    scan = threading.Thread(target=lambda: found.append(dict(imported_by_spmd([], project))), daemon=True)
+    scan = threading.Thread(target=lambda: found.append(dict(spmd_modules([], project))), daemon=True)
     scan.start()
     scan.join(20)
     assert found and real(project, "pkg/utils.py") in found[0]
+
+
+def test_a_program_that_turns_spmd_on_through_another_module_runs_spmd(tmp_path):
+    """main.py calls trainer.train(), which calls setup.start() (xr.use_spmd()): main.py, trainer.py
+    and the modules main.py imports run SPMD, though none names it; a script that imports none of
+    them does not."""
+    write(tmp_path, {
+        "tools/setup.py": "import torch_xla.runtime as xr\n\n\ndef start():\n    xr.use_spmd()\n",
+        "trainer.py": "from tools import setup\n\n\ndef train():\n    setup.start()\n",
+        "main.py": "import trainer\nimport metrics\n\ntrainer.train()\n",
+        "metrics.py": "import torch_xla.runtime as xr\nWORLD = xr.world_size()\n",
+        "eval.py": "import metrics\n",
+    })
+    found = dict(spmd_modules([], tmp_path))
+    through_setup = f"this file imports {os.path.join('tools', 'setup.py')}, which turns SPMD on (one process per host)"
+    assert found == {real(tmp_path, "trainer.py"): through_setup, real(tmp_path, "main.py"): through_setup,
+                     real(tmp_path, "metrics.py"): "main.py imports this module and runs SPMD (one process per host)",
+                     real(tmp_path, "tools/setup.py"): "main.py imports this module and runs SPMD (one process per host)"}
+    result = rewrite_bytes((tmp_path / "metrics.py").read_bytes(), str(tmp_path / "metrics.py"),
+                           Options(spmd_modules=tuple(found.items())))
+    assert [m.code for m in result.manual] == ["TPU020"] and result.manual[0].message.startswith("main.py imports")

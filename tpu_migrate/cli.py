@@ -65,13 +65,13 @@ def _rewrite_paths(files, settings, jobs, sources=None):
     return rewrite_paths(files, Options(**settings), jobs, sources=sources)
 
 
-def _spmd_importers(paths, files: list[str]) -> tuple[tuple[str, str], ...]:
-    """The project's modules that an SPMD program imports (rewrite/spmd_programs.py): under the
-    project root, or among the run's files where no pyproject.toml or .git marks one."""
-    from tpu_migrate.rewrite.spmd_programs import imported_by_spmd
+def _spmd_modules(paths, files: list[str]) -> tuple[tuple[str, str], ...]:
+    """The project's modules that run SPMD without naming it (rewrite/spmd_programs.py): under
+    the project root, or among the run's files where no pyproject.toml or .git marks one."""
+    from tpu_migrate.rewrite.spmd_programs import spmd_modules
 
     root = project_root(list(paths))
-    return imported_by_spmd(files, None if root == Path(root.anchor) else root)
+    return spmd_modules(files, None if root == Path(root.anchor) else root)
 
 
 def _configuration_error(exc: Exception) -> None:
@@ -192,7 +192,7 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
         else:
             files.append(path)
 
-    settings["spmd_importers"] = _spmd_importers(paths, files)
+    settings["spmd_modules"] = _spmd_modules(paths, files)
     show_progress = output_format == "text" and stderr.is_terminal and len(files) > PROGRESS_THRESHOLD
     with Progress(
         TextColumn("rewriting"), BarColumn(), MofNCompleteColumn(), console=stderr,

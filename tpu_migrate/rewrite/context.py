@@ -31,8 +31,8 @@ class Options:
     # Files that pass the byte pre-filter and are larger than this are reported, not parsed
     # (None or 0: no limit). `--max-file-size`.
     max_file_size: int | None = DEFAULT_MAX_FILE_SIZE
-    # (a module's real path, the SPMD program of the project that imports it): spmd_programs.py.
-    spmd_importers: tuple[tuple[str, str], ...] = ()
+    # (a module's real path, why it runs SPMD though it does not name it): spmd_programs.py.
+    spmd_modules: tuple[tuple[str, str], ...] = ()
 
     def enabled(self, code: str) -> bool:
         if code in self.ignore:
@@ -171,7 +171,7 @@ class FileContext:
     suppressions: dict[int, frozenset[str]]  # line -> codes, or {ALL_CODES}
     plans: Plans | None = None  # the decisions that span statements, made before the walk
     notebook: bool = False  # the code cells of a notebook, joined (notebooks.py)
-    spmd_importer: str | None = None  # the project's SPMD program that imports this module
+    spmd_why: str | None = None  # why it runs SPMD, though it names none: spmd_programs.py
     # A wrap by torch_xla's FSDP stays in the file: its models' get_shard_metadata() stays too.
     xla_fsdp_kept: bool = False
     # TPU190: convert availability guards (engine.py turns this off when torch_xla stays needed).

@@ -399,7 +399,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
         convert_guards=convert_guards,
         waiting_for=waiting_for,
         notebook=result.path.endswith(".ipynb"),
-        spmd_importer=_spmd_importer(options, result.path),
+        spmd_why=_spmd_why(options, result.path),
         xla_fsdp_kept=xla_fsdp_kept,
     )
     def fix_allowed(code, info):
@@ -414,10 +414,10 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
     return file
 
 
-def _spmd_importer(options: Options, path: str) -> str | None:
-    if not options.spmd_importers:
+def _spmd_why(options: Options, path: str) -> str | None:
+    if not options.spmd_modules:
         return None
-    return dict(options.spmd_importers).get(os.path.realpath(path))
+    return dict(options.spmd_modules).get(os.path.realpath(path))
 
 
 def _xla_fsdp_kept(file: FileContext) -> bool:

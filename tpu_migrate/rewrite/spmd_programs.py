@@ -4,9 +4,11 @@ Under `xr.use_spmd()` one process drove every TPU of a host, so `xr.world_size()
 `xr.global_ordinal()` counted hosts (or answered 1 and 0), in the program's own file and in
 every module it imports. A file alone does not show that it is imported by such a program, so
 this pass looks at the whole project before the rewrite: the Python files under the project
-root (the run's own files where there is none) that name SPMD, and the project's modules they
-import, directly or through others. The rewrite then leaves those modules' process queries with
-a TODO that names the program (transforms/common.py `spmd_reason`).
+root (the run's own files where there is none) that name SPMD, the files that import those (a
+`setup()` that calls `xr.use_spmd()` runs SPMD in the program that calls it), and the
+project's modules they import, directly or through others. The rewrite then leaves those
+modules' process queries with a TODO that names the program (transforms/common.py
+`spmd_reason`).
 
 The pass reads every Python file of the project (a byte search; a parse only where SPMD is
 named), on every run: a pre-commit run that passes only a helper module must still know that
@@ -36,21 +38,28 @@ _SKIPPED = frozenset({"__pycache__", "node_modules", "site-packages", "dist-pack
 MAX_FILES = 20_000  # a tree larger than this is not a project to scan whole: the run's files only
 
 
-def imported_by_spmd(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str, str], ...]:
-    """(module's real path, the SPMD program that imports it) for each module of the project
-    that an SPMD program imports, sorted. `root`: the project root, None where there is none
-    (then only `run_files` are looked at)."""
+def spmd_modules(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str, str], ...]:
+    """(module's real path, why it runs SPMD) for each module of the project that runs SPMD
+    without naming it, sorted; the why ends the TODOs of its process queries. `root`: the
+    project root, None where there is none (then only `run_files` are looked at)."""
     root = Path(os.path.realpath(root)) if root is not None else None
     candidates = list(_python_files(root)) if root is not None else None
     if candidates is None or len(candidates) > MAX_FILES:
         candidates = [os.path.realpath(f) for f in run_files if f.endswith(".py")]
     bases = [str(root), str(root / "src")] if root is not None else []
+
+    def shown(path: str) -> str:
+        return os.path.relpath(path, root) if root is not None else os.path.basename(path)
+
+    texts = _Texts()
+    programs = {path: tree for path in candidates if (tree := _spmd_tree(path, texts.read(path))) is not None}
     found: dict[str, str] = {}
-    for program in sorted(candidates):
-        tree = _spmd_tree(program)
-        if tree is None:
-            continue
-        shown = os.path.relpath(program, root) if root is not None else os.path.basename(program)
+    if programs:
+        for path, (tree, origin) in _importers(programs, candidates, bases, texts).items():
+            programs[path] = tree
+            found[path] = f"this file imports {shown(origin)}, which turns SPMD on (one process per host)"
+    for program, tree in sorted(programs.items()):
+        why = f"{shown(program)} imports this module and runs SPMD (one process per host)"
         seen = {program}
         queue = [(program, tree)]
         while queue:
@@ -59,11 +68,70 @@ def imported_by_spmd(run_files: Iterable[str], root: Path | None) -> tuple[tuple
                 if imported in seen:
                     continue
                 seen.add(imported)
-                found.setdefault(imported, shown)
+                found.setdefault(imported, why)
                 parsed = _parse(imported)
                 if parsed is not None:
                     queue.append((imported, parsed))
     return tuple(sorted(found.items()))
+
+
+# How many modules up a chain of imports a module that turns SPMD on makes programs SPMD
+# (main.py imports trainer.py, which imports the setup module that calls xr.use_spmd()).
+MAX_LEVELS = 8
+
+
+class _Texts:
+    """The files' bytes, read once: kept for the search of importers (a second pass over the
+    project's files) while they fit in KEPT_BYTES, read again beyond."""
+
+    KEPT_BYTES = 64 << 20
+
+    def __init__(self):
+        self._kept: dict[str, bytes | None] = {}
+        self._size = 0
+
+    def read(self, path: str) -> bytes | None:
+        if path in self._kept:
+            return self._kept[path]
+        data = _read(path)
+        if self._size + len(data or b"") <= self.KEPT_BYTES:
+            self._kept[path] = data
+            self._size += len(data or b"")
+        return data
+
+
+def _importers(programs: dict[str, ast.Module], candidates: list[str], bases: list[str],
+               texts: _Texts) -> dict[str, tuple[ast.Module, str]]:
+    """The files that import an SPMD module (`from utils import setup_spmd`), directly or through
+    others, each with the SPMD module it reaches: a module that turns SPMD on in a function turns
+    it on for the program that calls it, so that program's process queries, and its other
+    modules', counted hosts too. A file is parsed only where it names such a module."""
+    found: dict[str, tuple[ast.Module, str]] = {}
+    origins = {path: path for path in programs}  # a module of the chain -> the SPMD module it reaches
+    for _ in range(MAX_LEVELS):
+        names = {_module_name(path).encode() for path in origins}
+        new = {}
+        for path in candidates:
+            if path in programs or path in found:
+                continue
+            data = texts.read(path)
+            if data is None or not any(name in data for name in names):
+                continue
+            tree = _parse(path, data)
+            reached = [m for m in _local_imports(path, tree, bases) if m in origins] if tree else []
+            if reached:
+                new[path] = (tree, origins[reached[0]])
+        if not new:
+            break
+        found.update(new)
+        origins = {path: origin for path, (_, origin) in new.items()}
+    return found
+
+
+def _module_name(path: str) -> str:
+    """The last part of the dotted name a file is imported by: a package's for its __init__.py."""
+    stem = os.path.basename(path)[:-3]
+    return os.path.basename(os.path.dirname(path)) if stem == "__init__" else stem
 
 
 def _python_files(root: Path) -> Iterator[str]:
@@ -76,10 +144,10 @@ def _python_files(root: Path) -> Iterator[str]:
                 yield os.path.join(directory, name)
 
 
-def _spmd_tree(path: str) -> ast.Module | None:
-    """The parsed file, if it runs SPMD: it imports torch_xla's or Optimum's SPMD modules, or
-    names use_spmd / use_fsdp_v2 / "XLA_USE_SPMD" and imports torch_xla or optimum.tpu."""
-    data = _read(path)
+def _spmd_tree(path: str, data: bytes | None) -> ast.Module | None:
+    """The parsed file (its bytes `data`), if it runs SPMD: it imports torch_xla's or Optimum's
+    SPMD modules, or names use_spmd / use_fsdp_v2 / "XLA_USE_SPMD" and imports torch_xla or
+    optimum.tpu."""
     if data is None or not any(marker in data for marker in _MARKERS):
         return None
     tree = _parse(path, data)

@@ -214,6 +214,4 @@ def spmd_reason(sc: StatementContext) -> str | None:
         ) or any(_SPMD_TODO in line or SPMD_ENV in line for line in sc.file.source_lines)
     if uses:
         return "this file runs SPMD (one process per host)"
-    if sc.file.spmd_importer is not None:
-        return f"{sc.file.spmd_importer} imports this module and runs SPMD (one process per host)"
-    return None
+    return sc.file.spmd_why
