@@ -321,14 +321,14 @@ def test_process_index_as_node_rank_is_caught(runs, tmp_path):
 
 def test_silently_local_collectives_are_caught(runs, tmp_path):
     """The converted collectives as they were before they made the default group themselves
-    (`if dist.is_initialized() ...`): in m13 the file makes a group on its native path only, so
+    (`if dist.is_initialized() ...`): in m14 the file makes a group on its native path only, so
     the converted launch makes none, and under torchrun every collective of the runtime path
     quietly answers this process's value: the processes per node disagree with the world size,
     and rank 1 sees its own value where rank 0's was broadcast. At one process nothing changes."""
     case = next(c for c in CASES if c.program == "m14_library_comp_model.py")
     text = runs.copies[case.program].read_text()
-    silent = (text.replace("if not _process_group():", "if not dist.is_initialized():")
-              .replace("if _process_group():", "if dist.is_initialized() and dist.get_world_size() > 1:"))
+    silent = re.sub(r"(?<![\w.])(?<!def )_process_group\(\)", "(dist.is_initialized() and dist.get_world_size() > 1)",
+                    text.replace("if not _process_group():", "if not dist.is_initialized():"))
     assert silent != text and not re.search(r"(?<![\w.])_process_group\(\)", silent.replace("def _process_group():", ""))
     copy = tmp_path / case.program
     copy.write_text(silent)
