@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
@@ -94,6 +96,57 @@ def init_process_group(call: cst.Call, sc: StatementContext):
     # (a library's), made the default group from the launch environment (_process_group), as
     # torch_xla's needed none: this call must not make a second one.
     return parse_expr(f"{code(new)} if not {plan.use('dist')}.is_initialized() else None")
+
+
+@transform("init_process_group", calls=("torch.distributed.barrier",))
+def barrier_in_rank_branch(call: cst.Call, sc: StatementContext):
+    """torch_xla's "xla" backend made `dist.barrier()` a no-op (ProcessGroupXla.barrier returns at
+    once): a barrier that only some ranks reach (`if rank == 0: ...; dist.barrier()`) went on.
+    TorchTPU's barrier waits for every rank of the group, so there it hangs: marked."""
+    if not sc.enabled("TPU070") or not _xla_backend_group(sc):
+        return call
+    test = _rank_branch(sc)
+    if test is not None:
+        sc.needs_manual("TPU070", f"only some ranks reach this barrier (under `if {test}`): torch_xla's "
+                        "\"xla\" backend made dist.barrier() a no-op, and TorchTPU's waits for every rank "
+                        "of the group, so it hangs unless the other ranks reach a barrier too: move it out "
+                        "of the branch, pair it, or delete it (it waited for nothing)")
+    return call
+
+
+def _xla_backend_group(sc: StatementContext) -> bool:
+    """Whether the file's process group may be torch_xla's "xla" backend: it registers the backend
+    (`import torch_xla.distributed.xla_backend`) or makes a group with it."""
+    found = sc.file.memo.get("xla_backend_group")
+    if found is None:
+        analysis = sc.file.analysis
+        found = sc.file.memo["xla_backend_group"] = any(
+            b.qualname == "torch_xla.distributed.xla_backend" for b in analysis.imports
+        ) or any(isinstance(node, ast.Call) and any(
+            isinstance(arg, ast.Constant) and arg.value == "xla"
+            for arg in [*node.args[:1], *(k.value for k in node.keywords if k.arg == "backend")])
+            and isinstance(node.func, (ast.Name, ast.Attribute))
+            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "init_process_group"
+            for node in ast.walk(analysis.tree))
+    return found
+
+
+_RANK_WORDS = ("rank", "ordinal", "master")
+
+
+def _rank_branch(sc: StatementContext) -> str | None:
+    """The test of the innermost `if` of the statement's own function whose test asks for the
+    rank (`xm.is_master_ordinal()`, `rank == 0`, `args.local_rank in (-1, 0)`), as written."""
+    ancestors = sc.ancestors or []
+    for node in reversed(ancestors):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return None
+        if isinstance(node, ast.If) and any(
+            word in (getattr(name, "id", None) or getattr(name, "attr", "")).lower()
+            for name in ast.walk(node.test) if isinstance(name, (ast.Name, ast.Attribute))
+            for word in _RANK_WORDS):
+            return ast.unparse(node.test)
+    return None
 
 
 def _xla_rendezvous(method: cst.Arg | None) -> bool:
