@@ -139,3 +139,23 @@ def test_a_program_that_turns_spmd_on_through_another_module_runs_spmd(tmp_path)
     result = rewrite_bytes((tmp_path / "metrics.py").read_bytes(), str(tmp_path / "metrics.py"),
                            Options(spmd_modules=tuple(found.items())))
     assert [m.code for m in result.manual] == ["TPU020"] and result.manual[0].message.startswith("main.py imports")
+
+
+def test_a_directory_the_program_adds_to_sys_path_is_searched(tmp_path):
+    """pytorch/xla's examples/fsdp/train_decoder_only_fsdp_v2.py adds its parent directory to
+    sys.path and imports the base trainer from there."""
+    program = ("import sys\nimport os\n"
+               "example_folder = os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0])))\n"
+               "sys.path.append(example_folder)\nfrom train_base import Trainer\n"
+               "import torch_xla.runtime as xr\nxr.use_spmd()\n")
+    write(tmp_path, {
+        "examples/fsdp/train_fsdp_v2.py": program,
+        "examples/train_base.py": "import torch_xla.runtime as xr\nWORLD = xr.world_size()\n",
+        "examples/tools/run.py": ("import sys\nfrom pathlib import Path\n"
+                                  "sys.path.insert(0, str(Path(__file__).resolve().parent.parent / 'lib'))\n"
+                                  "import helpers\nimport torch_xla.runtime as xr\nxr.use_spmd()\n"),
+        "examples/lib/helpers.py": "",
+        "examples/lib/unused.py": "",
+    })
+    found = dict(spmd_modules([], tmp_path))
+    assert set(found) == {real(tmp_path, "examples/train_base.py"), real(tmp_path, "examples/lib/helpers.py")}

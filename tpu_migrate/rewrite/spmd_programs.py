@@ -201,8 +201,10 @@ def _parse(path: str, data: bytes | None = None) -> ast.Module | None:
 
 def _local_imports(path: str, tree: ast.Module, bases: list[str]) -> Iterator[str]:
     """The project's files that `tree` (the file at `path`) imports: modules found beside it,
-    under the project root or its src/, and the packages' __init__.py files on the way."""
+    under the project root or its src/, in directories the file adds to sys.path, and the
+    packages' __init__.py files on the way."""
     here = os.path.dirname(path)
+    bases = [*bases, *_added_paths(path, tree)]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -219,6 +221,61 @@ def _local_imports(path: str, tree: ast.Module, bases: list[str]) -> Iterator[st
                 yield from _module_files(prefix, roots)
             for alias in node.names:  # `from pkg import module`
                 yield from _module_files(f"{prefix}.{alias.name}".lstrip("."), roots)
+
+
+def _added_paths(path: str, tree: ast.Module) -> list[str]:
+    """The directories `sys.path.append(...)` / `sys.path.insert(i, ...)` add, where the argument
+    is a path computed from the file's own (pytorch/xla's examples: `os.path.dirname(os.path.dirname(
+    os.path.abspath(sys.argv[0])))`, or `Path(__file__).parent.parent`), or a name assigned one."""
+    assigned = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+                for target in node.targets if isinstance(target, ast.Name)}
+    added = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
+                and node.func.attr in ("append", "insert") and ast.unparse(node.func.value) == "sys.path":
+            value = _path_value(node.args[-1], path, assigned)
+            if value is not None:
+                added.append(os.path.normpath(value))
+    return added
+
+
+# The calls a path to a directory of the project goes through: the directory is the same.
+_SAME_PATH = frozenset({"os.path.abspath", "os.path.realpath", "os.path.normpath", "str", "Path",
+                        "pathlib.Path", "resolve", "absolute"})
+
+
+def _path_value(node: ast.expr, path: str, assigned: dict[str, ast.expr], seen: frozenset = frozenset()) -> str | None:
+    """The value of a path expression built from the file's own path (or a literal, taken as
+    relative to the file's directory), or None."""
+    if isinstance(node, ast.Name) and node.id == "__file__" or ast.unparse(node) == "sys.argv[0]":
+        return path
+    if isinstance(node, ast.Name) and node.id in assigned and node.id not in seen:
+        return _path_value(assigned[node.id], path, assigned, seen | {node.id})
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return os.path.join(os.path.dirname(path), node.value)
+    if isinstance(node, ast.Attribute) and node.attr == "parent":
+        inner = _path_value(node.value, path, assigned, seen)
+        return os.path.dirname(inner) if inner is not None else None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):  # Path(...) / "lib"
+        left, right = _path_value(node.left, path, assigned, seen), _literal(node.right)
+        return os.path.join(left, right) if left is not None and right is not None else None
+    if not isinstance(node, ast.Call) or not node.args and not isinstance(node.func, ast.Attribute):
+        return None
+    called = ast.unparse(node.func)
+    if called.endswith((".resolve", ".absolute")) and not node.args:
+        return _path_value(node.func.value, path, assigned, seen)
+    if called == "os.path.join" and node.args:
+        first = _path_value(node.args[0], path, assigned, seen)
+        rest = [_literal(arg) for arg in node.args[1:]]
+        return os.path.join(first, *rest) if first is not None and None not in rest else None
+    if len(node.args) != 1 or called not in (*_SAME_PATH, "os.path.dirname"):
+        return None
+    value = _path_value(node.args[0], path, assigned, seen)
+    return os.path.dirname(value) if value is not None and called == "os.path.dirname" else value
+
+
+def _literal(node: ast.expr) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
 
 
 def _module_files(dotted: str, roots: list[str]) -> Iterator[str]:
