@@ -159,3 +159,30 @@ def test_a_directory_the_program_adds_to_sys_path_is_searched(tmp_path):
     })
     found = dict(spmd_modules([], tmp_path))
     assert set(found) == {real(tmp_path, "examples/train_base.py"), real(tmp_path, "examples/lib/helpers.py")}
+
+
+def test_a_notebook_that_turns_spmd_on_is_a_program(tmp_path):
+    """Its code cells are read as one module (magics and shell lines left out): the modules it
+    imports run SPMD, and so does a notebook that imports a module turning SPMD on."""
+    import json
+
+    def notebook(*sources):
+        cells = [{"cell_type": "code", "source": source, "metadata": {}, "outputs": [], "execution_count": None}
+                 for source in sources]
+        return json.dumps({"cells": [{"cell_type": "markdown", "source": "# SPMD", "metadata": {}}, *cells],
+                           "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+
+    write(tmp_path, {
+        "train.ipynb": notebook("!pip install torch_xla\n%env PJRT_DEVICE=TPU",
+                                ["import torch_xla.runtime as xr\n", "import metrics\n", "xr.use_spmd()"],
+                                "%%bash\necho not python: import unused"),
+        "metrics.py": "import torch_xla.runtime as xr\nWORLD = xr.world_size()\n",
+        "unused.py": "",
+        "setup_spmd.py": "import torch_xla.runtime as xr\n\n\ndef start():\n    xr.use_spmd()\n",
+        "explore.ipynb": notebook("import setup_spmd\nsetup_spmd.start()"),
+        "broken.ipynb": "{not json",
+    })
+    found = dict(spmd_modules([], tmp_path))
+    assert found == {real(tmp_path, "metrics.py"): "train.ipynb imports this module and runs SPMD (one process per host)",
+                     real(tmp_path, "explore.ipynb"): "this file imports setup_spmd.py, which turns SPMD on (one process per host)",
+                     real(tmp_path, "setup_spmd.py"): "explore.ipynb imports this module and runs SPMD (one process per host)"}

@@ -19,6 +19,7 @@ result cache of a file stays valid only while the project's SPMD programs import
 from __future__ import annotations
 
 import ast
+import json
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -36,6 +37,8 @@ SPMD_ENV = "XLA_USE_SPMD"
 # Directories that hold no module of the project: installed packages, caches, version control.
 _SKIPPED = frozenset({"__pycache__", "node_modules", "site-packages", "dist-packages", "build"})
 MAX_FILES = 20_000  # a tree larger than this is not a project to scan whole: the run's files only
+# The files that may run SPMD: modules and scripts, and notebooks (their code cells).
+_SOURCES = (".py", ".ipynb")
 
 
 def spmd_modules(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str, str], ...]:
@@ -43,9 +46,9 @@ def spmd_modules(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str
     without naming it, sorted; the why ends the TODOs of its process queries. `root`: the
     project root, None where there is none (then only `run_files` are looked at)."""
     root = Path(os.path.realpath(root)) if root is not None else None
-    candidates = list(_python_files(root)) if root is not None else None
+    candidates = list(_source_files(root)) if root is not None else None
     if candidates is None or len(candidates) > MAX_FILES:
-        candidates = [os.path.realpath(f) for f in run_files if f.endswith(".py")]
+        candidates = [os.path.realpath(f) for f in run_files if f.endswith(_SOURCES)]
     bases = [str(root), str(root / "src")] if root is not None else []
 
     def shown(path: str) -> str:
@@ -130,17 +133,17 @@ def _importers(programs: dict[str, ast.Module], candidates: list[str], bases: li
 
 def _module_name(path: str) -> str:
     """The last part of the dotted name a file is imported by: a package's for its __init__.py."""
-    stem = os.path.basename(path)[:-3]
+    stem = os.path.splitext(os.path.basename(path))[0]
     return os.path.basename(os.path.dirname(path)) if stem == "__init__" else stem
 
 
-def _python_files(root: Path) -> Iterator[str]:
+def _source_files(root: Path) -> Iterator[str]:
     for directory, subdirectories, names in os.walk(root):
         # Hidden directories (.git, .venv, .tox) and virtual environments hold no project module.
         subdirectories[:] = [d for d in subdirectories if not d.startswith(".") and d not in _SKIPPED
                              and not os.path.exists(os.path.join(directory, d, "pyvenv.cfg"))]
         for name in names:
-            if name.endswith(".py"):  # real already below a real root (walk follows no links)
+            if name.endswith(_SOURCES):  # real already below a real root (walk follows no links)
                 yield os.path.join(directory, name)
 
 
@@ -194,9 +197,36 @@ def _parse(path: str, data: bytes | None = None) -> ast.Module | None:
     if data is None:
         return None
     try:
-        return ast.parse(data, path)
+        return ast.parse(_notebook_code(data) if path.endswith(".ipynb") else data, path)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
+
+
+# Cell magics whose cell is still the kernel's Python (the first line goes).
+_PYTHON_CELL_MAGICS = ("%%time", "%%timeit", "%%capture", "%%prun")
+
+
+def _notebook_code(data: bytes) -> str:
+    """A notebook's code cells as one module: a cell of another language (`%%bash`, `%%writefile`)
+    left out, line magics and shell lines (`%env`, `!pip`) as `pass`. Raises ValueError for a
+    file that is not a notebook."""
+    try:
+        cells = json.loads(data)["cells"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"not a notebook: {exc}") from None
+    parts = []
+    for cell in cells if isinstance(cells, list) else ():
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        source = cell.get("source", "")
+        lines = ("".join(source) if isinstance(source, list) else str(source)).splitlines()
+        if lines and lines[0].startswith("%%"):
+            if not lines[0].startswith(_PYTHON_CELL_MAGICS):
+                continue
+            lines = lines[1:]
+        parts.extend(line[:len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith(("%", "!"))
+                     else line for line in lines)
+    return "\n".join(parts) + "\n"
 
 
 def _local_imports(path: str, tree: ast.Module, bases: list[str]) -> Iterator[str]:
