@@ -186,3 +186,21 @@ def test_a_notebook_that_turns_spmd_on_is_a_program(tmp_path):
     assert found == {real(tmp_path, "metrics.py"): "train.ipynb imports this module and runs SPMD (one process per host)",
                      real(tmp_path, "explore.ipynb"): "this file imports setup_spmd.py, which turns SPMD on (one process per host)",
                      real(tmp_path, "setup_spmd.py"): "explore.ipynb imports this module and runs SPMD (one process per host)"}
+
+
+QUERY = "import torch_xla.runtime as xr\nWORLD = xr.world_size()\n"
+
+
+@pytest.mark.parametrize("program", [
+    # A launcher that sets the variable and imports the trainer, which imports torch_xla.
+    'import os\nos.environ["XLA_USE_SPMD"] = "1"\nimport trainer\n',
+    "import os\nos.environ.update(XLA_USE_SPMD='1')\nimport trainer\n",
+    # The SPMD module imported from its package: no dotted path names it whole.
+    "from torch_xla.distributed import spmd as xs\nimport trainer\n",
+    # The module that turns SPMD on, and the trainer, imported by name.
+    "import importlib\nimportlib.import_module('setup_spmd').start()\ntrainer = __import__('trainer')\n",
+], ids=["environ", "environ-update", "from-package", "importlib"])
+def test_the_forms_a_program_turns_spmd_on_and_imports_by(tmp_path, program):
+    write(tmp_path, {"run.py": program, "trainer.py": QUERY,
+                     "setup_spmd.py": "import torch_xla.runtime as xr\n\n\ndef start():\n    xr.use_spmd()\n"})
+    assert dict(spmd_modules([], tmp_path))[real(tmp_path, "trainer.py")].startswith("run.py imports this module")

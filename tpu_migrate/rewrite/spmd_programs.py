@@ -28,7 +28,8 @@ from pathlib import Path
 from tpu_migrate.rewrite.names import is_xla_name
 
 # Bytes a file that runs SPMD holds (a file without any of them is not parsed).
-_MARKERS = (b"use_spmd", b"distributed.spmd", b"fsdp_v2", b"XLA_USE_SPMD")
+# (b"spmd": also `from torch_xla.distributed import spmd`, which names no module path whole.)
+_MARKERS = (b"spmd", b"fsdp_v2", b"XLA_USE_SPMD")
 _SPMD_MODULES = ("torch_xla.distributed.spmd", "optimum.tpu.fsdp_v2")
 # What turns SPMD on (`xr.is_spmd()` only asks: a library may ask and run either way), and the
 # environment variable that did the same before torch_xla started.
@@ -149,24 +150,26 @@ def _source_files(root: Path) -> Iterator[str]:
 
 def _spmd_tree(path: str, data: bytes | None) -> ast.Module | None:
     """The parsed file (its bytes `data`), if it runs SPMD: it imports torch_xla's or Optimum's
-    SPMD modules, or names use_spmd / use_fsdp_v2 / "XLA_USE_SPMD" and imports torch_xla or
-    optimum.tpu."""
+    SPMD modules, names use_spmd / use_fsdp_v2 and imports torch_xla or optimum.tpu, or names
+    "XLA_USE_SPMD" (a launcher that sets it need not import torch_xla itself)."""
     if data is None or not any(marker in data for marker in _MARKERS):
         return None
     tree = _parse(path, data)
     if tree is None:
         return None
-    imported, called = set(), False
+    imported, called, environment = set(), False, False
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             imported.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
         elif isinstance(node, ast.Attribute) and node.attr in _SPMD_CALLS or \
-                isinstance(node, ast.Name) and node.id in _SPMD_CALLS or \
-                isinstance(node, ast.Constant) and node.value == SPMD_ENV:
+                isinstance(node, ast.Name) and node.id in _SPMD_CALLS:
             called = True
-    if any(name.startswith(_SPMD_MODULES) for name in imported):
+        elif isinstance(node, ast.Constant) and node.value == SPMD_ENV or \
+                isinstance(node, ast.keyword) and node.arg == SPMD_ENV:  # os.environ.update(XLA_USE_SPMD="1")
+            environment = True
+    if environment or any(name.startswith(_SPMD_MODULES) for name in imported):
         return tree
     return tree if called and any(is_xla_name(name) for name in imported) else None
 
@@ -251,6 +254,10 @@ def _local_imports(path: str, tree: ast.Module, bases: list[str]) -> Iterator[st
                 yield from _module_files(prefix, roots)
             for alias in node.names:  # `from pkg import module`
                 yield from _module_files(f"{prefix}.{alias.name}".lstrip("."), roots)
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str) and not node.args[0].value.startswith(".") \
+                and ast.unparse(node.func) in _IMPORT_CALLS:
+            yield from _module_files(node.args[0].value, [here, *bases])  # a name given whole
 
 
 def _added_paths(path: str, tree: ast.Module) -> list[str]:
@@ -306,6 +313,10 @@ def _path_value(node: ast.expr, path: str, assigned: dict[str, ast.expr], seen: 
 
 def _literal(node: ast.expr) -> str | None:
     return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+# Calls that import a module named by a string: `importlib.import_module("spmd_setup")`.
+_IMPORT_CALLS = frozenset({"importlib.import_module", "import_module", "__import__"})
 
 
 def _module_files(dotted: str, roots: list[str]) -> Iterator[str]:
