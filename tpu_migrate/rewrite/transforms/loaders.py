@@ -68,7 +68,7 @@ SHARDED_DEVICE_LOADER = '''class {name}:
 PARALLEL_LOADER_CLASS = '''class {name}:
     """pl.ParallelLoader(loader, [device])'s stand-in (added by tpu-migrate): one pass over
     `loader`, begun when it is made; per_device_loader(device) iterates that pass, each batch
-    moved to `device`, and len() is len(loader)."""
+    moved to `device`, len() is len(loader), and close() has nothing to stop."""
 
     def __init__(self, loader):
         self._loader = loader
@@ -87,6 +87,9 @@ PARALLEL_LOADER_CLASS = '''class {name}:
 
     def __len__(self):
         return len(self._loader)
+
+    def close(self):
+        pass  # torch_xla stopped the threads that moved the batches: there are none
 '''
 # The ShardingSpec's own finding, taken back when the loader converts with it.
 SPMD_SHARDING_CODE = rule_code("TPU172")
@@ -300,13 +303,18 @@ def _parallel_loader(call, qualname, sc: StatementContext, rule):
 
 
 def _other_parallel_loader_uses(sc: StatementContext) -> bool:
-    """Whether a name the file binds to a ParallelLoader is used other than through
-    `.per_device_loader(...)` (`.close()`, `._cpu_loader`)."""
-    held = {target.id for node in sc.file.analysis.nodes if isinstance(node, ast.Assign)
+    """Whether a name or attribute the file binds to a ParallelLoader (`para`, `self.para`) is
+    used other than through the stand-in's methods (`._cpu_loader`, `.batches_queue`)."""
+    held = {ast.unparse(target) for node in sc.file.analysis.nodes if isinstance(node, ast.Assign)
             and isinstance(node.value, ast.Call) and _called_name(node.value.func) == "ParallelLoader"
-            for target in node.targets if isinstance(target, ast.Name)}
-    return any(isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in held
-               and node.attr != "per_device_loader" for node in sc.file.analysis.nodes)
+            for target in node.targets if isinstance(target, (ast.Name, ast.Attribute))}
+    return any(isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute))
+               and node.attr not in _PARALLEL_LOADER_METHODS and ast.unparse(node.value) in held
+               for node in sc.file.analysis.nodes)
+
+
+# What the stand-in has of a ParallelLoader (PARALLEL_LOADER_CLASS).
+_PARALLEL_LOADER_METHODS = frozenset({"per_device_loader", "close"})
 
 
 def _called_name(func: ast.expr) -> str | None:
