@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_expr
@@ -128,7 +130,13 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
         sc.needs_manual(rule.code, "assign the result to a name to convert xm.all_reduce", qualname)
         return None
     where = sc.fixed(rule.code, qualname)
-    if target is not None:
+    if target is not None and _holds_a_list(inputs, sc):
+        # torch_xla reduced a list in place and returned it.
+        var = fresh_name(sc, "tensor")
+        lines = [f"if {world_guard(sc, rule.code, where)}:", f"    for {var} in {code(inputs)}:",
+                 f"        {dist}.all_reduce({var}, op={op})", *_scaled_in_place(var, scale, sc, "        "),
+                 f"{target} = {code(inputs)}"]
+    elif target is not None:
         lines = _reduce_into(target, atom(inputs), op, scale, sc, rule.code, where)  # a tensor: a new one
     elif assign is None:
         # A statement: a list is reduced in place; a tensor's reduction was returned, and
@@ -151,6 +159,31 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
     return parse_block(lines)
 
 
+def _holds_a_list(inputs: cst.BaseExpression, sc: StatementContext) -> bool:
+    """Whether `inputs` is a name its function (or module) assigns a list or tuple to
+    (`stats = [correct, total]`, `list(...)`, a comprehension): torch_xla reduced those in place
+    and returned them, where a tensor got a new tensor."""
+    if not isinstance(inputs, cst.Name):
+        return False
+    scope = next((node for node in reversed(sc.ancestors or [])
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))), sc.file.analysis.tree)
+    return any(
+        isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == inputs.value for t in node.targets)
+        and (isinstance(node.value, (ast.List, ast.Tuple, ast.ListComp)) or isinstance(node.value, ast.Call)
+             and isinstance(node.value.func, ast.Name) and node.value.func.id in ("list", "tuple"))
+        for node in _own_nodes(scope))
+
+
+def _own_nodes(scope: ast.AST):
+    """The nodes of a function or module, not of the functions and classes it defines."""
+    stack = list(ast.iter_child_nodes(scope))
+    while stack:
+        node = stack.pop()
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
 def _scaled_in_place(tensor: str, scale: str | None, sc: StatementContext, indent: str) -> list[str]:
     """torch_xla scaled the reduced tensors in place outside autograd: a parameter (a leaf that
     requires grad) may be one, and `mul_` refuses it under autograd."""
@@ -170,7 +203,7 @@ def all_reduce_value(call, qualname, sc: StatementContext, rule):
         return call
     if (
         inputs is None or "reduce_type" not in bound or given(bound, "groups")
-        or isinstance(inputs.value, (cst.List, cst.Tuple, cst.ListComp))
+        or isinstance(inputs.value, (cst.List, cst.Tuple, cst.ListComp)) or _holds_a_list(inputs.value, sc)
     ):
         sc.needs_manual(rule.code, f"{rule.summary} (used as a value here: convert by hand)", qualname)
         return call
