@@ -89,7 +89,7 @@ PARALLEL_LOADER_CLASS = '''class {name}:
         return len(self._loader)
 
     def close(self):
-        pass  # torch_xla stopped the threads that moved the batches: there are none
+        pass  # no threads move the batches here: nothing to stop
 '''
 # The ShardingSpec's own finding, taken back when the loader converts with it.
 SPMD_SHARDING_CODE = rule_code("TPU172")
