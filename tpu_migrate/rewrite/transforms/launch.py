@@ -105,9 +105,9 @@ def barrier_in_rank_branch(call: cst.Call, sc: StatementContext):
     TorchTPU's barrier waits for every rank of the group, so there it hangs: marked."""
     if not sc.enabled("TPU070") or not _xla_backend_group(sc):
         return call
-    test = _rank_branch(sc)
+    test = _rank_branch(sc)  # `if rank == 0`, or after `if rank != 0:` leaves
     if test is not None:
-        sc.needs_manual("TPU070", f"only some ranks reach this barrier (under `if {test}`): torch_xla's "
+        sc.needs_manual("TPU070", f"only some ranks reach this barrier ({test}): torch_xla's "
                         "\"xla\" backend made dist.barrier() a no-op, and TorchTPU's waits for every rank "
                         "of the group, so it hangs unless the other ranks reach a barrier too: move it out "
                         "of the branch, pair it, or delete it (it waited for nothing)")
@@ -135,18 +135,41 @@ _RANK_WORDS = ("rank", "ordinal", "master")
 
 
 def _rank_branch(sc: StatementContext) -> str | None:
-    """The test of the innermost `if` of the statement's own function whose test asks for the
-    rank (`xm.is_master_ordinal()`, `rank == 0`, `args.local_rank in (-1, 0)`), as written."""
-    ancestors = sc.ancestors or []
-    for node in reversed(ancestors):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+    """`if TEST` (as written) where TEST asks for the rank (`xm.is_master_ordinal()`, `rank == 0`,
+    `args.local_rank in (-1, 0)`) and decides, in the statement's own function, whether it runs:
+    an `if` around it, or one before it that leaves (`if rank != 0: return`)."""
+    chain = [*(sc.ancestors or []), sc.info.node]
+    for parent, child in reversed(list(zip(chain, chain[1:]))):
+        if isinstance(parent, ast.If) and _asks_rank(parent.test):
+            return f"under `if {ast.unparse(parent.test)}`"
+        for earlier in _statements_before(parent, child):
+            if isinstance(earlier, ast.If) and _asks_rank(earlier.test) and any(
+                    isinstance(stmt, _LEAVES) for stmt in [*earlier.body, *earlier.orelse]):
+                return f"after `if {ast.unparse(earlier.test)}:` leaves"
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return None
-        if isinstance(node, ast.If) and any(
-            word in (getattr(name, "id", None) or getattr(name, "attr", "")).lower()
-            for name in ast.walk(node.test) if isinstance(name, (ast.Name, ast.Attribute))
-            for word in _RANK_WORDS):
-            return ast.unparse(node.test)
     return None
+
+
+# Statements that leave the rest of a block unrun (a `continue` or `break` leaves it for the
+# loop's pass, which holds the barrier where it follows in the loop's body).
+_LEAVES = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+
+
+def _asks_rank(test: ast.expr) -> bool:
+    return any(word in (getattr(name, "id", None) or getattr(name, "attr", "")).lower()
+               for name in ast.walk(test) if isinstance(name, (ast.Name, ast.Attribute))
+               for word in _RANK_WORDS)
+
+
+def _statements_before(parent: ast.AST, child: ast.AST) -> list[ast.stmt]:
+    """The statements before `child` in the block of `parent` that holds it."""
+    for block in ("body", "orelse", "finalbody", "handlers", "cases"):
+        statements = getattr(parent, block, None) or []
+        for index, statement in enumerate(statements):
+            if statement is child:
+                return statements[:index]
+    return []
 
 
 def _xla_rendezvous(method: cst.Arg | None) -> bool:
