@@ -3,17 +3,17 @@
 Under `xr.use_spmd()` one process drove every TPU of a host, so `xr.world_size()` and
 `xr.global_ordinal()` counted hosts (or answered 1 and 0), in the program's own file and in
 every module it imports. A file alone does not show that it is imported by such a program, so
-this pass looks at the whole project before the rewrite: the Python files under the project
-root (the run's own files where there is none) that name SPMD, the files that import those (a
-`setup()` that calls `xr.use_spmd()` runs SPMD in the program that calls it), and the
-project's modules they import, directly or through others. The rewrite then leaves those
-modules' process queries with a TODO that names the program (transforms/common.py
-`spmd_reason`).
+this pass looks at the whole project before the rewrite: the Python files and notebooks under
+the project root (the run's own files where there is none) that name SPMD, the files that
+import those (a `setup()` that calls `xr.use_spmd()` runs SPMD in the program that calls it),
+and the project's modules they import, directly or through others. The rewrite then leaves
+those modules' process queries with a TODO that says why (transforms/common.py `spmd_reason`).
 
-The pass reads every Python file of the project (a byte search; a parse only where SPMD is
-named), on every run: a pre-commit run that passes only a helper module must still know that
-the training script beside it runs SPMD. The result is part of the rewrite's settings, so the
-result cache of a file stays valid only while the project's SPMD programs import the same modules.
+The pass reads every Python file and notebook of the project (a byte search; a parse only
+where SPMD, or a module found to run it, is named), on every run: a pre-commit run that passes
+only a helper module must still know that the training script beside it runs SPMD. The result
+is part of the rewrite's settings, so the result cache of a file stays valid only while the
+project's SPMD programs import the same modules.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def _added_paths(path: str, tree: ast.Module) -> list[str]:
 
 # The calls a path to a directory of the project goes through: the directory is the same.
 _SAME_PATH = frozenset({"os.path.abspath", "os.path.realpath", "os.path.normpath", "str", "Path",
-                        "pathlib.Path", "resolve", "absolute"})
+                        "pathlib.Path"})
 
 
 def _path_value(node: ast.expr, path: str, assigned: dict[str, ast.expr], seen: frozenset = frozenset()) -> str | None:
