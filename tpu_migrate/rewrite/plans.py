@@ -208,7 +208,7 @@ _OWN_SCOPE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
 def _stores(body: list[ast.stmt]) -> list[tuple[str, int]]:
     """(name, line) of the bindings made in a scope's own body (nested scopes left out)."""
     found: list[tuple[str, int]] = []
-    for node in _own_nodes(body):
+    for node in own_nodes(body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             found.append((node.name, node.lineno))
         elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
@@ -226,7 +226,7 @@ def _stores(body: list[ast.stmt]) -> list[tuple[str, int]]:
     return found
 
 
-def _own_nodes(body: list[ast.stmt]):
+def own_nodes(body: list[ast.stmt]):
     """The nodes of a scope's own body: a nested function or class is met (with its
     decorators), its body is not; lambdas and comprehensions are left out."""
     stack: list[ast.AST] = list(body)
@@ -406,7 +406,7 @@ def _aliased_function(fn: ast.Name, statement: ast.stmt, analysis: Analysis) -> 
         bindings = [name for name, _ in _stores(body) if name == fn.id]
         if not bindings:
             continue
-        assigns = [n for n in _own_nodes(body) if isinstance(n, ast.Assign)
+        assigns = [n for n in own_nodes(body) if isinstance(n, ast.Assign)
                    and any(isinstance(t, ast.Name) and t.id == fn.id for t in n.targets)]
         if len(bindings) != 1 or len(assigns) != 1:
             return None

@@ -8,6 +8,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_expr
 from tpu_migrate.rewrite.helper_code import CPU_COPIES
+from tpu_migrate.rewrite.plans import own_nodes
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
     ALL_GATHER,
@@ -171,17 +172,7 @@ def _holds_a_list(inputs: cst.BaseExpression, sc: StatementContext) -> bool:
         isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == inputs.value for t in node.targets)
         and (isinstance(node.value, (ast.List, ast.Tuple, ast.ListComp)) or isinstance(node.value, ast.Call)
              and isinstance(node.value.func, ast.Name) and node.value.func.id in ("list", "tuple"))
-        for node in _own_nodes(scope))
-
-
-def _own_nodes(scope: ast.AST):
-    """The nodes of a function or module, not of the functions and classes it defines."""
-    stack = list(ast.iter_child_nodes(scope))
-    while stack:
-        node = stack.pop()
-        yield node
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-            stack.extend(ast.iter_child_nodes(node))
+        for node in own_nodes(scope.body))
 
 
 def _scaled_in_place(tensor: str, scale: str | None, sc: StatementContext, indent: str) -> list[str]:

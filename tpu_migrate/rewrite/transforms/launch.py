@@ -7,7 +7,7 @@ import ast
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
-from tpu_migrate.rewrite.plans import main_guard_only
+from tpu_migrate.rewrite.plans import init_process_group_calls, is_xla_backend_init, main_guard_only
 from tpu_migrate.rewrite.registry import STATEMENT, emits, transform
 from tpu_migrate.rewrite.transforms.device import device_string_args
 from tpu_migrate.rewrite.transforms.common import (
@@ -122,12 +122,7 @@ def _xla_backend_group(sc: StatementContext) -> bool:
         analysis = sc.file.analysis
         found = sc.file.memo["xla_backend_group"] = any(
             b.qualname == "torch_xla.distributed.xla_backend" for b in analysis.imports
-        ) or any(isinstance(node, ast.Call) and any(
-            isinstance(arg, ast.Constant) and arg.value == "xla"
-            for arg in [*node.args[:1], *(k.value for k in node.keywords if k.arg == "backend")])
-            and isinstance(node.func, (ast.Name, ast.Attribute))
-            and (getattr(node.func, "attr", None) or getattr(node.func, "id", None)) == "init_process_group"
-            for node in ast.walk(analysis.tree))
+        ) or any(map(is_xla_backend_init, init_process_group_calls(analysis.nodes)))
     return found
 
 
