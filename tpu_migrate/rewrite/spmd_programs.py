@@ -62,6 +62,7 @@ def spmd_modules(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str
         for path, (tree, origin) in _importers(programs, candidates, bases, texts).items():
             programs[path] = tree
             found[path] = f"this file imports {shown(origin)}, which turns SPMD on (one process per host)"
+    trees: dict[str, ast.Module | None] = dict(programs)
     for program, tree in sorted(programs.items()):
         why = f"{shown(program)} imports this module and runs SPMD (one process per host)"
         seen = {program}
@@ -73,7 +74,9 @@ def spmd_modules(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str
                     continue
                 seen.add(imported)
                 found.setdefault(imported, why)
-                parsed = _parse(imported)
+                if imported not in trees:  # a module several programs import is parsed once
+                    trees[imported] = _parse(imported, texts.read(imported))
+                parsed = trees[imported]
                 if parsed is not None:
                     queue.append((imported, parsed))
     return tuple(sorted(found.items()))

@@ -133,9 +133,7 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
     where = sc.fixed(rule.code, qualname)
     if target is not None and _holds_a_list(inputs, sc):
         # torch_xla reduced a list in place and returned it.
-        var = fresh_name(sc, "tensor")
-        lines = [f"if {world_guard(sc, rule.code, where)}:", f"    for {var} in {code(inputs)}:",
-                 f"        {dist}.all_reduce({var}, op={op})", *_scaled_in_place(var, scale, sc, "        "),
+        lines = [f"if {world_guard(sc, rule.code, where)}:", *_reduce_each(code(inputs), op, scale, sc),
                  f"{target} = {code(inputs)}"]
     elif target is not None:
         lines = _reduce_into(target, atom(inputs), op, scale, sc, rule.code, where)  # a tensor: a new one
@@ -149,15 +147,21 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
                 lines.append(f"    {dist}.all_reduce({code(element.value)}, op={op})")
                 lines += _scaled_in_place(atom(element.value), scale, sc, "    ")
         else:
-            var = fresh_name(sc, "tensor")
             lines, tensors = [], code(inputs)
             if not isinstance(inputs, (cst.Name, cst.Attribute)):  # evaluated once, as before
                 tensors = fresh_name(sc, "tensors")
                 lines.append(f"{tensors} = {code(inputs)}")
             lines += [f"if not isinstance({tensors}, {plan.use('torch')}.Tensor) and {world_guard(sc, rule.code, where)}:",
-                      f"    for {var} in {tensors}:", f"        {dist}.all_reduce({var}, op={op})",
-                      *_scaled_in_place(var, scale, sc, "        ")]
+                      *_reduce_each(tensors, op, scale, sc)]
     return parse_block(lines)
+
+
+def _reduce_each(tensors: str, op: str, scale: str | None, sc: StatementContext) -> list[str]:
+    """A loop (in an `if` body) that reduces each tensor of the list `tensors` in place, as
+    torch_xla reduced a list."""
+    var = fresh_name(sc, "tensor")
+    return [f"    for {var} in {tensors}:", f"        {sc.file.import_plan.use('dist')}.all_reduce({var}, op={op})",
+            *_scaled_in_place(var, scale, sc, "        ")]
 
 
 def _holds_a_list(inputs: cst.BaseExpression, sc: StatementContext) -> bool:

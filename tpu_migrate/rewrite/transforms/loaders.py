@@ -304,13 +304,18 @@ def _parallel_loader(call, qualname, sc: StatementContext, rule):
 
 def _other_parallel_loader_uses(sc: StatementContext) -> bool:
     """Whether a name or attribute the file binds to a ParallelLoader (`para`, `self.para`) is
-    used other than through the stand-in's methods (`._cpu_loader`, `.batches_queue`)."""
-    held = {ast.unparse(target) for node in sc.file.analysis.nodes if isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Call) and _called_name(node.value.func) == "ParallelLoader"
-            for target in node.targets if isinstance(target, (ast.Name, ast.Attribute))}
-    return any(isinstance(node, ast.Attribute) and isinstance(node.value, (ast.Name, ast.Attribute))
-               and node.attr not in _PARALLEL_LOADER_METHODS and ast.unparse(node.value) in held
-               for node in sc.file.analysis.nodes)
+    used other than through the stand-in's methods (`._cpu_loader`, `.batches_queue`). Once per file."""
+    found = sc.file.memo.get("other_parallel_loader_uses")
+    if found is None:
+        nodes = sc.file.analysis.nodes
+        held = {ast.unparse(target) for node in nodes if isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Call) and _called_name(node.value.func) == "ParallelLoader"
+                for target in node.targets if isinstance(target, (ast.Name, ast.Attribute))}
+        found = sc.file.memo["other_parallel_loader_uses"] = bool(held) and any(
+            isinstance(node, ast.Attribute) and node.attr not in _PARALLEL_LOADER_METHODS
+            and isinstance(node.value, (ast.Name, ast.Attribute)) and ast.unparse(node.value) in held
+            for node in nodes)
+    return found
 
 
 # What the stand-in has of a ParallelLoader (PARALLEL_LOADER_CLASS).
