@@ -1,0 +1,55 @@
+"""Loads the tpu-migrate TorchTPU stand-in into every Python process that imports torch.
+
+`tpu-migrate run` (and verify, diagnose) put this directory first on PYTHONPATH and set
+TORCH_DEVICE_BACKEND_AUTOLOAD=0, so an installed torch-tpu (which aborts `import torch` without a
+TPU) is never autoloaded. Python imports this file at start-up; it waits for `import torch` to
+finish, then loads the stand-in (`torch_tpu._loader.load`), as torch's autoload would load the real
+package. Children started by torchrun or multiprocessing inherit PYTHONPATH and load it too.
+"""
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class _LoadStandInAfterTorch(importlib.abc.MetaPathFinder):
+    """Finds `torch` as the other finders do, and loads the stand-in once torch has run."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # once: the stand-in's own imports of torch find it loaded
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_load(module):
+            exec_module(module)
+            import torch_tpu._loader
+
+            torch_tpu._loader.load()
+
+        spec.loader.exec_module = exec_then_load
+        return spec
+
+
+def _chain_next_sitecustomize():
+    """Runs the sitecustomize this file shadows, if the environment has one."""
+    for entry in sys.path:
+        if not entry or os.path.abspath(entry) == _HERE:
+            continue
+        candidate = os.path.join(entry, "sitecustomize.py")
+        if os.path.isfile(candidate):
+            with open(candidate, "rb") as source:
+                code = compile(source.read(), candidate, "exec")
+            exec(code, {"__name__": "sitecustomize", "__file__": candidate})
+            return
+
+
+if "torch" not in sys.modules:
+    sys.meta_path.insert(0, _LoadStandInAfterTorch())
+_chain_next_sitecustomize()
