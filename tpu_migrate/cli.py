@@ -1,4 +1,4 @@
-"""The command-line face: `tpu-migrate rewrite`, `rules`, `explain`.
+"""The command-line face: `tpu-migrate rewrite`, `rules`, `explain`, `diagnose`, `verify`, `run`.
 
 Exit codes (like ruff): 0 nothing left to do; 1 manual work remains (findings, or TODO comments
 of an earlier run), or with --check / --diff files would change, or with --exit-non-zero-on-fix
@@ -373,6 +373,39 @@ def diagnose(module, warmup_steps, fail_on, backend, output_format, output, expl
     if fail_on and any(f.kind in fail_on for f in findings):
         sys.exit(1)
     sys.exit(status)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+              short_help="Run a TorchTPU program on the CPU, on the TorchTPU stand-in.")
+@click.option("-m", "module", metavar="MODULE", help="Run a module, like `python -m MODULE`.")
+@click.option("--nproc", type=click.IntRange(min=1), default=None,
+              help="Processes per node, under torchrun (one per chip, as on a TPU VM).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Hosts of an emulated pod: one torchrun per host on this machine, each seeing itself as "
+                   "host K.")
+@click.option("--python", "python", type=click.Path(dir_okay=False, exists=True), metavar="PYTHON",
+              help="A Python with torch 2.11 to 2.15 (default: $TPU_MIGRATE_STANDIN_PYTHON, this one if its "
+                   "torch fits, else an environment tpu-migrate makes once and keeps in its cache).")
+@click.argument("script", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(module, nproc, nnodes, python, script, args) -> None:
+    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) as `python` would on a TPU VM, with the `tpu`
+    device emulated on the CPU: torch.tpu as in torch-tpu 0.2.0, torch.accelerator, tpu_dist,
+    torch.compile(backend="tpu"), autocast. The exit status is the program's."""
+    from tpu_migrate import standin
+    from tpu_migrate.standin import launcher
+
+    if module is not None:
+        target = ["-m", module, *((script,) if script is not None else ()), *args]
+    elif script is None:
+        raise click.UsageError("give a SCRIPT or -m MODULE")
+    else:
+        target = [script, *args]
+    try:
+        interpreter = launcher.python_for_run(python)
+    except standin.StandInError as exc:
+        raise click.UsageError(str(exc)) from None
+    sys.exit(launcher.run(interpreter, target, nproc, nnodes))
 
 
 def _process_counts(ctx, param, value):

@@ -38,16 +38,20 @@ class _LoadStandInAfterTorch(importlib.abc.MetaPathFinder):
 
 
 def _chain_next_sitecustomize():
-    """Runs the sitecustomize this file shadows, if the environment has one."""
-    for entry in sys.path:
-        if not entry or os.path.abspath(entry) == _HERE:
-            continue
-        candidate = os.path.join(entry, "sitecustomize.py")
-        if os.path.isfile(candidate):
-            with open(candidate, "rb") as source:
-                code = compile(source.read(), candidate, "exec")
-            exec(code, {"__name__": "sitecustomize", "__file__": candidate})
-            return
+    """Runs the sitecustomize this file shadows (further on sys.path), as site would have. Kept
+    apart from tpu-migrate's own copy of this logic: the stand-in imports nothing of the tool."""
+    import importlib.util
+
+    rest = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n")
 
 
 if "torch" not in sys.modules:

@@ -17,6 +17,13 @@ def load():
         return
     _LOADED = True
     import torch
+
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if not (2, 11) <= version <= (2, 15):
+        raise ImportError(
+            f"the tpu-migrate TorchTPU stand-in needs torch 2.11 to 2.15, as torch-tpu 0.2.0 does; "
+            f"this Python ({sys.executable}) has torch {torch.__version__}"
+        )
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
     from torch_tpu._standin import accelerator, amp, compile, distributed, tensor
