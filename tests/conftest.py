@@ -24,6 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # the same kernels run). Set here, so every program the suite starts inherits them.
 os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
+# The TorchTPU stand-in's Python (torch 2.13), made by README's test command beside .venv: the
+# tool finds it through this variable (tpu_migrate/standin), as a user's environment would.
+STANDIN_PYTHON = ROOT / ".venv-tpu" / "bin" / "python"
+os.environ.setdefault("TPU_MIGRATE_STANDIN_PYTHON", str(STANDIN_PYTHON))
 
 # Modules whose tests share one module-scoped run, and the run: under pytest-xdist
 # (`--dist loadgroup`, pyproject.toml) all their tests go to one worker (tests/scheduling.py),

@@ -420,8 +420,12 @@ def _process_counts(ctx, param, value):
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
               short_help="Prove a migration: the original and the migrated program, step by step.")
+@click.option("--target", type=click.Choice(["tpu", "portable"]), default="tpu", show_default=True,
+              help="The migration to prove (rewrite --target): tpu runs it on the TorchTPU stand-in (the tpu "
+                   "device emulated on the CPU, tpu_dist over gloo); portable on the CPU with gloo.")
 @click.option("--against", metavar="MIGRATED", type=click.Path(dir_okay=False),
-              help="Compare with this migrated (and hand-edited) copy instead of a fresh portable migration.")
+              help="Compare with this migrated (and hand-edited) copy, of --target's dialect, instead of a fresh "
+                   "migration.")
 @click.option("--root", type=click.Path(file_okay=False, exists=True),
               help="The tree the script imports from, copied and migrated with it (default: the script's folder).")
 @click.option("--nproc", "nprocs", default="1,2", show_default=True, callback=_process_counts,
@@ -435,17 +439,23 @@ def _process_counts(ctx, param, value):
 @click.option("-m", "module", metavar="MODULE",
               help="Run a module, like `python -m MODULE` (its tree: --root, default the working directory).")
 @click.option("--python", "python", type=click.Path(dir_okay=False, exists=True), metavar="PYTHON",
-              help="The Python (3.11+) to run the programs with: your project's environment, with torch and "
-                   "torch_xla (default: the one tpu-migrate runs in).")
+              help="The Python (3.11+) to run the original with (and the migrated program, with --target "
+                   "portable): your project's environment, with torch and torch_xla (default: the one "
+                   "tpu-migrate runs in).")
+@click.option("--migrated-python", "migrated_python", type=click.Path(dir_okay=False, exists=True),
+              metavar="PYTHON",
+              help="The Python to run the migrated program with: for --target tpu, one with torch 2.11 to 2.15, "
+                   "such as your TorchTPU environment (default: $TPU_MIGRATE_STANDIN_PYTHON, this one if its "
+                   "torch fits, else an environment tpu-migrate makes once and keeps in its cache).")
 @click.argument("script", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def verify(against, root, nprocs, rtol, atol, timeout, output_format, html_file, module, python, script,
-           args) -> None:
+def verify(target, against, root, nprocs, rtol, atol, timeout, output_format, html_file, module, python,
+           migrated_python, script, args) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under torch_xla on the CPU (one process, twice:
-    its own noise), and its migration with torch_xla unimportable, at each --nproc; compare, per
-    optimizer step, the loss, the gradient norm and the parameters, then the numbers it prints.
-    Exit 0: the same; 1: they differ (the first divergence and its likely cause); 2: a program
-    failed."""
+    its own noise), and its migration with torch_xla unimportable, at each --nproc: by default the
+    tpu migration, on the TorchTPU stand-in; compare, per optimizer step, the loss, the gradient
+    norm and the parameters, then the numbers it prints. Exit 0: the same; 1: they differ (the
+    first divergence and its likely cause); 2: a program failed, or no Python for the stand-in."""
     from tpu_migrate.verify.command import VerifyError, dumps, run_verify
 
     if module is not None:  # `-m pkg.train ARGS`: SCRIPT took the first argument
@@ -459,7 +469,8 @@ def verify(against, root, nprocs, rtol, atol, timeout, output_format, html_file,
     try:
         status, document = run_verify(module or script, list(args), against, root, nprocs, rtol, atol, timeout,
                                       echo, html_file, module=module is not None,
-                                      interpreter=(lambda env: os.path.abspath(python)) if python else None)
+                                      interpreter=(lambda env: os.path.abspath(python)) if python else None,
+                                      target=target, migrated_python=migrated_python)
     except VerifyError as exc:
         raise click.UsageError(str(exc)) from None
     if output_format == "json":

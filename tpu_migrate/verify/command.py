@@ -7,33 +7,51 @@ Exit status: 0 the same, 1 a divergence, 2 a program that cannot run (or a usage
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+from tpu_migrate import standin
 from tpu_migrate.verify import compare, printed
 from tpu_migrate.verify.runs import Run, Target, VerifyError, Workspace
 
-__all__ = ["VerifyError", "run_verify"]
+__all__ = ["TARGETS", "VerifyError", "run_verify"]
+
+TARGETS = ("tpu", "portable")
 
 
 def run_verify(script: str, args: list[str], against: str | None, root: str | None, nprocs: list[int],
                rtol: float, atol: float, timeout: float, echo, html_file: str | None = None,
-               module: bool = False, interpreter=None) -> tuple[int, dict]:
+               module: bool = False, interpreter=None, target: str = "tpu",
+               migrated_python: str | None = None) -> tuple[int, dict]:
     """Run everything and return (exit status, the JSON document); `echo(line)` says progress
     and the text report; `html_file` gets the page (verify/html.py). With `module`, `script` is
     a module name run as `python -m` (its tree: --root, default the current directory);
-    `interpreter`: see Workspace."""
-    target = Target.find(script, module, root)
+    `interpreter`: see Workspace (the original's, and the migrated program's without
+    `migrated_python`). `target`: the migration's (`rewrite --target`); a tpu one runs on the
+    TorchTPU stand-in, under `migrated_python`, else the one standin.find_python finds or makes."""
+    if target not in TARGETS:
+        raise VerifyError(f"--target {target}: give one of {', '.join(TARGETS)}")
+    program = Target.find(script, module, root)
     if against is not None and not Path(against).is_file():
         raise VerifyError(f"no such script: {against}")
-    workspace = Workspace(interpreter)
+    torch = None
+    if target == "tpu":
+        try:
+            migrated_python = standin.find_python(migrated_python, create=True, echo=echo)
+        except standin.StandInError as exc:
+            raise VerifyError(str(exc)) from None
+        torch = ".".join(map(str, standin.torch_version(migrated_python) or ()))
+    migrated_interpreter = (lambda env: os.path.abspath(migrated_python)) if migrated_python else None
+    side = _migrated_side(against, target, torch)
+    workspace = Workspace(interpreter, target, migrated_interpreter)
     try:
-        migrated = Target(Path(against), None, False) if against else workspace.migrate(target, root)
+        migrated = Target(Path(against), None, False) if against else workspace.migrate(program, root)
         runs = []
-        for name, side, program, world in (
-                ("original", "original", target, 1), ("original, again", "original", target, 1),
+        for name, kind, runnable, world in (
+                ("original", "original", program, 1), ("original, again", "original", program, 1),
                 *((f"migrated, {_processes(n)}", "migrated", migrated, n) for n in nprocs)):
             echo(f"verify: running the {name} ...")
-            run = workspace.run(name, side, program, args, world, timeout)
+            run = workspace.run(name, kind, runnable, args, world, timeout)
             runs.append(run)
             if run.returncode != 0:
                 return 2, _failed(run, echo)
@@ -45,14 +63,22 @@ def run_verify(script: str, args: list[str], against: str | None, root: str | No
         workspace.close()
     reference = compare.original(*runs[:2])
     verdicts = [compare.verdict(reference, run, rtol, atol) for run in runs[2:]]
-    document = _document(script, against, reference, verdicts)
-    for line in _text(script, against, reference, verdicts):
+    document = _document(script, against, target, torch, reference, verdicts)
+    for line in _text(script, side, reference, verdicts):
         echo(line)
     if html_file is not None:
         from tpu_migrate.verify import html
 
-        Path(html_file).write_text(html.render(script, against, reference, verdicts), encoding="utf-8")
+        Path(html_file).write_text(html.render(script, side, reference, verdicts), encoding="utf-8")
     return (1 if any(v.divergence for v in verdicts) else 0), document
+
+
+def _migrated_side(against: str | None, target: str, torch: str | None) -> str:
+    """What the reports say the original was compared with, and where it ran."""
+    if target == "portable":
+        return f"{against or 'its portable migration'} (the CPU, gloo)"
+    what = f"{against} (target tpu)" if against else "its tpu migration"
+    return f"{what} on the TorchTPU stand-in (torch {torch}, the CPU computing; tpu_dist over gloo)"
 
 
 def _processes(n: int) -> str:
@@ -66,9 +92,8 @@ def _failed(run: Run, echo) -> dict:
             "returncode": run.returncode, "output": run.output[-3000:]}
 
 
-def _text(script, against, reference: compare.Original, verdicts) -> list[str]:
-    what = against or "its portable migration"
-    lines = [f"verify: {script} (torch_xla on the CPU, 1 process) against {what} (the CPU, gloo), "
+def _text(script, side: str, reference: compare.Original, verdicts) -> list[str]:
+    lines = [f"verify: {script} (torch_xla on the CPU, 1 process) against {side}, "
              f"{compare.counted(reference)}; the original's own run-to-run noise: " + compare.noise_text(reference.floor)]
     for verdict in verdicts:
         divergence = verdict.divergence
@@ -94,9 +119,10 @@ def _text(script, against, reference: compare.Original, verdicts) -> list[str]:
     return lines
 
 
-def _document(script, against, reference: compare.Original, verdicts) -> dict:
+def _document(script, against, target: str, torch: str | None, reference: compare.Original, verdicts) -> dict:
     return {
-        "script": script, "against": against, "unit": reference.unit, "steps": len(reference.steps),
+        "script": script, "against": against, "target": target,
+        "standin": None if torch is None else {"torch": torch}, "unit": reference.unit, "steps": len(reference.steps),
         "noise": reference.floor, "same": not any(v.divergence for v in verdicts),
         "runs": [{"run": v.run.name, "processes": v.run.world, "steps": v.steps, "tolerance": v.tolerance,
                   "printed": None if v.printed is None else

@@ -17,10 +17,10 @@ td.diverged { background: #fde0e0; font-weight: bold; }
 MOST_ROWS = 500  # steps shown per run: the first divergence is always among them
 
 
-def render(script: str, against: str | None, reference: compare.Original, verdicts: list[compare.Verdict]) -> str:
+def render(script: str, side: str, reference: compare.Original, verdicts: list[compare.Verdict]) -> str:
+    """`side`: what the original was compared with, and where it ran (command._migrated_side)."""
     noise = compare.noise_text(reference.floor)
-    body = [f"<p>{html.escape(script)} (torch_xla on the CPU, 1 process) against "
-            f"{html.escape(against or 'its portable migration')} (the CPU, gloo): "
+    body = [f"<p>{html.escape(script)} (torch_xla on the CPU, 1 process) against {html.escape(side)}: "
             f"{html.escape(compare.counted(reference))}. "
             f"The original's own run-to-run noise: {html.escape(noise)}.</p>"]
     for verdict in verdicts:

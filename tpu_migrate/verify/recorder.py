@@ -21,7 +21,14 @@ deterministic too (its own settings still win).
 FSDP2 shards parameters and gradients (DTensors): their local shards' sums are recorded apart
 (`*_sharded`), to be added over the ranks; the other tensors are whole in every rank.
 Reading a value is a device sync; under torch_xla that cuts the graph where the program did
-not, which changes no value beyond float rounding (verify's tolerance).
+not, which changes no value beyond float rounding (verify's tolerance). On the TorchTPU stand-in
+(a `tpu` device whose tensors the CPU computes) the values are read the same way: what it reads
+are copies (`.cpu()`), never the program's tensors.
+
+Where $TPU_MIGRATE_VERIFY_STANDIN is set (runs.py: a `--target tpu` migration's runs), the
+stand-in is loaded right after `import torch`, before these hooks, as its own sitecustomize
+would load it: that sitecustomize stays off the path, because two import hooks on `torch`
+do not compose (the first finder on sys.meta_path takes the import, the other never runs).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import sys
 import time
 
 ENV_DIR = "TPU_MIGRATE_VERIFY_DIR"
+ENV_STANDIN = "TPU_MIGRATE_VERIFY_STANDIN"
 
 _losses: list = []
 _steps: dict[int, int] = {}  # id(optimizer) -> its last step's index, in order of first step
@@ -49,7 +57,22 @@ def install() -> None:
         import random
 
         random.seed(0)
-        after_import("torch", lambda: _hook(os.path.join(directory, f"steps-{os.getpid()}.jsonl")))
+
+        def torch_imported():
+            _load_standin()
+            _hook(os.path.join(directory, f"steps-{os.getpid()}.jsonl"))
+
+        after_import("torch", torch_imported)
+
+
+def _load_standin() -> None:
+    """The TorchTPU stand-in (its `torch_tpu` package on the path), loaded as its sitecustomize
+    loads it once torch has run; where it cannot load (another torch), `import torch` fails with
+    its message, as it would under the stand-in's own sitecustomize."""
+    if os.environ.get(ENV_STANDIN) == "1":
+        import torch_tpu._loader
+
+        torch_tpu._loader.load()
 
 
 class _Tee:
@@ -113,15 +136,18 @@ def _params(optimizer) -> list:
 
 def _sums(tensors, power: int) -> tuple[float, float]:
     """(sum over the whole tensors, sum over the DTensor shards this rank holds) of each
-    element to `power`, in float64: one device read for each."""
+    element to `power`, in float64: one device read for each, per device the tensors are on
+    (a model split between the host and a device: tensors of two devices do not stack)."""
     import torch
 
-    whole, sharded = [], []
+    whole, sharded = {}, {}
     for tensor in tensors:
         is_shard = hasattr(tensor, "placements") and hasattr(tensor, "to_local")
         local = (tensor.to_local() if is_shard else tensor).detach().to(torch.float64)
-        (sharded if is_shard else whole).append((local if power == 1 else local.pow(power)).sum())
-    return tuple(float(torch.stack(part).sum().cpu()) if part else 0.0 for part in (whole, sharded))
+        (sharded if is_shard else whole).setdefault(local.device, []).append(
+            (local if power == 1 else local.pow(power)).sum())
+    return tuple(sum((float(torch.stack(sums).sum().cpu()) for sums in part.values()), 0.0)
+                 for part in (whole, sharded))
 
 
 def _before_step(optimizer, args, kwargs) -> None:

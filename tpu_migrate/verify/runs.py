@@ -1,6 +1,8 @@
 """The runs `verify` compares: the original under torch_xla on the CPU (twice: its own run-to-run
 noise is the floor of the tolerance), and the migrated copy with torch_xla unimportable, as one
-process and under torchrun at each process count, with gloo on the CPU.
+process and under torchrun at each process count. A `--target tpu` migration runs on the
+TorchTPU stand-in (tpu_migrate/standin: the `tpu` device computed by the CPU, tpu_dist over
+gloo) under a Python with torch 2.11-2.15; a `--target portable` one with gloo on the CPU.
 
 Every process of every run records its optimizer steps (recorder.py) through diagnose's
 sitecustomize (runner.sitecustomize), which the program's workers inherit. The runs go one after
@@ -20,8 +22,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tpu_migrate import standin
 from tpu_migrate.diagnose.runner import sitecustomize
-from tpu_migrate.verify.recorder import ENV_DIR
+from tpu_migrate.verify.recorder import ENV_DIR, ENV_STANDIN
 
 BLOCKER = 'raise ImportError("torch_xla is unimportable in tpu-migrate verify\'s migrated runs")\n'
 # Launcher variables a plain run must not inherit (verify may itself run under a launcher).
@@ -81,13 +84,16 @@ class Target:
 
 
 class Workspace:
-    """A temporary directory with the recorder's sitecustomize, the torch_xla blocker and the
-    migrated copy; removed by close()."""
+    """A temporary directory with the recorder's sitecustomize, the torch_xla blocker, the
+    stand-in's package (target tpu) and the migrated copy; removed by close()."""
 
-    def __init__(self, interpreter=None):
+    def __init__(self, interpreter=None, target: str = "tpu", migrated_interpreter=None):
         # `interpreter(env)`: the Python to run a program with under that environment (torchrun's
-        # workers too); the tool's own by default.
+        # workers too); the tool's own by default. `migrated_interpreter(env)`: the same for the
+        # migrated program (default: `interpreter`); for target tpu, one with torch 2.11-2.15.
         self.interpreter = interpreter or (lambda env: sys.executable)
+        self.migrated_interpreter = migrated_interpreter or self.interpreter
+        self.target = target
         self.path = Path(tempfile.mkdtemp(prefix="tpu-migrate-verify-"))
         self.site = self.path / "site"
         self.site.mkdir()
@@ -101,18 +107,25 @@ class Workspace:
         self.blocker = self.path / "blocker"
         (self.blocker / "torch_xla").mkdir(parents=True)
         (self.blocker / "torch_xla" / "__init__.py").write_text(BLOCKER)
+        # The stand-in's `torch_tpu` package alone, without the sitecustomize beside it in
+        # standin.SITE: the recorder loads it (recorder.ENV_STANDIN), as two sitecustomizes that
+        # each hook `import torch` and chain to the next one do not compose.
+        self.standin = self.path / "standin"
+        self.standin.mkdir()
+        (self.standin / "torch_tpu").symlink_to(standin.SITE / "torch_tpu", target_is_directory=True)
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
 
     def migrate(self, target: Target, root: str | None = None) -> Target:
-        """A copy of the target's tree rewritten with --target portable; the target in it."""
+        """A copy of the target's tree rewritten with `rewrite --target` this workspace's target; the
+        target in it."""
         tree = target.tree(root)
         # A folder of its own per migration and per run: mkdtemp's names never collide, even
         # between threads (the suite runs a workspace's programs two at a time).
         copy = Path(tempfile.mkdtemp(prefix="migrated-", dir=self.path)) / tree.name
         shutil.copytree(tree, copy, ignore=_ignore_large)
-        proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "rewrite", "--target", "portable", "--no-cache",
+        proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "rewrite", "--target", self.target, "--no-cache",
                                str(copy)], capture_output=True, text=True)
         if proc.returncode not in (0, 1):
             raise VerifyError(f"{target.module or target.path}: the rewrite of its copy failed: "
@@ -135,6 +148,13 @@ class Workspace:
             env.setdefault("PJRT_DEVICE", "CPU")
         else:
             path.insert(0, str(self.blocker))
+            if self.target == "tpu":
+                # The stand-in's environment (TORCH_DEVICE_BACKEND_AUTOLOAD=0: an installed torch-tpu,
+                # which aborts `import torch` without a TPU, never loads), its package on the path
+                # instead of its site directory (see __init__), loaded by the recorder.
+                env = standin.environment(env)
+                env[ENV_STANDIN] = "1"
+                path.append(str(self.standin))
         env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [os.environ.get("PYTHONPATH")])])
         env[ENV_DIR] = str(records_dir)
         env.setdefault("OMP_NUM_THREADS", "1")  # the same reduction order in every run
@@ -142,7 +162,7 @@ class Workspace:
         # A port of its own for each run's rendezvous (a program's own process group, torch_xla's
         # xla:// one, torchrun's): never a default another run or program may hold.
         env["MASTER_PORT"] = str(_free_port())
-        command = [self.interpreter(env)]
+        command = [(self.interpreter if side == "original" else self.migrated_interpreter)(env)]
         if nproc > 1:
             env["PYTHON_EXEC"] = command[0]
             command += ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",

@@ -26,15 +26,9 @@ def load():
         )
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    from torch_tpu._standin import accelerator, amp, compile, distributed, tensor
+    from torch_tpu._standin import accelerator, amp, compile, distributed, public_api, tensor
 
-    try:  # TEMPORARY until public_api lands
-        from torch_tpu._standin import public_api
-        device_module = public_api.install()
-    except ImportError:
-        from torch.utils.backend_registration import _DummyBackendModule
-        device_module = _DummyBackendModule()
-        device_module.get_amp_supported_dtype = lambda: [torch.bfloat16, torch.float16, torch.float32]
+    device_module = public_api.install()
     _setup_privateuseone_for_python_backend(
         rename="tpu",
         backend_module=device_module,
