@@ -402,6 +402,30 @@ def run_migrated_mp(copy: Path, workdir: Path, args: list[str] = (), launcher: l
     return run_bounded(copy, env, args, launcher)
 
 
+def standin_python() -> str:
+    """The TorchTPU stand-in's Python (torch 2.13, .venv-tpu): conftest.py names it."""
+    return os.environ["TPU_MIGRATE_STANDIN_PYTHON"]
+
+
+def standin_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with the stand-in loaded in every Python process, as `tpu-migrate run` runs a program;
+    a TPU VM of 2 chips (each xmp.spawn conversion starts one process per chip)."""
+    from tpu_migrate import standin
+
+    return {**standin.environment(env), "TORCH_TPU_STANDIN_QUIET": "1", "TORCH_TPU_DEVICES_PER_HOST": "2"}
+
+
+def run_standin_mp(copy: Path, workdir: Path, args: list[str] = (), torchrun_procs: int | None = None) -> Run:
+    """The `--target tpu` migration on the TorchTPU stand-in, torch_xla blocked: plain python
+    (its own launcher starts a process per chip) or under torchrun, in the stand-in's Python."""
+    env = standin_env(_mp_env({"PYTHONPATH": str(blocker_dir(workdir)), "MASTER_PORT": str(free_port())}))
+    launcher = [standin_python()]
+    if torchrun_procs is not None:
+        launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(torchrun_procs), "--master_port",
+                     env["MASTER_PORT"], "--monitor_interval", "0.1"]
+    return run_bounded(copy, env, args, launcher)
+
+
 def process_count(run: Run) -> int:
     """How many `@proc` lines the run printed (programs print one per process)."""
     return len(PROC.findall(run.output))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import differential as harness
+from tpu_migrate.standin import launcher
 
 POD_PROGRAMS = harness.PROGRAMS / "pod"
 HOSTS = 2
@@ -34,19 +35,45 @@ CHIPS_PER_HOST = 2
 POD_LINE = re.compile(r"@pod (\{[^{}]*\})")
 PROC_LINE = re.compile(r"@proc (\{[^{}]*\})")
 
-SHIM = '''"""Test-only: this process runs on host $POD_NODE_RANK of an emulated 2-host TPU pod (tests/pod.py);
+# Reports the process group each process joins (both pods: the shim's and the stand-in's).
+OBSERVER = '''"""Test-only: report the process group this process of host $POD_NODE_RANK joins (tests/pod.py);
 imported right after torch (differential.torch_patch_dir)."""
 import datetime
 import json
 import os
-import sys
-import types
 
 import torch
-import torch.accelerator
 import torch.distributed
 
 _NODE = os.environ["POD_NODE_RANK"]
+_init = torch.distributed.init_process_group
+
+
+def init_process_group(backend=None, *args, **kwargs):
+    backend = _BACKENDS.get(backend, backend)
+    # A rank that never comes (two worlds sharing one master) fails the run in bounded time.
+    kwargs.setdefault("timeout", datetime.timedelta(seconds=float(os.environ.get("POD_INIT_TIMEOUT", "90"))))
+    _init(backend, *args, **kwargs)
+    env = os.environ
+    print("@pod " + json.dumps({
+        "rank": torch.distributed.get_rank(), "world": torch.distributed.get_world_size(),
+        "master": env.get("MASTER_ADDR", "") + ":" + env.get("MASTER_PORT", ""),
+        "node": env.get("NODE_RANK"), "host": _NODE, "local_rank": env.get("LOCAL_RANK"),
+    }), flush=True)
+
+
+_BACKENDS = {}
+torch.distributed.init_process_group = init_process_group
+'''
+
+# Without the stand-in (the portable target's pod, torch 2.9): TorchTPU's launch environment, the
+# chips and the backend, emulated.
+SHIM = OBSERVER + '''
+import sys
+import types
+
+import torch.accelerator
+
 _PORT = os.environ["POD_MASTER_PORT"]
 _CHIPS = int(os.environ.get("POD_CHIPS_PER_HOST", "2"))
 
@@ -96,24 +123,7 @@ class device(metaclass=_DeviceType):
 torch.device = device
 
 # The process group: TorchTPU's backend is gloo here.
-_init = torch.distributed.init_process_group
-
-
-def init_process_group(backend=None, *args, **kwargs):
-    if backend in ("tpu_dist", "tpu"):
-        backend = "gloo"
-    # A rank that never comes (two worlds sharing one master) fails the run in bounded time.
-    kwargs.setdefault("timeout", datetime.timedelta(seconds=float(os.environ.get("POD_INIT_TIMEOUT", "90"))))
-    _init(backend, *args, **kwargs)
-    env = os.environ
-    print("@pod " + json.dumps({
-        "rank": torch.distributed.get_rank(), "world": torch.distributed.get_world_size(),
-        "master": env.get("MASTER_ADDR", "") + ":" + env.get("MASTER_PORT", ""),
-        "node": env.get("NODE_RANK"), "host": _NODE, "local_rank": env.get("LOCAL_RANK"),
-    }), flush=True)
-
-
-torch.distributed.init_process_group = init_process_group
+_BACKENDS.update({"tpu_dist": "gloo", "tpu": "gloo"})
 '''
 
 
@@ -174,15 +184,22 @@ def shim_dir(workdir: Path) -> Path:
     return harness.torch_patch_dir(workdir / "pod-shim", "_pod_shim", SHIM)
 
 
-def _pod(workdir: Path, command) -> Pod:
-    """`command(k, env)` (a Run) on every host at once: they rendezvous with each other."""
+def _pod(workdir: Path, command, standin: bool = False) -> Pod:
+    """`command(k, env)` (a Run) on every host at once: they rendezvous with each other. With
+    `standin`, each host is a TPU VM of the TorchTPU stand-in, told which host it is by what tells
+    a real one (TPU_WORKER_HOSTNAMES, JOB_COMPLETION_INDEX); only the observer is added."""
     port = str(harness.free_port())
-    path = os.pathsep.join([str(harness.blocker_dir(workdir)), str(shim_dir(workdir))])
+    patch = (harness.torch_patch_dir(workdir / "pod-observer", "_pod_observer", OBSERVER) if standin
+             else shim_dir(workdir))
+    path = os.pathsep.join([str(harness.blocker_dir(workdir)), str(patch)])
     started = time.monotonic()
 
     def host(k: int) -> harness.Run:
         env = harness._mp_env({"PYTHONPATH": path, "POD_NODE_RANK": str(k), "POD_MASTER_PORT": port,
                                "POD_CHIPS_PER_HOST": str(CHIPS_PER_HOST)})
+        if standin:
+            env = launcher.pod_host_environment(harness.standin_env(env), HOSTS, k)
+            env["MASTER_PORT"] = port  # set_tpu_launch_env keeps it, as it keeps any set before it
         return command(k, env, port)
 
     with ThreadPoolExecutor(max_workers=HOSTS, thread_name_prefix="pod-host") as hosts:
@@ -191,29 +208,32 @@ def _pod(workdir: Path, command) -> Pod:
 
 
 def run_python_pod(copy: Path, workdir: Path, args: list[str] = (), timeout: float = 150,
-                   init_timeout: float | None = None) -> Pod:
+                   init_timeout: float | None = None, standin: bool = False) -> Pod:
     """`python copy args` on every host of the emulated pod at once: the program's own launcher
-    (the migrated xmp.spawn) starts the processes of each host (the shim: 2 chips a host)."""
+    (the migrated xmp.spawn) starts the processes of each host (2 chips a host)."""
     def command(k, env, port):
         if init_timeout is not None:
             env["POD_INIT_TIMEOUT"] = str(init_timeout)
-        return harness.run_bounded(copy, env, list(args), timeout=timeout)
+        python = [harness.standin_python()] if standin else None
+        return harness.run_bounded(copy, env, list(args), launcher=python, timeout=timeout)
 
-    return _pod(workdir, command)
+    return _pod(workdir, command, standin)
 
 
-def run_torchrun_pod(copy: Path, workdir: Path, args: list[str] = (), timeout: float = 150) -> Pod:
+def run_torchrun_pod(copy: Path, workdir: Path, args: list[str] = (), timeout: float = 150,
+                     standin: bool = False) -> Pod:
     """`torchrun --nnodes 2 --nproc_per_node 2 --node_rank K` on every host at once (static
     rendezvous on 127.0.0.1). torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; the shim only
     stands in for the backend and reports the group."""
     def command(k, env, port):
-        launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(HOSTS),
+        python = harness.standin_python() if standin else sys.executable
+        launcher = [python, "-m", "torch.distributed.run", "--nnodes", str(HOSTS),
                     "--nproc_per_node", str(CHIPS_PER_HOST), "--node_rank", str(k),
                     "--master_addr", "127.0.0.1", "--master_port", port, "--rdzv-backend", "static",
                     "--monitor_interval", "0.1"]
         return harness.run_bounded(copy, env, list(args), launcher=launcher, timeout=timeout)
 
-    return _pod(workdir, command)
+    return _pod(workdir, command, standin)
 
 
 def migrate_with_worker_variant(path: Path, workdir: Path, old: str, new: str, target: str = "tpu") -> Path:

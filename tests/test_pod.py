@@ -3,9 +3,10 @@ as it was (issue 25).
 
 On a pod every host runs the program; xmp.spawn started one process per chip on each and called
 `fn(global ordinal, *args)`: the processes of all hosts were one world. The migrated program
-must do the same under TorchTPU's launch environment (tests/pod.py's shim makes it what it
-would be on host K of 2, with gloo and the CPU standing in) and under
-`torchrun --nnodes 2`. Each original runs once at world size 1 on XLA:CPU; its records do not
+must do the same under TorchTPU's launch environment (the `--target tpu` migration runs on the
+TorchTPU stand-in, each host told which it is as a TPU VM is: TPU_WORKER_HOSTNAMES and
+JOB_COMPLETION_INDEX) and, for the portable migration, under `torchrun --nnodes 2` (tests/pod.py's
+shim stands in for the backend there). Each original runs once at world size 1 on XLA:CPU; its records do not
 depend on the world size, so the 4 processes of the pod must print them exactly once, with
 the same numbers, and report one world (ranks 0-3 of 4, one master, host k holding ranks 2k and
 2k + 1, each worker given its global rank as its index).
@@ -60,7 +61,8 @@ class PodRuns:
         self.tpu = harness.migrate_many(sorted(set(TPU_POD)), workdir / "tpu", target="tpu")
         self.portable = harness.migrate_many(sorted({*TORCHRUN_POD, DIRECT}), workdir / "portable")
         for program in TPU_POD:
-            self._submit(f"tpu {program.name}", pod.run_python_pod, self.tpu[program.name], self._dir("tpu", program))
+            self._submit(f"tpu {program.name}", pod.run_python_pod, self.tpu[program.name], self._dir("tpu", program),
+                         standin=True)
         for program in TORCHRUN_POD:
             self._submit(f"torchrun {program.name}", pod.run_torchrun_pod, self.portable[program.name],
                          self._dir("torchrun", program))
@@ -69,7 +71,7 @@ class PodRuns:
                      harness._mp_env({"PYTHONPATH": str(harness.blocker_dir(direct_dir))}), ["--direct"])
         # The broken conversion fails its rendezvous (two rank 0s): a short timeout ends it.
         self._submit("mutated", lambda: pod.run_python_pod(self.mutated.result(), self._dir("mutated", DIRECT),
-                                                           timeout=90, init_timeout=20))
+                                                           timeout=90, init_timeout=20, standin=True))
 
     def _dir(self, kind: str, program: Path) -> Path:
         path = self.workdir / "runs" / f"{kind}-{program.stem}"
