@@ -88,6 +88,11 @@ class TpuTensor(torch.Tensor):
     def tolist(self):
         return self.cpu().tolist()
 
+    def untyped_storage(self):
+        # The device memory is the CPU tensor's: FSDP2 frees and re-allocates unsharded
+        # parameters by resizing it.
+        return self._inner.untyped_storage()
+
     def __reduce_ex__(self, protocol):
         # Saved as torch saves any device tensor without host storage: a CPU copy and the
         # device's name, which torch.load (weights_only too) moves back to `tpu`.
