@@ -5,6 +5,7 @@ torch answers `is_available`, `device_count` and `current_accelerator` from the 
 (the guard's device switch and stream synchronization), so they are wrapped here to do what
 TorchTPU does: `set_device_index(k)` for k != 0 raises TorchTPU's ValueError, and
 `synchronize()` returns once the device's work is done (the CPU did it when it was dispatched).
+`Tensor.pin_memory()` is a no-op (see pin_memory below).
 """
 
 import contextlib
@@ -67,6 +68,13 @@ def install():
             raise bound_index_error(_index(device))
         yield
 
+    def pin_memory(self, device=None):
+        """Pinning only speeds up host-to-device copies, and here the device's memory is the host's:
+        a DataLoader with pin_memory=True (PyTorch asks the tpu hooks for a pinned allocator, which a
+        Python backend cannot give) runs with its batches as they are."""
+        return self
+
+    torch.Tensor.pin_memory = pin_memory
     accelerator.set_device_index = set_device_index
     accelerator.set_device_idx = set_device_index
     accelerator.synchronize = synchronize

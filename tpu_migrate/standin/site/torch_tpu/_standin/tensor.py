@@ -88,6 +88,12 @@ class TpuTensor(torch.Tensor):
     def tolist(self):
         return self.cpu().tolist()
 
+    def numpy(self, *, force=False):
+        if not force:  # PyTorch's words for any device tensor
+            raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to "
+                            "copy the tensor to host memory first.")
+        return self.cpu().numpy()
+
     def untyped_storage(self):
         # The device memory is the CPU tensor's: FSDP2 frees and re-allocates unsharded
         # parameters by resizing it.
