@@ -55,6 +55,7 @@ def test_a_torchtpu_program_behaves_as_on_a_tpu_vm(tmp_path):
     assert seen["transfers"] == {"read": 1, "copy": 2, "dynamic": 0}
     assert seen["host_copy"] == ["cpu", 8]
     assert seen["compiled"] is True and seen["compile_default"][0] == "value"
+    assert seen["compiled_module"] == ["tpu:0", 2]
     assert "torch.compile(..., backend='inductor') on TPU is experimental" in seen["compile_inductor"][1]
     assert "TPU backend does not support torch.compile(..., dynamic=True, ...)" in seen["compile_dynamic"][1]
     assert "Unexpected keyword arguments: {'mode': 'max-autotune'}" in seen["compile_mode"][1]

@@ -96,7 +96,10 @@ class TpuTensor(torch.Tensor):
 
     def untyped_storage(self):
         # The device memory is the CPU tensor's: FSDP2 frees and re-allocates unsharded
-        # parameters by resizing it.
+        # parameters by resizing it. While torch.compile traces, its fake copy of the tensor is
+        # made from the wrapper's own storage, and the inner tensor may itself be fake.
+        if torch.compiler.is_compiling() or torch._subclasses.fake_tensor.is_fake(self._inner):
+            return super().untyped_storage()
         return self._inner.untyped_storage()
 
     def __reduce_ex__(self, protocol):
