@@ -9,6 +9,7 @@ package. Children started by torchrun or multiprocessing inherit PYTHONPATH and 
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import os
 import sys
 
@@ -22,7 +23,8 @@ class _LoadStandInAfterTorch(importlib.abc.MetaPathFinder):
         if name != "torch":
             return None
         sys.meta_path.remove(self)  # once: the stand-in's own imports of torch find it loaded
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        # The other finders still see torch (another tool's import hook wraps it too).
+        spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
         exec_module = spec.loader.exec_module
@@ -40,9 +42,10 @@ class _LoadStandInAfterTorch(importlib.abc.MetaPathFinder):
 def _chain_next_sitecustomize():
     """Runs the sitecustomize this file shadows (further on sys.path), as site would have. Kept
     apart from tpu-migrate's own copy of this logic: the stand-in imports nothing of the tool."""
-    import importlib.util
-
-    rest = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _HERE]
+    entries = [os.path.abspath(entry or os.curdir) for entry in sys.path]
+    # Only what comes after this directory: a sitecustomize before it (one that chained to this
+    # one) is not run again.
+    rest = sys.path[entries.index(_HERE) + 1:] if _HERE in entries else sys.path
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
         return
@@ -54,6 +57,9 @@ def _chain_next_sitecustomize():
         sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}\n")
 
 
-if "torch" not in sys.modules:
-    sys.meta_path.insert(0, _LoadStandInAfterTorch())
-_chain_next_sitecustomize()
+# Once per process, however the sitecustomize files of a run chain to each other.
+if "_tpu_migrate_standin_site" not in sys.modules:
+    sys.modules["_tpu_migrate_standin_site"] = sys.modules[__name__]
+    if "torch" not in sys.modules:
+        sys.meta_path.insert(0, _LoadStandInAfterTorch())
+    _chain_next_sitecustomize()
