@@ -98,10 +98,14 @@ def _command(path: Path, args: list[str], env: dict[str, str], launcher: list[st
     """`python PATH ARGS` (or `LAUNCHER PATH ARGS`) with a warm python standing for python, also
     as torchrun's interpreter for its workers (PYTHON_EXEC, set in env)."""
     launcher = list(launcher or [sys.executable])
-    if launcher[0] == sys.executable:
+    real = launcher[0]
+    if real == sys.executable:
         launcher[0] = warm_python.python_for(env, WARM_XLA_MODULES if "PJRT_DEVICE" in env else WARM_MODULES)
-        if launcher[0] != sys.executable and launcher[1:3] == ["-m", "torch.distributed.run"]:
-            env["PYTHON_EXEC"] = launcher[0]
+    elif real == os.environ.get("TPU_MIGRATE_STANDIN_PYTHON"):
+        # The stand-in's Python: a server of its own imports torch (and so the stand-in) once.
+        launcher[0] = warm_python.python_for(env, WARM_MODULES, keep_path=True, interpreter=real)
+    if launcher[0] != real and launcher[1:3] == ["-m", "torch.distributed.run"]:
+        env["PYTHON_EXEC"] = launcher[0]
     return [*launcher, str(path.resolve()), *args]
 
 
@@ -418,7 +422,10 @@ def standin_env(env: dict[str, str]) -> dict[str, str]:
 def run_standin_mp(copy: Path, workdir: Path, args: list[str] = (), torchrun_procs: int | None = None) -> Run:
     """The `--target tpu` migration on the TorchTPU stand-in, torch_xla blocked: plain python
     (its own launcher starts a process per chip) or under torchrun, in the stand-in's Python."""
-    env = standin_env(_mp_env({"PYTHONPATH": str(blocker_dir(workdir)), "MASTER_PORT": str(free_port())}))
+    # One blocker for the session: the PYTHONPATH of every stand-in run is the same, so one warm
+    # server (which imports torch, and so the stand-in, through it) serves them all.
+    blocked = blocker_dir(shared_runs.session_directory("standin"))
+    env = standin_env(_mp_env({"PYTHONPATH": str(blocked), "MASTER_PORT": str(free_port())}))
     launcher = [standin_python()]
     if torchrun_procs is not None:
         launcher += ["-m", "torch.distributed.run", "--nproc_per_node", str(torchrun_procs), "--master_port",

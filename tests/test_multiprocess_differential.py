@@ -23,7 +23,10 @@ once and with the same numbers, when it runs
 - `nprocs2`: with 2 processes it starts itself, where a flag sets the process count;
 - `fake2`: plain `python` on a host that reports 2 accelerators (torch.accelerator.device_count()
   answers 2, see differential.FAKE_ACCELERATORS), where the launcher starts one process per
-  device: xmp.spawn without nprocs, torch_xla.launch.
+  device: xmp.spawn without nprocs, torch_xla.launch;
+- `tpu-python`, `tpu-torchrun2`, `tpu-pod2x2`: the `--target tpu` migration (what users run) on
+  the TorchTPU stand-in, a TPU VM of 2 chips (plain python: the launcher starts a process per
+  chip), in the stand-in's Python (torch 2.13).
 
 The runs are independent, so they go through a small thread pool started when the module's
 first test needs it (only the runs of the selected tests). TPU_MIGRATE_DIFF_JOBS sets its size.
@@ -56,12 +59,17 @@ class Mode:
     fake_accelerators: int | None = None
     processes: int | None = None        # `@proc` lines expected, for programs that print them
     pod: bool = False                   # under torchrun on each host of an emulated 2-host pod
+    standin: bool = False               # the --target tpu migration, on the TorchTPU stand-in
 
 
 PYTHON = Mode("python")
 TORCHRUN2 = Mode("torchrun2", torchrun=2)
 TORCHRUN4 = Mode("torchrun4", torchrun=4)
 POD = Mode("pod2x2", pod=True)
+# The default target's output, as users run it: on the TorchTPU stand-in (a TPU VM of 2 chips).
+TPU_PYTHON = Mode("tpu-python", standin=True)
+TPU_TORCHRUN2 = Mode("tpu-torchrun2", torchrun=2, standin=True)
+TPU_POD = Mode("tpu-pod2x2", pod=True, standin=True)
 
 
 @dataclass(frozen=True)
@@ -118,8 +126,20 @@ CASES = [
     # ZeRO-1: torch's optimizer shards the state; the helper's step averages and clips (4 by hand).
     Case("m19_zero_redundancy_optimizer.py"),
 ]
-PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2}}
-PARAMS = [(case, mode) for case in CASES for mode in (PYTHON, TORCHRUN2, *case.extra_modes)]
+PROCESS_COUNTS = {"m03_launch_debug_single_process.py": {"python": 1, "torchrun2": 2, "tpu-python": 1,
+                                                          "tpu-torchrun2": 2}}
+# Programs whose portable migration under torchrun is made redundant by the tpu one on the
+# stand-in: the rank, world-size and collective conversions are the same text on both targets,
+# and nothing in them picks a backend or a mesh by target (the rest do: a process group made by
+# the program itself, a library's backend choice, FSDP2 and SPMD meshes).
+SAME_UNDER_TORCHRUN = {"m01_spawn_all_devices.py", "m02_spawn_nprocs_flag.py", "m03_launch_debug_single_process.py",
+                       "m05_optimizer_step_no_ddp.py", "m06_save_rendezvous_reload.py", "m07_rank_gated_logging.py",
+                       "m08_sampler_device_loader.py", "m09_rendezvous_mesh_reduce.py",
+                       "m10_varargs_worker_in_variable.py", "m12_sync_batch_norm_process_index.py",
+                       "m13_broadcast_master_param_buffers.py"}
+PARAMS = [(case, mode) for case in CASES
+          for mode in (PYTHON, *(() if case.program in SAME_UNDER_TORCHRUN else (TORCHRUN2,)), *case.extra_modes,
+                       TPU_PYTHON, TPU_TORCHRUN2, *((TPU_POD,) if POD in case.extra_modes else ()))]
 
 
 class Runs:
@@ -134,6 +154,8 @@ class Runs:
         # With the library modules the programs import (lib_*.py), migrated in the same run.
         programs = sorted({case.program for case in CASES} | {p.name for p in harness.MP_PROGRAMS.glob("lib_*.py")})
         self.copies = harness.migrate_many([harness.MP_PROGRAMS / p for p in programs], workdir / "migrated")
+        self.tpu_copies = harness.migrate_many([harness.MP_PROGRAMS / p for p in programs], workdir / "migrated-tpu",
+                                               target="tpu")
 
     def _submit(self, key: tuple, fn, *args, **kwargs) -> Future:
         with self.lock:
@@ -146,7 +168,7 @@ class Runs:
                             list(case.args), case.original_devices)
 
     def migrated(self, case: Case, mode: Mode, copy: Path | None = None) -> Future:
-        copy = copy or self.copies[case.program]
+        copy = copy or (self.tpu_copies if mode.standin else self.copies)[case.program]
         return self._submit(("migrated", case, mode, copy), self._run_migrated, case, mode, copy)
 
     def _run_migrated(self, case: Case, mode: Mode, copy: Path) -> harness.Run | pod.Pod:
@@ -155,7 +177,9 @@ class Runs:
             run_dir = self.workdir / "runs" / f"{self.serial}-{case.id}-{mode.name}"
         run_dir.mkdir(parents=True)
         if mode.pod:
-            return pod.run_torchrun_pod(copy, run_dir, [*case.args, *mode.args])
+            return pod.run_torchrun_pod(copy, run_dir, [*case.args, *mode.args], standin=mode.standin)
+        if mode.standin:
+            return harness.run_standin_mp(copy, run_dir, [*case.args, *mode.args], torchrun_procs=mode.torchrun)
         launcher = harness.torchrun(mode.torchrun) if mode.torchrun else None
         return harness.run_migrated_mp(copy, run_dir, [*case.args, *mode.args], launcher=launcher,
                                        fake_accelerators=mode.fake_accelerators)

@@ -45,12 +45,12 @@ LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOMP_", "L
 # it) and reads it only then (torch_xla/experimental/plugins.py), never while importing.
 # TORCH_NCCL_ASYNC_ERROR_HANDLING: torchrun sets it for its workers; ProcessGroupNCCL reads it
 # when it is made.
-# TORCH_TPU_*: the TorchTPU launcher's variables (the pod tests' hosts), read by torch_tpu alone,
-# which no server imports. TPU_MIGRATE_*: the tool's own (verify's record directory), read by its
-# sitecustomize, which runs per run.
+# TPU_MIGRATE_*: the tool's own (verify's record directory), read by its sitecustomize, which runs
+# per run. (TORCH_TPU_* is not: the TorchTPU stand-in's server imports torch_tpu, which reads
+# TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS at import.)
 PER_RUN = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC", "TMPDIR", "TEMP", "TMP",
            "PJRT_DYNAMIC_PLUGINS", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
-PER_RUN_PREFIXES = ("TORCH_TPU_", "TPU_MIGRATE_")
+PER_RUN_PREFIXES = ("TPU_MIGRATE_",)
 
 
 def per_run(name: str) -> bool:
@@ -532,7 +532,8 @@ def _system_exit_status(exit: SystemExit) -> int:
 class WarmPython:
     """One server and its client executable, in `directory`."""
 
-    def __init__(self, directory: Path, modules: list[str], env: dict[str, str], keep_path: bool = False):
+    def __init__(self, directory: Path, modules: list[str], env: dict[str, str], keep_path: bool = False,
+                 interpreter: str = sys.executable):
         directory.mkdir(parents=True, exist_ok=True)
         self.directory = directory
         self.socket = str(directory / "server.sock")
@@ -540,7 +541,7 @@ class WarmPython:
             self.socket = os.path.join(tempfile.mkdtemp(prefix="warm-", dir="/tmp"), "server.sock")
         self.client = str(directory / "python")
         source = (HERE / "warm_client.py").read_text()
-        Path(self.client).write_text(f"#!{sys.executable} -S\n{source}\nmain({self.socket!r}, {sys.executable!r})\n")
+        Path(self.client).write_text(f"#!{sys.executable} -S\n{source}\nmain({self.socket!r}, {interpreter!r})\n")
         os.chmod(self.client, 0o755)
         self.log = open(directory / "server.log", "w")
         # The run's environment less what is the run's own (TMPDIR: the first run's would be gone
@@ -549,7 +550,7 @@ class WarmPython:
         kept = {"PYTHONPATH": env["PYTHONPATH"]} if keep_path and env.get("PYTHONPATH") else {}
         env = {**{k: v for k, v in env.items() if not per_run(k)}, **kept, "TMPDIR": str(directory)}
         self.process = subprocess.Popen(
-            [sys.executable, __file__, self.socket, self.client, *modules], env=env, cwd=directory,
+            [interpreter, __file__, self.socket, self.client, *modules], env=env, cwd=directory,
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, start_new_session=True, text=True)
         if self.process.stdout.readline().strip() != "ready":
             self.process.wait()
@@ -575,25 +576,27 @@ def configure(directory: Path) -> None:
     _ROOT = directory
 
 
-def python_for(env: dict[str, str], modules: tuple[str, ...], keep_path: bool = False) -> str:
+def python_for(env: dict[str, str], modules: tuple[str, ...], keep_path: bool = False,
+               interpreter: str = sys.executable) -> str:
     """The interpreter to run a program under `env` with: a warm client when a server for
-    `modules` and `env` can be started, else the real one. keep_path: `modules` are imported
-    through env's PYTHONPATH (the tool's own, from the checkout under test)."""
+    `modules` and `env` can be started, else the real one (`interpreter`: this one, or another
+    environment's, the TorchTPU stand-in's). keep_path: `modules` are imported through env's
+    PYTHONPATH (the tool's own, from the checkout under test; the stand-in's site)."""
     if cold_python() or _ROOT is None:
-        return sys.executable
+        return interpreter
     path = env.get("PYTHONPATH") if keep_path else None
-    key = (modules, path, tuple(sorted(_signature(env, set()).items())))
+    key = (interpreter, modules, path, tuple(sorted(_signature(env, set()).items())))
     with _SERVERS_LOCK:
         if key not in _SERVERS and len(_SERVERS) < MAX_SERVERS:
             try:
                 _SERVERS[key] = WarmPython(_ROOT / f"warm-{os.getpid()}-{len(_SERVERS)}", list(modules), env,
-                                           keep_path)
+                                           keep_path, interpreter)
             except (OSError, RuntimeError) as error:  # only slower: say so, and run cold
                 import warnings
                 warnings.warn(f"no warm python, the programs start cold: {error}")
                 _SERVERS[key] = None
         server = _SERVERS.get(key)
-        return server.client if server else sys.executable
+        return server.client if server else interpreter
 
 
 def close_all() -> None:
