@@ -4,11 +4,14 @@ migration mistakes, each of which it must catch at the right step and quantity.
 m05 (xm.optimizer_step without DDP: torch_xla averaged the gradients over the replicas) is
 world-size invariant: equal slices of a fixed global batch, averaged gradients. Its migration
 keeps the average, so it is the same at 1 and 2 processes; the mutations break it the way a
-hand-port would.
+hand-port would. The mutations and most tests take the portable migration (its programs start
+from the suite's warm python); the default target's, tpu, runs on the TorchTPU stand-in under
+$TPU_MIGRATE_STANDIN_PYTHON (tests/conftest.py: .venv-tpu), cold.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import differential
+import shared_runs
 import warm_python
 from conftest import ROOT
 from tpu_migrate.verify import compare
@@ -60,17 +64,19 @@ def test_the_command_finds_the_migration_the_same_at_one_and_two_processes(tmp_p
     runs_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
     python.write_text(f"#!/bin/sh\necho started >> {starts}\nexec {warm(runs_env)} \"$@\"\n")
     python.chmod(0o755)
-    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--format", "json", "--nproc", "1,2",
-                           "--python", str(python), "--html", "verify.html", "train.py"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--target", "portable", "--format", "json",
+                           "--nproc", "1,2", "--python", str(python), "--html", "verify.html", "train.py"], capture_output=True,
                           text=True, cwd=tmp_path, timeout=600)
     # The original twice, the migration at one process, torchrun and its two workers.
     assert starts.read_text().count("started") == 6, proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
     document = json.loads(proc.stdout)
     assert document["same"] and document["steps"] == 3
+    assert (document["target"], document["standin"]) == ("portable", None)
     assert [(r["processes"], r["steps"], r["divergence"], r["printed"]["same"]) for r in document["runs"]] == [
         (1, 3, None, 6), (2, 3, None, 6)]
     assert "migrated, torchrun, 2 processes: same (3 steps: learning rate, loss" in proc.stderr
+    assert "against its portable migration (the CPU, gloo), 3 optimizer steps" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py", "verify.html"]  # the copy was temporary
     page = (tmp_path / "verify.html").read_text()
     assert 'migrated, torchrun, 2 processes: <span class="same">same</span>' in page
@@ -82,6 +88,29 @@ def warm(env: dict[str, str]) -> str:
     torch_xla for the originals, imported."""
     modules = differential.WARM_XLA_MODULES if "PJRT_DEVICE" in env else differential.WARM_MODULES
     return warm_python.python_for(env, modules)
+
+
+def original_run(workspace: Workspace, name: str, program: Target, args: list[str]):
+    """The original's run of `program`, made once per test session: XLA:CPU repeats itself
+    exactly (the noise floor has tests of its own, and the command's test runs an original
+    twice), so the mutations and the stand-in's tests share one."""
+    key = f"verify original {shared_runs.file_key(program.path)} {args}"
+    run = shared_runs.once(key, lambda: _WORKSPACE_RUN(workspace, "original", "original", program, args, 1, 300))
+    return dataclasses.replace(run, name=name)
+
+
+_WORKSPACE_RUN = Workspace.run  # shared_originals' patch calls through to it
+
+
+@pytest.fixture
+def shared_originals(monkeypatch):
+    """run_verify's originals of the fixture programs from original_run (two runs of the same)."""
+    def shared(self, name, side, program, args, nproc, timeout):
+        if side == "original" and program.path.is_relative_to(ROOT / "fixtures"):
+            return original_run(self, name, program, args)
+        return _WORKSPACE_RUN(self, name, side, program, args, nproc, timeout)
+
+    monkeypatch.setattr(Workspace, "run", shared)
 
 
 # (what the mutation does to the migrated program, the text it replaces, with what) and what
@@ -117,7 +146,7 @@ ONE_PROCESS = {"a seed on another generator"}
 def mutated_runs(tmp_path_factory):
     """Per program, the original and the migration at one process; each mutation of the
     migration at 2 processes (ONE_PROCESS: at 1). Two runs at a time."""
-    workspace = Workspace(warm)
+    workspace = Workspace(warm, "portable")
     try:
         migrated, copies = {}, {}
         for program in (PROGRAM, M08):
@@ -128,10 +157,9 @@ def mutated_runs(tmp_path_factory):
             copies[name] = Target(migrated[program].with_name(f"mutated-{len(copies)}.py"), None, True)
             copies[name].path.write_text(text.replace(old, new))
         with ThreadPoolExecutor(2) as pool:
-            # Each original once: XLA:CPU repeats itself exactly (the noise floor has tests of its
-            # own), and the command's test runs an original twice. Both are xmp.spawn launches
-            # from one warm python at once (tests/test_warm_python_fds.py: what that once broke).
-            originals = {p: pool.submit(workspace.run, "original", "original", Target(p, None, False), [], 1, 300)
+            # Each original once (original_run). Both are xmp.spawn launches from one warm python
+            # at once (tests/test_warm_python_fds.py: what that once broke).
+            originals = {p: pool.submit(original_run, workspace, "original", Target(p, None, False), [])
                          for p in migrated}
             runs = {name: pool.submit(workspace.run, name, "migrated", copy, [], 1 if name in ONE_PROCESS else 2, 300)
                     for name, copy in copies.items()}
@@ -225,7 +253,7 @@ def test_a_module_without_an_optimizer_is_compared_per_backward_call_and_by_what
     monkeypatch.chdir(tmp_path)
     said = []
     status, document = run_verify("pkg.train", [], None, None, [1], 1e-4, 1e-5, 300, said.append, module=True,
-                                  interpreter=warm)
+                                  interpreter=warm, target="portable")
     assert status == 0, "\n".join(said)
     assert (document["unit"], document["steps"]) == ("backward call", 4)
     assert "4 backward calls (no optimizer step), 3 printed numbers on 1 line(s)" in said[-2]
@@ -237,7 +265,7 @@ def test_a_module_without_an_optimizer_is_compared_per_backward_call_and_by_what
         "** 2).mean()\nprint", "** 2).sum()\nprint"))
     said.clear()
     status, document = run_verify(str(tmp_path / "pkg" / "train.py"), [], str(port), None, [1], 1e-4, 1e-5, 300,
-                                  said.append, interpreter=warm)
+                                  said.append, interpreter=warm, target="portable")
     assert status == 1, "\n".join(said)
     divergence = document["runs"][0]["divergence"]
     assert (divergence["unit"], divergence["step"], divergence["quantity"]) == ("printed line", 1, "printed number")
@@ -261,7 +289,7 @@ def test_pytorch_xla_s_mnist_script_is_the_same_as_its_migration(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     said = []
     status, document = run_verify(str(MNIST), MNIST_FLAGS, None, None, [1], 1e-4, 1e-5, 300, said.append,
-                                  interpreter=warm)
+                                  interpreter=warm, target="portable")
     assert status == 0, "\n".join(said)
     assert document["steps"] == 20 and document["runs"][0]["divergence"] is None
     # 4 loss lines (epoch, step, loss: 12), the epoch of 4 other lines, test accuracy and max accuracy: the
@@ -274,3 +302,57 @@ def test_a_missing_script_is_one_line_and_exit_2(tmp_path):
     proc = _verify(tmp_path, "nowhere.py")
     assert proc.returncode == 2
     assert "no such script: nowhere.py" in proc.stderr
+
+
+def test_the_default_target_s_migration_is_the_same_on_the_torchtpu_stand_in(shared_originals, tmp_path, monkeypatch):
+    """verify's default: m05's tpu migration (torch.device("tpu"), tpu_dist, torch.accelerator's
+    device count) run on the stand-in, under the Python $TPU_MIGRATE_STANDIN_PYTHON names, as one
+    process (its own torch.multiprocessing launch) and under torchrun, its workers too: the
+    recorder reads the tpu tensors' gradients and parameters, and changes nothing."""
+    from tpu_migrate.verify.command import run_verify
+
+    monkeypatch.chdir(tmp_path)
+    said = []
+    status, document = run_verify(str(PROGRAM), [], None, None, [1, 2], 1e-4, 1e-5, 300, said.append,
+                                  interpreter=warm)
+    assert status == 0, "\n".join(said)
+    torch = document["standin"]["torch"]
+    assert document["target"] == "tpu" and (2, 11) <= tuple(map(int, torch.split("."))) <= (2, 15)
+    assert [(r["processes"], r["steps"], r["divergence"]) for r in document["runs"]] == [(1, 5, None), (2, 5, None)]
+    assert all(r["printed"]["same"] >= 11 and not r["printed"]["one_side"] for r in document["runs"])
+    assert (f"against its tpu migration on the TorchTPU stand-in (torch {torch}, the CPU computing; tpu_dist over "
+            "gloo), 5 optimizer steps") in said[-3]
+
+
+def test_a_broken_tpu_port_given_with_against_is_caught_on_the_stand_in(shared_originals, tmp_path, monkeypatch):
+    """A hand-port in TorchTPU's dialect (m05's tpu migration without its gradient average) as
+    `verify --against`: it runs on the stand-in, and the first divergent step is named."""
+    from tpu_migrate.verify.command import run_verify
+
+    workspace = Workspace(target="tpu")
+    try:
+        migrated = workspace.migrate(Target(PROGRAM, None, False)).path.read_text()
+    finally:
+        workspace.close()
+    assert "torch.device(\"tpu\")" in migrated and migrated.count(GRADIENT_AVERAGE) == 1
+    port = tmp_path / "port.py"
+    port.write_text(migrated.replace(GRADIENT_AVERAGE, "                    pass\n"))
+    monkeypatch.chdir(tmp_path)
+    said = []
+    status, document = run_verify(str(PROGRAM), [], str(port), None, [2], 1e-4, 1e-5, 300, said.append,
+                                  interpreter=warm)
+    assert status == 1, "\n".join(said)
+    assert f"against {port} (target tpu) on the TorchTPU stand-in (torch " in said[-4]
+    assert said[-3].startswith("  migrated, torchrun, 2 processes: differs first at step 0, gradient norm: ")
+    assert said[-3].endswith("(migrated, ranks 0-1)")
+    assert said[-2].startswith("    at the step: port.py:") and said[-2].endswith(": optimizer.step()")
+    assert "each process stepped with its own gradients" in said[-1]
+    assert document["target"] == "tpu" and document["runs"][0]["divergence"]["step"] == 0
+
+
+def test_a_migrated_python_without_a_torch_for_the_stand_in_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "train.py").write_text(TORCH_ONLY)
+    proc = _verify(tmp_path, "--migrated-python", sys.executable, "train.py")  # torch 2.9: too old
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"--migrated-python {sys.executable}: not a Python with torch 2.11 to 2.15" in proc.stderr
+    assert "running the original" not in proc.stdout  # nothing ran

@@ -71,7 +71,7 @@ def test_the_html_page_marks_the_first_divergence():
     apart = _run([_record(0, 0, 2, 2.0, grad_sq=25.0, param_sum=10.0),
                   _record(0, 1, 2, 2.0, grad_sq=16.0, param_sum=10.0)], world=2)
     verdict = compare.verdict(ORIGINAL, apart, 1e-4, 1e-5)
-    page = html.render("train.py <1>", None, ORIGINAL, [verdict])
+    page = html.render("train.py <1>", "its portable migration (the CPU, gloo)", ORIGINAL, [verdict])
     assert "train.py &lt;1&gt;" in page and "<1>" not in page  # escaped
     assert 'class="differs">differs</span> first at step 0, gradient norm' in page
     assert page.count('class="number diverged"') == 2  # the original's and the migrated value

@@ -4,7 +4,7 @@ imports torch (or torch_xla, transformers' generation), not before."""
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
+import importlib.util
 import sys
 
 
@@ -19,7 +19,14 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if fullname != self.name:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        # Found by the finders after this one, not by the path alone: another import hook on the
+        # same module (the TorchTPU stand-in's, loading it after torch) wraps it as well.
+        index = sys.meta_path.index(self)
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(index, self)
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader

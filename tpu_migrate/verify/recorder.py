@@ -24,11 +24,6 @@ Reading a value is a device sync; under torch_xla that cuts the graph where the 
 not, which changes no value beyond float rounding (verify's tolerance). On the TorchTPU stand-in
 (a `tpu` device whose tensors the CPU computes) the values are read the same way: what it reads
 are copies (`.cpu()`), never the program's tensors.
-
-Where $TPU_MIGRATE_VERIFY_STANDIN is set (runs.py: a `--target tpu` migration's runs), the
-stand-in is loaded right after `import torch`, before these hooks, as its own sitecustomize
-would load it: that sitecustomize stays off the path, because two import hooks on `torch`
-do not compose (the first finder on sys.meta_path takes the import, the other never runs).
 """
 
 from __future__ import annotations
@@ -40,7 +35,6 @@ import sys
 import time
 
 ENV_DIR = "TPU_MIGRATE_VERIFY_DIR"
-ENV_STANDIN = "TPU_MIGRATE_VERIFY_STANDIN"
 
 _losses: list = []
 _steps: dict[int, int] = {}  # id(optimizer) -> its last step's index, in order of first step
@@ -57,22 +51,7 @@ def install() -> None:
         import random
 
         random.seed(0)
-
-        def torch_imported():
-            _load_standin()
-            _hook(os.path.join(directory, f"steps-{os.getpid()}.jsonl"))
-
-        after_import("torch", torch_imported)
-
-
-def _load_standin() -> None:
-    """The TorchTPU stand-in (its `torch_tpu` package on the path), loaded as its sitecustomize
-    loads it once torch has run; where it cannot load (another torch), `import torch` fails with
-    its message, as it would under the stand-in's own sitecustomize."""
-    if os.environ.get(ENV_STANDIN) == "1":
-        import torch_tpu._loader
-
-        torch_tpu._loader.load()
+        after_import("torch", lambda: _hook(os.path.join(directory, f"steps-{os.getpid()}.jsonl")))
 
 
 class _Tee:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tpu_migrate import standin
 from tpu_migrate.diagnose.runner import sitecustomize
-from tpu_migrate.verify.recorder import ENV_DIR, ENV_STANDIN
+from tpu_migrate.verify.recorder import ENV_DIR
 
 BLOCKER = 'raise ImportError("torch_xla is unimportable in tpu-migrate verify\'s migrated runs")\n'
 # Launcher variables a plain run must not inherit (verify may itself run under a launcher).
@@ -107,12 +107,6 @@ class Workspace:
         self.blocker = self.path / "blocker"
         (self.blocker / "torch_xla").mkdir(parents=True)
         (self.blocker / "torch_xla" / "__init__.py").write_text(BLOCKER)
-        # The stand-in's `torch_tpu` package alone, without the sitecustomize beside it in
-        # standin.SITE: the recorder loads it (recorder.ENV_STANDIN), as two sitecustomizes that
-        # each hook `import torch` and chain to the next one do not compose.
-        self.standin = self.path / "standin"
-        self.standin.mkdir()
-        (self.standin / "torch_tpu").symlink_to(standin.SITE / "torch_tpu", target_is_directory=True)
 
     def close(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
@@ -150,11 +144,13 @@ class Workspace:
             path.insert(0, str(self.blocker))
             if self.target == "tpu":
                 # The stand-in's environment (TORCH_DEVICE_BACKEND_AUTOLOAD=0: an installed torch-tpu,
-                # which aborts `import torch` without a TPU, never loads), its package on the path
-                # instead of its site directory (see __init__), loaded by the recorder.
+                # which aborts `import torch` without a TPU, never loads) and its site after the
+                # recorder's: each sitecustomize runs the next, and both hook `import torch`.
                 env = standin.environment(env)
-                env[ENV_STANDIN] = "1"
-                path.append(str(self.standin))
+                path.append(str(standin.SITE))
+                # A chip per process of the run: a program that launches itself a process a chip
+                # (torch.accelerator.device_count()) starts one under python, as its original did.
+                env["TORCH_TPU_DEVICES_PER_HOST"] = str(nproc)
         env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [os.environ.get("PYTHONPATH")])])
         env[ENV_DIR] = str(records_dir)
         env.setdefault("OMP_NUM_THREADS", "1")  # the same reduction order in every run
