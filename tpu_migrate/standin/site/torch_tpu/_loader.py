@@ -26,7 +26,7 @@ def load():
         )
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    from torch_tpu._standin import accelerator, amp, compile, distributed, public_api, tensor
+    from torch_tpu._standin import accelerator, amp, autograd, compile, distributed, public_api, tensor
 
     device_module = public_api.install()
     _setup_privateuseone_for_python_backend(
@@ -39,6 +39,7 @@ def load():
     accelerator.install()
     tensor.install_factories()
     amp.install()
+    autograd.install()
     compile.install()
     distributed.install()
     if os.environ.get("TORCH_TPU_STANDIN_QUIET") != "1":
