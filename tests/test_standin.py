@@ -49,8 +49,9 @@ def test_a_torchtpu_program_behaves_as_on_a_tpu_vm(tmp_path):
     assert seen["placement"] == [True, "tpu", "tpu:0", "tpu:0"]
     assert seen["mixed_devices"][0] == "RuntimeError" and "tpu:0 and cpu" in seen["mixed_devices"][1]
     assert len(seen["losses"]) == 3 and seen["losses"] == sorted(seen["losses"], reverse=True)
-    # One .item() per step: 3 host reads, nothing else crossed to the host.
-    assert seen["reads"] == {"read": 3, "copy": 0, "dynamic": 0}
+    # One .item() per step, and the formatted loss and its .item(): 5 host reads, nothing else.
+    assert seen["reads"] == {"read": 5, "copy": 0, "dynamic": 0}
+    assert seen["formatted"] is True
     # .cpu() and .tolist() are copies; bool() of a tpu tensor is a read.
     assert seen["transfers"] == {"read": 1, "copy": 2, "dynamic": 0}
     assert seen["host_copy"] == ["cpu", 8]

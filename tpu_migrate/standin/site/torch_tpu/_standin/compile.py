@@ -92,6 +92,9 @@ def _is_tpu_backend(backend):
 
 
 def install():
+    # Dynamo compiles the user's frames, never the stand-in's own: the device guard's Python
+    # methods are called from C++ while a graph is traced, and would be frames of their own.
+    torch._dynamo.trace_rules.add("torch_tpu")
     register_backend(tpu_backend, name="tpu")
     original_compile = torch.compile
     inductor_wrapper = torch._TorchCompileInductorWrapper

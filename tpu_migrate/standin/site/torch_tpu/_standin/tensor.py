@@ -85,6 +85,13 @@ class TpuTensor(torch.Tensor):
         prefix = type(self).__name__ + "("
         return "tensor(" + text[len(prefix):] if text.startswith(prefix) else text
 
+    def __format__(self, spec):
+        # torch formats a 0-d tensor as its number (f"{loss:.4f}"), but only a plain Tensor: a
+        # host read, as on a TPU.
+        if self.dim() == 0 and not self.is_meta:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
+
     def tolist(self):
         return self.cpu().tolist()
 
