@@ -89,7 +89,7 @@ def test_eager_problems_at_their_lines(eager):
 
 
 def test_report_header_says_the_cpu_stands_in():
-    result, _ = run("legacy_device_api.py", "--fail-on", "tpu-incompatible")  # the text report is on stderr
+    result, _ = run("legacy_device_api.py", "--backend", "native", "--fail-on", "tpu-incompatible")  # the text report is on stderr
     assert "backend native" in result.stderr
     assert "the CPU stands in for the TPU" in result.stderr
 
@@ -134,7 +134,7 @@ def test_clean_native_program_has_no_findings():
 
 
 def test_legacy_device_api_found_in_the_source():
-    _, document = run("legacy_device_api.py", "--fail-on", "tpu-incompatible")  # one run for the three tests
+    _, document = run("legacy_device_api.py", "--backend", "native", "--fail-on", "tpu-incompatible")  # one run for the three tests
     name = "legacy_device_api.py"
     assert summary(document) == {
         ("tpu-incompatible", name, line_of(name, "legacy device API"), "torch.tpu.is_available()"),
@@ -145,9 +145,9 @@ def test_legacy_device_api_found_in_the_source():
 
 
 def test_fail_on_graph_break_exits_1(compiled):
-    result = diagnose("--fail-on", "graph-break", str(PROGRAMS / "legacy_device_api.py"))
+    result = diagnose("--backend", "native", "--fail-on", "graph-break", str(PROGRAMS / "legacy_device_api.py"))
     assert result.returncode == 0  # no graph break there
-    result, _ = run("legacy_device_api.py", "--fail-on", "tpu-incompatible")
+    result, _ = run("legacy_device_api.py", "--backend", "native", "--fail-on", "tpu-incompatible")
     assert result.returncode == 1
 
 

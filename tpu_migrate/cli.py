@@ -7,8 +7,11 @@ files were changed; 2 usage or configuration error, or an error in some file.
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -26,7 +29,7 @@ from tpu_migrate.printable import printable
 from tpu_migrate.report.migration import Migration
 from tpu_migrate.rewrite import cache as result_cache
 from tpu_migrate.rewrite import unscanned
-from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE, Excluder, discover, parse_size, write_atomic
+from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE, Excluder, discover, parse_size, replace_file, write_atomic
 from tpu_migrate.rules import RuleError, load_catalog
 
 PROGRESS_THRESHOLD = 50
@@ -52,7 +55,7 @@ def _split(value: str | None) -> list[str] | None:
     return None if value is None else value.split(",")
 
 
-def _rewrite_paths(files, settings, jobs, sources=None):
+def _rewrite_paths(files, settings, jobs, sources=None, reals=None):
     # Imported here: a run answered from the cache never loads libcst.
     from tpu_migrate.rewrite.context import Options
     from tpu_migrate.rewrite.engine import flagged_names
@@ -62,7 +65,7 @@ def _rewrite_paths(files, settings, jobs, sources=None):
         flagged_names(load_catalog())  # the rules and the registered transforms agree
     except RuleError as exc:
         _configuration_error(exc)
-    return rewrite_paths(files, Options(**settings), jobs, sources=sources)
+    return rewrite_paths(files, Options(**settings), jobs, sources=sources, reals=reals)
 
 
 def _spmd_modules(paths, files: list[str]) -> tuple[tuple[str, str], ...]:
@@ -79,6 +82,45 @@ def _configuration_error(exc: Exception) -> None:
     `Usage:` text would only hide the message."""
     click.echo(f"tpu-migrate: error: {exc}", err=True)
     sys.exit(2)
+
+
+def _interrupt_exits_130(command):
+    """Ctrl-C ends the command as an interrupted program does, with status 130 (128 + SIGINT),
+    not click's "Aborted!" and 1 (which means manual work left): the files already written
+    stay written, the others are as they were (`_uninterrupted`), and no temporary file stays."""
+
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except KeyboardInterrupt:
+            click.echo("tpu-migrate: interrupted: the files written so far are rewritten, the others untouched",
+                       err=True)
+            sys.exit(130)
+
+    return run
+
+
+@contextmanager
+def _uninterrupted():
+    """Ctrl-C during the block (replacing one file, saving the cache) takes effect when it
+    ends: a file is replaced or not, and nothing of the step is left half done."""
+    pending: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+    if previous in (signal.SIG_IGN, None):  # ignored by whoever started us, or not Python's to restore
+        yield
+        return
+    try:
+        signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    except ValueError:  # not the main thread: signals go to the main one
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:
+        raise KeyboardInterrupt
 
 
 def _size_option(ctx, param, value):
@@ -132,6 +174,7 @@ def main() -> None:
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True),
               help="Write the migration report here: a self-contained HTML page of what converts, what "
                    "is manual and which files still need torch_xla (with --check: writes no source file).")
+@_interrupt_exits_130
 def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, output_format, jobs, exclude, exit_zero,
             exit_non_zero_on_fix, max_file_size, no_cache, verbose, html_file) -> None:
     """Convert torch_xla idioms in PATHS (files or directories) to TorchTPU.
@@ -180,13 +223,14 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
             stderr.print(printable(f"{path}: skipped: it matches an exclude pattern ({where})"), markup=False)
 
     others: list[str] = []  # scripts and configs of the searched directories: not rewritten
+    reals: dict[str, str] = {}  # where each file was found: read and written there, never through a link
 
     def not_rewritten(path: str) -> None:
         if unscanned.is_candidate(path):
             others.append(path)
 
     for path, error in discover(paths, excluder, clean_temp_files=mode == "write", on_excluded=excluded,
-                                on_unscanned=not_rewritten):
+                                on_unscanned=not_rewritten, reals=reals):
         if error is not None:
             results.append(FileResult(path, error=error))
         else:
@@ -203,21 +247,25 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
         if not (no_cache or not config.cache or result_cache.disabled_by_env()):
             cache = result_cache.Cache.open(settings)
             outcomes = result_cache.cached_results(
-                files, cache, lambda todo, sources: _rewrite_paths(todo, settings, jobs, sources),
-                need_output=mode != "check", store_changed=mode != "write")
+                files, cache, lambda todo, sources: _rewrite_paths(todo, settings, jobs, sources, reals),
+                need_output=mode != "check", store_changed=mode != "write", reals=reals)
         else:
-            outcomes = _rewrite_paths(files, settings, jobs)
+            outcomes = _rewrite_paths(files, settings, jobs, reals=reals)
         for result in outcomes:
             if result.changed and mode == "write":
                 try:
-                    write_atomic(result.path, result.output, expected=result.original, inode=result.inode)
+                    with _uninterrupted():
+                        write_atomic(result.path, result.output, expected=result.original, inode=result.inode,
+                                     real=reals.get(result.path))
                 except OSError as exc:
                     result.error = f"cannot write: {exc.strerror or exc}"
                     result.changed = False
+                    result.fixes = []  # not applied: nothing was fixed (its manual findings stand)
             results.append(result)
             progress.advance(task)
     if cache is not None:
-        cache.save()
+        with _uninterrupted():
+            cache.save()
     if verbose:
         stderr.print(f"configuration: {config.path}: [tool.tpu-migrate]" if config.path else
                      f"configuration: none (no [tool.tpu-migrate] in the project, {project_root(list(paths))})",
@@ -233,8 +281,8 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
     migration = Migration.build(results, catalog, mode, mentions) if html_file or output_format == "json" else None
     if html_file:
         try:
-            with open(html_file, "w", encoding="utf-8") as handle:
-                handle.write(migration.html(target, list(paths)))
+            with _uninterrupted():  # the page whole, or what was there before: never an empty file
+                replace_file(html_file, migration.html(target, list(paths)).encode("utf-8"))
         except OSError as exc:
             _configuration_error(f"cannot write {html_file}: {exc.strerror or exc}")
     if output_format == "json":
@@ -338,9 +386,13 @@ def _fail_kinds(ctx, param, value):
 @click.option("--fail-on", callback=_fail_kinds, metavar="KINDS",
               help="Exit 1 when a finding of these kinds exists (comma-separated): " + ",".join(FAIL_KINDS)
               + " or any.")
-@click.option("--backend", type=click.Choice(["auto", "xla", "native"]), default="auto", show_default=True,
+@click.option("--backend", type=click.Choice(["auto", "xla", "native", "standin"]), default="auto",
+              show_default=True,
               help="xla: torch_xla programs; native: eager and torch.compile programs on tpu/cuda/cpu; "
-                   "auto: xla when the program imports torch_xla.")
+                   "standin: TorchTPU programs, run on the TorchTPU stand-in (the tpu device emulated on the "
+                   "CPU), which reports every host sync exactly; auto: xla when the program imports "
+                   "torch_xla, standin when it targets the tpu device (torch.device(\"tpu\"), .to(\"tpu\"), "
+                   ".tpu(), torch.tpu, import torch_tpu), else native.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json", "sarif", "github"]), default="text",
               show_default=True,
               help="json / sarif / github: the report on stdout after the program ends (its stdout goes to stderr).")
@@ -349,18 +401,23 @@ def _fail_kinds(ctx, param, value):
               help="Record every graph's IR to say what changed between two compiles of a line (slower).")
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True),
               help="Write a self-contained HTML report (findings and a per-step timeline) here.")
+@click.option("--python", "python", type=click.Path(dir_okay=False, exists=True), metavar="PYTHON",
+              help="standin: a Python with torch 2.11 to 2.15 to run the program with (default: "
+                   "$TPU_MIGRATE_STANDIN_PYTHON, this one if its torch fits, else an environment tpu-migrate "
+                   "makes once and keeps in its cache).")
 @click.argument("target", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def diagnose(module, warmup_steps, fail_on, backend, output_format, output, explain, html_file, target,
+def diagnose(module, warmup_steps, fail_on, backend, output_format, output, explain, html_file, python, target,
              args) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under a tracer and report, at your own
     lines, recompilations, host syncs, data-dependent shapes and CPU fallbacks (torch_xla), and
-    for native PyTorch also graph breaks, unsupported TorchTPU ops and calls that raise there."""
+    for native PyTorch also graph breaks, unsupported TorchTPU ops and calls that raise there.
+    A TorchTPU program runs on the TorchTPU stand-in, which counts its host syncs exactly."""
     from tpu_migrate.diagnose.command import DiagnoseError, run_diagnose
 
     try:
         status, document, findings = run_diagnose(target, list(args), module, warmup_steps,
-                                                  output_format, output, explain, html_file, backend)
+                                                  output_format, output, explain, html_file, backend, python)
     except DiagnoseError as exc:
         raise click.UsageError(str(exc)) from None
     machine = {  # nothing when there is no report (said on stderr)

@@ -31,6 +31,11 @@ EVENT_KINDS = {Kind.SYNC: "sync", Kind.DYNAMIC: "dynamic-shape", Kind.FALLBACK: 
                Kind.GRAPH_BREAK: "graph-break", Kind.RECOMPILE_LIMIT: "recompile-limit",
                Kind.RECOMPILE: "recompile"}
 HOST_READ_CAUSE = "most likely user code trying to access tensor value"
+HOST_ONLY_NOTE = ("every tensor stayed on the host: the program put no tensor on the tpu device (it computes "
+                  "on the CPU, e.g. with torch.device(\"cpu\")), and a host tensor's read waits for nothing, so "
+                  "this run cannot show the host syncs, data-dependent shapes or unsupported ops of a TPU run. "
+                  "For a meaningful report, put the model and the data on the TPU (torch.device(\"tpu\"), "
+                  ".to(\"tpu\")), which the TorchTPU stand-in runs here, and diagnose again")
 GRAD_MODE_GUARD = re.compile(r"GLOBAL_STATE changed: grad_mode\s*$")
 
 
@@ -196,6 +201,8 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     # Optimizer steps of that process: "steps" counts every step marker, evaluation included.
     optimizer_steps: int = 0
+    # On the TorchTPU stand-in: no process made a tpu tensor, so nothing a TPU would do showed.
+    host_only: bool = False
 
 
 def steps_text(steps: int, optimizer_steps: int) -> str:
@@ -248,6 +255,10 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
     result = [f for f in findings.values() if _reportable(f, stepless)]
     notes = _notes(findings.values(), result, stepless, warmup, warmup_steps, processes)
     backend_name = backend(evidence)[0]
+    host_only = backend_name == "standin" and not any(
+        e["kind"] == Kind.DEVICE_TENSOR for events in evidence.events.values() for e in events)
+    if host_only:
+        notes.insert(0, HOST_ONLY_NOTE)
     for finding in result:
         finding.total_steps = main_steps
         finding.per_call = stepless
@@ -256,7 +267,7 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
     # A read in every step before one in evaluation steps only, however often that one reads.
     result.sort(key=lambda f: (order[f.kind], -f.step_count if f.kind == "sync" else 0,
                                f.placement_unknown, -f.count, f.file, f.line))
-    return Summary(result, main_steps, warmup, notes, optimizer_steps)
+    return Summary(result, main_steps, warmup, notes, optimizer_steps, host_only)
 
 
 def _merge_event(findings: dict[tuple, Finding], event: Event, rank: int | None, exact_fallbacks: bool) -> None:

@@ -6,6 +6,7 @@ owns the report package; this module returns what they need.
 
 from __future__ import annotations
 
+import ast
 import glob
 import importlib.util
 import json
@@ -14,6 +15,7 @@ import sys
 
 from rich.console import Console
 
+from tpu_migrate import standin
 from tpu_migrate.diagnose import analysis, costs, report, runner
 
 
@@ -22,9 +24,10 @@ class DiagnoseError(Exception):
 
 
 def run_diagnose(target, args, module, warmup_steps, output_format, output, explain,
-                 html_file, backend="auto") -> tuple[int, str, list[analysis.Finding]]:
+                 html_file, backend="auto", python=None) -> tuple[int, str, list[analysis.Finding]]:
     """Run the program under the tracer and print the text report; returns the program's exit
-    status (shell convention), the JSON document and the findings."""
+    status (shell convention), the JSON document and the findings. `python`: the Python that runs
+    the program on the TorchTPU stand-in (backend standin; default: standin.find_python's)."""
     if module is None and target is None:
         raise DiagnoseError("give a SCRIPT or -m MODULE")
     if module is not None:
@@ -35,16 +38,28 @@ def run_diagnose(target, args, module, warmup_steps, output_format, output, expl
     elif not os.path.isfile(target):
         raise DiagnoseError(f"no such script: {target}")
     if backend == "auto":
-        backend = "xla" if _mentions_torch_xla(target, module is not None) else "auto"
+        backend = auto_backend(_source_of(target, module is not None))
+    if python is not None and backend != "standin":
+        raise DiagnoseError(f"--python runs the program on the TorchTPU stand-in: it needs --backend standin "
+                            f"(the backend is {backend})")
     if backend == "xla" and importlib.util.find_spec("torch_xla") is None:
         raise DiagnoseError("torch_xla is not installed: pip install 'tpu-migrate[xla]' (torch 2.9.0 + torch-xla 2.9.0)")
-    if backend != "xla" and importlib.util.find_spec("torch") is None:
+    if backend == "standin":
+        if python is not None and not standin.fits(python):
+            raise DiagnoseError(f"--python {python}: not a Python with torch 2.11 to 2.15, which the TorchTPU "
+                                "stand-in needs (as torch-tpu 0.2.0 does)")
+        try:
+            python = python or standin.find_python(None, create=True,
+                                                   echo=lambda line: print(line, file=sys.stderr))
+        except standin.StandInError as exc:
+            raise DiagnoseError(str(exc)) from None
+    elif backend != "xla" and importlib.util.find_spec("torch") is None:
         raise DiagnoseError("torch is not installed: the native backend traces PyTorch programs")
     for flag, path in (("--output", output), ("--html", html_file)):
         _check_writable(flag, path)  # before the program runs, not after an hour of it
     stdout = sys.stderr if output_format != "text" else None  # machine output owns stdout
     evidence = runner.run(target, list(args), module is not None, stdout=stdout, explain=explain,
-                          backend=backend, warmup_steps=warmup_steps)
+                          backend=backend, warmup_steps=warmup_steps, python=python)
     # A program killed by a signal reports -N; the shell convention is 128 + N.
     status = evidence.exit_code if evidence.exit_code >= 0 else 128 - evidence.exit_code
     try:
@@ -84,7 +99,7 @@ def _report(evidence, target, module, warmup_steps, output, html_file) -> tuple[
                                               summary.optimizer_steps))
     report.print_report(Console(stderr=True, soft_wrap=True), script, steps, summary.warmup_end,
                         findings, analysis.timeline(records), backend, device, notes, run_costs,
-                        summary.optimizer_steps)
+                        summary.optimizer_steps, summary.host_only)
     return document, findings
 
 
@@ -113,18 +128,56 @@ def _write(path: str | None, text) -> int:
     return 0
 
 
-def _mentions_torch_xla(target: str, module: bool) -> bool:
-    """auto: the xla backend for a program that imports torch_xla. The script (or module) is
-    looked at here; a torch_xla import elsewhere switches the child from native to xla."""
+def _source_of(target: str, module: bool) -> bytes:
+    """The script's (or the module's) source, or b"" where it cannot be read."""
     path = target
     if module:
         spec = importlib.util.find_spec(target) if not os.path.exists(target) else None
         path = spec.origin if spec is not None and spec.origin else target
     try:
         with open(path, "rb") as handle:
-            return b"torch_xla" in handle.read()
+            return handle.read()
     except OSError:
-        return False
+        return b""
+
+
+def auto_backend(source: bytes) -> str:
+    """`--backend auto`, from the script's (or module's) source:
+
+    - xla for a program that imports torch_xla (an import statement, anywhere in the file: a
+      docstring or comment that names torch_xla, as the helpers tpu-migrate writes do, is no
+      import; a torch_xla import elsewhere still switches the child from native to xla);
+    - standin for one that targets TorchTPU's `tpu` device: it imports torch_tpu, or names the
+      device in its code (a string "tpu" or "tpu:N", as in `torch.device("tpu")`, `.to("tpu")`,
+      `device="tpu"`; `torch.tpu...`; a `.tpu()` call);
+    - else auto (native, or xla if the program turns out to import torch_xla).
+
+    A file that does not parse is looked at as text: `import torch_xla` / `from torch_xla`."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        text = source.decode("utf-8", "replace")
+        return "xla" if "import torch_xla" in text or "from torch_xla" in text else "auto"
+    imported = set()
+    tpu = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            imported.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            tpu = tpu or _names_tpu_device(node.value)
+        elif isinstance(node, ast.Attribute) and node.attr == "tpu":
+            tpu = tpu or isinstance(node.value, ast.Name) and node.value.id == "torch"  # torch.tpu
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "tpu":
+            tpu = True  # model.tpu()
+    if "torch_xla" in imported:
+        return "xla"
+    return "standin" if tpu or "torch_tpu" in imported else "auto"
+
+
+def _names_tpu_device(text: str) -> bool:
+    return text == "tpu" or (text.startswith("tpu:") and text[4:].isdigit())
 
 
 def torchrun_rank() -> int | None:

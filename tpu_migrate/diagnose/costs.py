@@ -217,7 +217,9 @@ def _finding_cost(f: Finding, records: list[StepRecord], median: float | None,
         return Cost(over, why=f"its {len(steps)} step(s) over the steady-state median, of which "
                               f"compiling {_duration(compiled)}")
     if f.kind in WAIT_KINDS:
-        if backend == "native" and device == "cpu":  # the call's time is the CPU's compute
+        # The call's time is the CPU's compute: with the CPU standing in, and on the TorchTPU
+        # stand-in (whose tpu device the CPU computes, op by op).
+        if (backend == "native" and device == "cpu") or backend == "standin":
             if f.queued:
                 return Cost(f.queued, estimate=True, why=(
                     "from the CPU run, the work queued before its reads, which each read waits for (the "

@@ -74,9 +74,12 @@ class DynamoHooks:
 
         if hasattr(OutputGraph, "call_user_compiler"):
             self._patch(OutputGraph, "call_user_compiler", self._graph_ops_wrapper(OutputGraph.call_user_compiler))
-        if hasattr(symbolic_convert, "log_graph_break"):
+        translator = getattr(symbolic_convert, "InstructionTranslatorBase", None)
+        if hasattr(symbolic_convert, "log_graph_break"):  # torch 2.9: a function of the module
             self._patch(symbolic_convert, "log_graph_break",
                         self._graph_break_wrapper(symbolic_convert.log_graph_break))
+        elif hasattr(translator, "log_graph_break"):  # torch 2.11 and later: the translator's method
+            self._patch(translator, "log_graph_break", self._graph_break_method_wrapper(translator.log_graph_break))
         self.limit_handler = _RecompileLimitHandler(self)
         logging.getLogger(convert_frame.__name__).addHandler(self.limit_handler)
         # Dynamo runs these holding a plain lock; a lazily compiled backward runs them while the
@@ -87,6 +90,13 @@ class DynamoHooks:
         on_compile_start(self._compile_started)
         on_compile_end(self._compile_ended)
         self.dynamo_hooked = True
+
+    def in_standin(self, filename: str) -> bool:
+        """Whether the file is the TorchTPU stand-in's (standin backend): Dynamo traces into its
+        Python device guard and dispatch, which a TPU runs in C++; what breaks or recompiles
+        there is the emulation's, not the program's."""
+        reads = getattr(self, "device_reads", None)
+        return reads is not None and filename.startswith(reads.standin_dir)
 
     def _compile_started(self, args) -> None:
         self._stop_op_coverage()
@@ -135,14 +145,17 @@ class DynamoHooks:
 
 
     def _recompile_wrapper(self, original):
-        recorder = self.recorder
+        recorder, hooks_ = self.recorder, self
 
         @functools.wraps(original)
         def reasons_of(cache_entry, frame, *args, **kwargs):
             reasons = original(cache_entry, frame, *args, **kwargs)
-            if kwargs.get("skip_logging") or (args and args[0]):
+            # skip_logging: the third argument in torch 2.9, the fourth (after the backend) later
+            if kwargs.get("skip_logging") or any(arg is True for arg in args):
                 return reasons
             code = frame.f_code
+            if hooks_.in_standin(code.co_filename):  # the stand-in's own Python (its device guard)
+                return reasons
             file, line = os.path.abspath(code.co_filename), _def_line(code)
             name = _function_name(code.co_name)
             caller_file, caller_line = recording.user_frame(2)  # the user's line that called it
@@ -162,35 +175,60 @@ class DynamoHooks:
         return reasons_of
 
     def _graph_break_wrapper(self, original):
-        recorder = self.recorder
+        """torch 2.9's log_graph_break(code_options, reason, exc_info, user_stack)."""
+        hooks = self
 
         @functools.wraps(original)
         def log_graph_break(code_options, reason="", *args, **kwargs):
-            try:
-                user_stack = kwargs.get("user_stack") or (args[1] if len(args) > 1 else None)
-                if user_stack is None:
-                    import torch._guards
-
-                    user_stack = torch._guards.TracingContext.extract_stack()
-                frame = next((f for f in reversed(user_stack) if not recording.is_library(f.filename)), None)
-                # A break inside library code (a compiled DDP module, say): the user's call of it.
-                file, line = ((os.path.abspath(frame.filename), frame.lineno) if frame is not None
-                              else recording.user_frame(2))
-                if file is not None:
-                    match = GRAPH_BREAK_ID.search(reason)
-                    hint = " ".join(m.strip() for m in GRAPH_BREAK_HINT.findall(reason)) or None
-                    recorder.emit(DynamoEvent(kind=Kind.GRAPH_BREAK, op=reason.strip().splitlines()[0],
-                                              file=file, line=line, gb=match[1].upper() if match else None,
-                                              hint=hint))
-                    dynamic = DYNAMIC_OPERATOR.search(reason)
-                    if dynamic:  # torch.nonzero(x) in compiled code: data-dependent on a TPU too
-                        recorder.emit(ReadEvent(kind=Kind.DYNAMIC, op=dynamic["op"], file=file, line=line,
-                                                traced=True))
-            except Exception:  # noqa: BLE001 - never break the compile we observe
-                pass
+            user_stack = kwargs.get("user_stack") or (args[1] if len(args) > 1 else None)
+            hooks._graph_break(reason, reason, user_stack)
             return original(code_options, reason, *args, **kwargs)
 
         return log_graph_break
+
+    def _graph_break_method_wrapper(self, original):
+        """torch 2.11 and later: InstructionTranslatorBase.log_graph_break(code_options, reason,
+        exc), once per exception (`exc.logged`); the reason starts with what Dynamo was tracing,
+        the exception says what broke."""
+        hooks = self
+
+        @functools.wraps(original)
+        def log_graph_break(translator, code_options, reason="", exc=None, *args, **kwargs):
+            if exc is not None and not getattr(exc, "logged", False):
+                first = str(exc).strip() or reason
+                hooks._graph_break(first, reason, getattr(exc, "real_stack", None))
+            return original(translator, code_options, reason, exc, *args, **kwargs)
+
+        return log_graph_break
+
+    def _graph_break(self, message: str, reason: str, user_stack) -> None:
+        """A graph break at the user's line: `message`'s first line, Dynamo's id and hint."""
+        try:
+            if user_stack is None:
+                import torch._guards
+
+                user_stack = torch._guards.TracingContext.extract_stack()
+            if user_stack and self.in_standin(user_stack[-1].filename):
+                return  # Dynamo traced into the stand-in's Python (a TPU's device code is C++)
+            frame = next((f for f in reversed(user_stack) if not recording.is_library(f.filename)), None)
+            # A break inside library code (a compiled DDP module, say): the user's call of it.
+            file, line = ((os.path.abspath(frame.filename), frame.lineno) if frame is not None
+                          else recording.user_frame(3))
+            if file is None:
+                return
+            match = GRAPH_BREAK_ID.search(reason)
+            hint = " ".join(m.strip() for m in GRAPH_BREAK_HINT.findall(reason)) or None
+            self.recorder.emit(DynamoEvent(kind=Kind.GRAPH_BREAK, op=message.strip().splitlines()[0],
+                                           file=file, line=line, gb=match[1].upper() if match else None,
+                                           hint=hint))
+            dynamic = DYNAMIC_OPERATOR.search(reason)
+            # torch.nonzero(x) in compiled code: data-dependent on a TPU too (the stand-in reports
+            # each eager call of it after the break itself).
+            if dynamic and not getattr(self, "standin", False):
+                self.recorder.emit(ReadEvent(kind=Kind.DYNAMIC, op=dynamic["op"], file=file, line=line,
+                                             traced=True))
+        except Exception:  # noqa: BLE001 - never break the compile we observe
+            pass
 
 
 

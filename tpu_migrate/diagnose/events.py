@@ -16,6 +16,8 @@ line, each an object whose first key is `kind` (the recorder's counting mode rel
 - `fallback`: `aten::*` counters (ops torch_xla ran on the CPU) that moved during a step;
 - `accumulator`, `opt_state`: what changes the next step's graph once (causes.py);
 - `backend`, `rank`, `end`: which backend traced the process, its rank, its end;
+- `device_tensor`: the TorchTPU stand-in only: the process made its first tensor on the `tpu`
+  device (a run without one computed on the host, and could make no host sync);
 - native backend only: `compile`, `compile_time`, `recompile`, `graph_break`, `recompile_limit`,
   `unsupported`, `incompatible` (native.py), and `call_time` at the process's end: per call site
   and input signature of a compiled function, its first call apart from the later ones
@@ -60,6 +62,7 @@ class Kind:
     UNSUPPORTED = "unsupported"
     INCOMPATIBLE = "incompatible"
     CALL_TIME = "call_time"
+    DEVICE_TENSOR = "device_tensor"  # standin: the process made its first tpu tensor
     COUNTED = "counted"  # made by read_events, never written
 
 
@@ -112,7 +115,7 @@ class FallbackEvent(Event):
 
 
 class BackendEvent(Event):
-    """`backend` (op: "xla" or "native")."""
+    """`backend` (op: "xla", "native" or "standin")."""
 
     started: float  # perf_counter when recording started
     device: NotRequired[str]  # native: the device type, "cpu" when the CPU stands in

@@ -15,7 +15,7 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
     where = f"{relative(f.file)}:{f.line}"
     if f.kind in NATIVE_DESCRIPTIONS:
         return NATIVE_DESCRIPTIONS[f.kind](f, where)
-    if backend_name == "native" and f.kind in _NATIVE_OVERRIDES:
+    if backend_name in ("native", "standin") and f.kind in _NATIVE_OVERRIDES:
         return _NATIVE_OVERRIDES[f.kind](f, where)
     if f.kind == "recompile":
         # Dynamo's reason (native) names the op; torch_xla's recompiles have none, or a host read.

@@ -35,7 +35,7 @@ import os
 import sys
 import time
 
-from tpu_migrate.diagnose import call_timing, inheritance, placement, recording
+from tpu_migrate.diagnose import call_timing, inheritance, placement, recording, standin_reads
 from tpu_migrate.diagnose.dynamo_hooks import DynamoHooks, as_torchtpu_compiles, compile_problems, dynamo_skips
 from tpu_migrate.diagnose.events import BackendEvent, Kind, ReadEvent
 from tpu_migrate.diagnose.op_coverage import OpCoverage
@@ -53,18 +53,22 @@ class NativeHooks(OpCoverage, DynamoHooks):
     arguments, fork starts), with op coverage (op_coverage.py) and Dynamo's signals
     (dynamo_hooks.py) as parts."""
 
-    def __init__(self, recorder: recording.Recorder, warmup_steps: int, scan_sources: bool = True):
+    def __init__(self, recorder: recording.Recorder, warmup_steps: int, scan_sources: bool = True,
+                 standin: bool = False):
         import torch
 
         self.torch = torch
         self.recorder = recorder
         self.sample_steps = warmup_steps + 1  # op coverage: the warm-up and one steady step
         self.scan_sources = scan_sources  # at exit, for incompatible.py (not in-process)
-        accelerator = _accelerator(torch)
+        # On the TorchTPU stand-in the device reports every transfer to the host itself
+        # (standin_reads.py): no placement is guessed.
+        self.standin = standin
+        accelerator = "tpu" if standin else _accelerator(torch)
         self.device_types = {accelerator} if accelerator else {"cpu"}
         self.cpu_stands_in = accelerator is None
-        self.recorder.emit(BackendEvent(kind=Kind.BACKEND, op="native", file=None, line=None,
-                                        device=accelerator or "cpu", started=recorder.started))
+        self.recorder.emit(BackendEvent(kind=Kind.BACKEND, op="standin" if standin else "native", file=None,
+                                        line=None, device=accelerator or "cpu", started=recorder.started))
         self.method_originals: dict[str, object] = {}  # Tensor.__dict__ entries (None: inherited)
         self.method_wrappers: dict[str, object] = {}
         self.function_originals: dict[str, object] = {}
@@ -85,7 +89,14 @@ class NativeHooks(OpCoverage, DynamoHooks):
     # -- installation ----------------------------------------------------------------------
     def install(self) -> None:
         torch = self.torch
-        for name in (*recording.SYNC_METHODS, *TENSOR_DYNAMIC, "__getitem__"):
+        if self.standin:
+            # The stand-in reports each transfer and data-dependent shape (standin_reads.py); the
+            # method wrappers only name the call that made a transfer (`item`, `cpu`, ...).
+            self.device_reads = standin_reads.DeviceReads(self)
+            names = recording.SYNC_METHODS
+        else:
+            names = (*recording.SYNC_METHODS, *TENSOR_DYNAMIC, "__getitem__")
+        for name in names:
             if getattr(torch.Tensor, name, None) is None:
                 continue
             self.method_originals[name] = torch.Tensor.__dict__.get(name)
@@ -95,7 +106,7 @@ class NativeHooks(OpCoverage, DynamoHooks):
         self.method_originals["to"] = torch.Tensor.__dict__.get("to")
         self.method_wrappers["to"] = self._method_wrapper(torch.Tensor.to, "to", Kind.SYNC, only_if=self.places.host_copy)
         self._put_methods(wrapped=True)
-        for name in TENSOR_DYNAMIC:
+        for name in () if self.standin else TENSOR_DYNAMIC:
             original = getattr(torch, name, None)
             if original is not None:
                 self.function_originals[name] = original
@@ -148,6 +159,7 @@ class NativeHooks(OpCoverage, DynamoHooks):
         self.function_originals.clear()
 
     functions_dropped = False
+    device_reads: "standin_reads.DeviceReads | None" = None
 
     def _report_dynamic_calls(self) -> None:
         """At exit, in a program whose torch.nonzero & co. wrappers went when it compiled: the
@@ -177,6 +189,8 @@ class NativeHooks(OpCoverage, DynamoHooks):
 
         atexit.unregister(incompatible.report_sources)
         atexit.unregister(self._report_dynamic_calls)
+        if self.device_reads is not None:
+            self.device_reads.uninstall()
         if self.dynamo_hooked:
             from torch._dynamo.callback import callback_handler
 
@@ -193,6 +207,8 @@ class NativeHooks(OpCoverage, DynamoHooks):
     # -- wrappers ----------------------------------------------------------------------------
     def _method_wrapper(self, original, name, kind, only_if=None):
         """`only_if(args, kwargs)`: the calls that count (`to` only when it copies to the host)."""
+        if self.standin:
+            return self.device_reads.method_wrapper(original, name)
         # The fast path runs on every host read in the program (the optimizer's own reads of
         # its step counters too): it is kept to attribute reads and one dict lookup.
         recorder = self.recorder
@@ -263,6 +279,9 @@ class NativeHooks(OpCoverage, DynamoHooks):
         sync (issue 27, item 5). With the CPU standing in, the source says whether the saved
         object would be on the TPU (placement.py), as for a read at that line."""
         hooks = self
+
+        if self.standin:
+            return self.device_reads.save_wrapper(original)
 
         @functools.wraps(original)
         def save(obj, *args, **kwargs):
@@ -351,14 +370,17 @@ def _accelerator(torch) -> str | None:
     return current.type if current is not None else None
 
 
-def install(recorder: recording.Recorder, warmup_steps: int | None = None, scan_sources: bool = True) -> None:
+def install(recorder: recording.Recorder, warmup_steps: int | None = None, scan_sources: bool = True,
+            standin: bool = False) -> None:
+    """`standin`: the program runs on the TorchTPU stand-in (torch_tpu loaded), whose device
+    reports its transfers to the host exactly (standin_reads.py)."""
     global HOOKS
     if HOOKS is not None:
         return
     if warmup_steps is None:
         warmup = os.environ.get(recording.ENV_WARMUP, "2")  # in-process, or a traced process:
         warmup_steps = int(inheritance.setting(recording.ENV_WARMUP, warmup))
-    HOOKS = NativeHooks(recorder, warmup_steps, scan_sources)
+    HOOKS = NativeHooks(recorder, warmup_steps, scan_sources, standin)
     HOOKS.install()
 
 

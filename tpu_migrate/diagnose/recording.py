@@ -29,7 +29,7 @@ from tpu_migrate.diagnose.modes import leave_dispatch_mode
 
 ENV_DIR = "TPU_MIGRATE_DIAGNOSE"
 ENV_DEBUG_FILE = "PT_XLA_DEBUG_FILE"
-ENV_BACKEND = "TPU_MIGRATE_DIAGNOSE_BACKEND"  # xla, native or auto (see tracer.install_backend)
+ENV_BACKEND = "TPU_MIGRATE_DIAGNOSE_BACKEND"  # xla, native, standin or auto (see tracer.install_backend)
 ENV_WARMUP = "TPU_MIGRATE_DIAGNOSE_WARMUP"  # native: how many steps the op-coverage mode samples
 ENV_EVENT_LIMIT = "TPU_MIGRATE_DIAGNOSE_EVENT_LIMIT"
 # What every traced process passes on to its Python children, and hides from the program
@@ -73,12 +73,13 @@ def user_frame(start_depth: int = 2):
     return filename, line
 
 
-def call_site(start_depth: int = 2):
+def call_site(start_depth: int = 2, frame=None):
     """(file, line, via): the user's frame, and when the event happened inside a library, the
     library call the user's line made and the library line it happened at ("path:line in
     function", outermost first; one entry when they are the same frame). The tool's own frames
-    and the standard library's are not shown."""
-    frame = sys._getframe(start_depth)
+    and the standard library's are not shown. `frame`: where the event happened, if not
+    `start_depth` frames up."""
+    frame = sys._getframe(start_depth) if frame is None else frame
     innermost = outermost = None
     while frame is not None:
         filename = frame.f_code.co_filename
@@ -266,8 +267,8 @@ class Recorder:
         if time.monotonic() - self.last_flush >= 0.05:
             self.flush()
 
-    def at_user_line(self, kind: str, op: str, depth: int = 3, **extra) -> None:
-        filename, line, via = call_site(depth)
+    def at_user_line(self, kind: str, op: str, depth: int = 3, frame=None, **extra) -> None:
+        filename, line, via = call_site(depth, frame)
         if filename is not None:
             event = events.Event(kind=kind, op=op, file=filename, line=line)
             if via:  # before the wait, which an event counted past the limit drops

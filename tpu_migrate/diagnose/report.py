@@ -43,7 +43,7 @@ def json_document(script: str, exit_code: int, steps: int, warmup_steps: int,
 def print_report(console: Console, script: str, steps: int, warmup_steps: int,
                  findings: list[Finding], timeline: str = "", backend: str = "xla",
                  device: str | None = None, notes: list[str] | None = None, costs=None,
-                 optimizer_steps: int = 0) -> None:
+                 optimizer_steps: int = 0, host_only: bool = False) -> None:
     console.print(printable(f"tpu-migrate diagnose: {relative(script)} (backend {backend}, "
                             f"{steps_text(steps, optimizer_steps)}, {warmup_steps} warm-up)"),
                   style="bold", markup=False, highlight=False)
@@ -51,6 +51,10 @@ def print_report(console: Console, script: str, steps: int, warmup_steps: int,
         console.print("device: cpu - no accelerator here, so the CPU stands in for the TPU: the "
                       "findings are what would wait for, recompile on or fail on a TPU",
                       markup=False, highlight=False)
+    if backend == "standin":
+        console.print("device: tpu - the TorchTPU stand-in (the CPU computes for the tpu device): host syncs "
+                      "and data-dependent shapes are the device's own transfers to the host, counted exactly; "
+                      "costs are estimated from the CPU run", markup=False, highlight=False)
     if timeline:
         shown = timeline[:warmup_steps].lower() + "|" + timeline[warmup_steps:]
         if len(shown) > 120:
@@ -62,7 +66,10 @@ def print_report(console: Console, script: str, steps: int, warmup_steps: int,
     for line in costs.lines() if costs is not None else ():
         console.print(printable(line), markup=False, highlight=False)
     if not findings:
-        if steps == 0:  # never "no problems" for a program whose steps were not found
+        if host_only:  # never "no host sync" for a run that put nothing on the device
+            console.print("not diagnosed for a TPU: every tensor stayed on the host (see the note above), so "
+                          "finding no host sync here says nothing about a TPU run", markup=False)
+        elif steps == 0:  # never "no problems" for a program whose steps were not found
             console.print("nothing repeated: no recompilation, repeated host read, dynamic shape "
                           "or CPU fallback, graph break, unsupported op or TorchTPU "
                           "incompatibility", markup=False)

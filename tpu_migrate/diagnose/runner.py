@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from tpu_migrate import standin
 from tpu_migrate.diagnose import debug_env, rundir
 from tpu_migrate.diagnose.events import Event, lost_writes, read_events_counting
 from tpu_migrate.diagnose.bootstrap import ENV_TOOL, ENV_UNBLOCK
@@ -99,12 +100,22 @@ class Evidence:
 
 
 def run(target: str, args: list[str], module: bool, stdout=None, explain: bool = False,
-        backend: str = "xla", warmup_steps: int = 2) -> Evidence:
+        backend: str = "xla", warmup_steps: int = 2, python: str | None = None) -> Evidence:
     """Run the program to completion (Ctrl-C stops the program, not the report).
 
     `explain` also records the IR of every graph with the Python line of each node
     (XLA_IR_DEBUG + XLA_SAVE_TENSORS_FILE): what changed between two compiles of a line. It
     costs about 2-3x, so it is opt-in.
+
+    Backend `standin`: the program runs under `python` (torch 2.11-2.15) with the TorchTPU
+    stand-in loaded (standin.environment), and the tracer imported from the run's site
+    directory, where this package is linked (that Python need not have the tool installed).
+    The site directory comes first on PYTHONPATH, before the stand-in's (standin.SITE): its
+    sitecustomize starts the tracer, then chains to the stand-in's, which chains to the
+    program's own. Both hook `import torch`; the tracer loads the stand-in itself right after it
+    (idempotent), then installs its hooks, whichever hook runs first (tracer.install_backend).
+    The program sees the stand-in's PYTHONPATH, as under `tpu-migrate run` (inheritance.take),
+    and its Python children get the tracer back.
     """
     # Signals wait in line from here on, so the temporary directory is always removed. The
     # program unblocks them in its bootstrap: it starts with the caller's signal mask.
@@ -118,10 +129,15 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
         os.mkdir(site)
         with open(os.path.join(site, "sitecustomize.py"), "w", encoding="utf-8") as handle:
             handle.write(SITECUSTOMIZE)
-        python_path = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+        base = os.environ
+        if backend == "standin":
+            os.symlink(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       os.path.join(site, "tpu_migrate"), target_is_directory=True)
+            base = standin.environment(os.environ)
+        python_path = os.pathsep.join(p for p in (site, base.get("PYTHONPATH")) if p)
         debug = debug_env.plan(os.environ, workdir, explain)  # the user's own settings win
         env = {
-            **os.environ,
+            **base,
             ENV_DIR: workdir,
             ENV_BACKEND: backend,
             ENV_WARMUP: str(warmup_steps),
@@ -129,7 +145,7 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
             "PYTHONPATH": python_path,
             **debug.env,
         }
-        command = [sys.executable, "-m", "tpu_migrate.diagnose.bootstrap",
+        command = [python or sys.executable, "-m", "tpu_migrate.diagnose.bootstrap",
                    "module" if module else "script", target, *args]
         report_fd = None
         if waited:

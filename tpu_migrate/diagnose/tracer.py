@@ -3,7 +3,9 @@ workers, through the sitecustomize runner.py writes) and picks the backend's hoo
 
 Hooks are installed when the program imports torch_xla (xla_hooks.py) or torch (native.py), by
 a meta-path finder, never before: the program's own environment set-up (PJRT_DEVICE, ...) must
-run first. The recorder (recording.py) writes the events (events.py).
+run first. On the TorchTPU stand-in, the tracer loads the stand-in right after `import torch`
+(as the stand-in's sitecustomize does too), then the hooks, which see the `tpu` device and its
+reports. The recorder (recording.py) writes the events (events.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,19 @@ def _install_native() -> None:
         _safely("native", lambda: native.install(recording.RECORDER))
 
 
+def _install_standin() -> None:
+    """Right after `import torch`: the stand-in, loaded as its own sitecustomize loads it (once:
+    whichever of the two import hooks runs first loads it), then the hooks, which must see the
+    `tpu` device. A stand-in that cannot load (another torch) fails `import torch` with its
+    message, as under `tpu-migrate run`."""
+    import torch_tpu._loader
+
+    torch_tpu._loader.load()
+    from tpu_migrate.diagnose import native
+
+    _safely("standin", lambda: native.install(recording.RECORDER, standin=True))
+
+
 def dynamo_imported() -> None:
     from tpu_migrate.diagnose import native
 
@@ -80,7 +95,11 @@ def _spawn_rank_hook() -> None:
 
 def install_backend(backend: str) -> None:
     """xla: hooks when torch_xla is imported; native: hooks when torch is imported; auto:
-    native, replaced by xla if the program imports torch_xla."""
+    native, replaced by xla if the program imports torch_xla; standin: the stand-in, then the
+    native hooks with the stand-in's reports of its transfers, when torch is imported."""
+    if backend == "standin":
+        after_import("torch", _install_standin)
+        after_import("torch._dynamo", dynamo_imported)
     if backend in ("xla", "auto"):
         after_import("torch_xla", install_xla)
     if backend in ("native", "auto"):
