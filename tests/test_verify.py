@@ -356,3 +356,116 @@ def test_a_migrated_python_without_a_torch_for_the_stand_in_is_one_line_and_exit
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"--migrated-python {sys.executable}: not a Python with torch 2.11 to 2.15" in proc.stderr
     assert "running the original" not in proc.stdout  # nothing ran
+
+
+# --- A run ends with its program, and leaves nothing running (issue 51, item 3) ------------------
+
+def _pids(path) -> list[int]:
+    return [int(line) for line in path.read_text().split()] if path.exists() else []
+
+
+def _gone(pids: list[int], within: float = 10) -> list[int]:
+    """Those of `pids` still running after `within` seconds (a SIGKILLed process may take a moment)."""
+    import time
+
+    import process_groups
+
+    deadline = time.monotonic() + within
+    while any(map(process_groups.alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [pid for pid in pids if process_groups.alive(pid)]
+    for pid in alive:  # a failed test leaves nothing running either
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+    return alive
+
+
+def test_at_the_timeout_torchrun_s_workers_are_stopped_with_it(tmp_path):
+    """torch's elastic agent starts each worker in a session of its own: killing the agent (or
+    its process group) at --timeout once left them running under init, executing a script from
+    a workspace already deleted. The original and the run at one process pass; under torchrun the
+    workers hang, and every one of them must be gone when verify returns."""
+    pids = tmp_path.parent / f"{tmp_path.name}-workers"
+    (tmp_path / "train.py").write_text(
+        "import os, time\nprint('step 0 loss 0.5', flush=True)\n"
+        "if 'TORCHELASTIC_RUN_ID' in os.environ:\n"
+        f"    with open({str(pids)!r}, 'a') as f:\n        f.write(f'{{os.getpid()}}\\n')\n"
+        "    time.sleep(600)\n")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--target", "portable", "--nproc", "2",
+                               "--timeout", "20", "train.py"], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=120)
+    finally:
+        workers = _pids(pids)
+        outlived = _gone(workers)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the migrated, torchrun, 2 processes run failed (exit status 124)" in proc.stdout, proc.stdout
+    assert "stopped after 20 s" in proc.stdout
+    assert len(workers) == 2, proc.stdout + proc.stderr  # both started before the timeout
+    assert outlived == [], "torchrun's workers outlived verify"
+
+
+def test_a_background_process_that_holds_stdout_does_not_hold_the_run(tmp_path):
+    """A program that exits at once, leaving a process (in a session of its own) that keeps its
+    stdout open: the run ends when the program exits (it once waited for the pipe's end, then
+    failed with 124 at the timeout); the process is stopped, and verify names it."""
+    pids = tmp_path.parent / f"{tmp_path.name}-background"
+    (tmp_path / "background.py").write_text(
+        f"import os, time\nwith open({str(pids)!r}, 'a') as f:\n    f.write(f'{{os.getpid()}}\\n')\ntime.sleep(600)\n")
+    (tmp_path / "train.py").write_text(
+        "import os, subprocess, sys\nprint('step 0 loss 0.5', flush=True)\n"
+        "subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), 'background.py')], "
+        "start_new_session=True)\n")
+    import time
+
+    started = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--target", "portable", "--nproc", "1",
+                               "--timeout", "30", "train.py"], capture_output=True, text=True, cwd=tmp_path,
+                              timeout=200)
+    finally:
+        took = time.monotonic() - started
+        background = _pids(pids)
+        outlived = _gone(background)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert took < 25, took  # three runs, none of them waiting for the background process
+    assert len(background) == 3, proc.stdout  # one per run: the original twice, the migration once
+    assert outlived == [], "the background processes outlived verify"
+    for pid in background:
+        assert f"the program exited leaving 1 process(es) running, stopped: pid {pid}: " in proc.stdout
+
+
+def test_a_temporary_directory_inside_the_script_s_folder_is_not_copied_into_itself(tmp_path):
+    """TMPDIR under the script's folder: the migration's copy of the folder once copied the
+    workspace, which held the copy, 245 levels deep, then ended in a traceback and exit 1 (the
+    status of a divergence). A FIFO and a link to the folder itself are left out of the copy too."""
+    (tmp_path / "train.py").write_text("print('step 0 loss 0.5')\n")
+    (tmp_path / "tmp").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop").symlink_to(".")
+    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--target", "portable", "--nproc", "1",
+                           "train.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "migrated, 1 process: same" in proc.stdout
+    assert list((tmp_path / "tmp").iterdir()) == []  # the workspace is gone
+
+
+def test_an_internal_error_is_one_line_and_exit_2_never_1(tmp_path, monkeypatch):
+    """Exit status 1 says that the migration diverges: the tool's own failure must not say so."""
+    from tpu_migrate.verify.command import run_verify
+
+    (tmp_path / "train.py").write_text("print('step 0 loss 0.5')\n")
+    monkeypatch.chdir(tmp_path)
+
+    def broken(self, target, root=None):
+        raise RecursionError("maximum recursion depth exceeded\nwhile copying")
+
+    monkeypatch.setattr(Workspace, "migrate", broken)
+    said = []
+    status, document = run_verify("train.py", [], None, None, [1], 1e-4, 1e-5, 60, said.append, target="portable")
+    assert status == 2
+    assert said == ["verify: internal error: RecursionError: maximum recursion depth exceeded while copying"]
+    assert document["error"] == said[0]

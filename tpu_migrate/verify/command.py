@@ -28,7 +28,25 @@ def run_verify(script: str, args: list[str], against: str | None, root: str | No
     a module name run as `python -m` (its tree: --root, default the current directory);
     `interpreter`: see Workspace (the original's, and the migrated program's without
     `migrated_python`). `target`: the migration's (`rewrite --target`); a tpu one runs on the
-    TorchTPU stand-in, under `migrated_python`, else the one standin.find_python finds or makes."""
+    TorchTPU stand-in, under `migrated_python`, else the one standin.find_python finds or makes.
+    VerifyError for a usage problem. Any other error is one line and exit status 2, never 1 (a
+    divergence); an interrupt (Ctrl-C) 130, with every run's processes stopped."""
+    try:
+        return _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, html_file, module,
+                           interpreter, target, migrated_python)
+    except VerifyError:
+        raise
+    except KeyboardInterrupt:
+        echo("verify: interrupted")
+        return 130, {"script": script, "error": "interrupted"}
+    except Exception as exc:  # noqa: BLE001 (the tool's own failure: said in one line)
+        line = " ".join(f"verify: internal error: {type(exc).__name__}: {exc}".split())[:1000]
+        echo(line)
+        return 2, {"script": script, "error": line}
+
+
+def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, html_file, module, interpreter,
+                target, migrated_python) -> tuple[int, dict]:
     if target not in TARGETS:
         raise VerifyError(f"--target {target}: give one of {', '.join(TARGETS)}")
     program = Target.find(script, module, root)
@@ -53,6 +71,9 @@ def run_verify(script: str, args: list[str], against: str | None, root: str | No
             echo(f"verify: running the {name} ...")
             run = workspace.run(name, kind, runnable, args, world, timeout)
             runs.append(run)
+            if run.left and run.returncode == 0:
+                echo(f"verify: {name}: the program exited leaving {len(run.left)} process(es) running, stopped: "
+                     + "; ".join(run.left[:5]))
             if run.returncode != 0:
                 return 2, _failed(run, echo)
             if len(runs) == 1 and not compare.steps(run) and not printed.lines(run.printed):  # no need to run the rest

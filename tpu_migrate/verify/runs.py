@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tpu_migrate import standin
 from tpu_migrate.diagnose.runner import sitecustomize
+from tpu_migrate.verify import processes
 from tpu_migrate.verify.recorder import ENV_DIR
 
 BLOCKER = 'raise ImportError("torch_xla is unimportable in tpu-migrate verify\'s migrated runs")\n'
@@ -47,6 +48,7 @@ class Run:
     output: str          # its stdout and stderr, the end of them
     records: list[dict] = field(default_factory=list)  # every process's optimizer steps
     printed: str = ""    # what its first process (rank 0) printed on stdout
+    left: list[str] = field(default_factory=list)  # processes it left running when it exited (stopped)
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,8 @@ class Workspace:
         # A folder of its own per migration and per run: mkdtemp's names never collide, even
         # between threads (the suite runs a workspace's programs two at a time).
         copy = Path(tempfile.mkdtemp(prefix="migrated-", dir=self.path)) / tree.name
-        shutil.copytree(tree, copy, ignore=_ignore_large)
+        workspace = self.path.resolve()
+        shutil.copytree(tree, copy, ignore=lambda directory, names: _not_copied(directory, names, workspace))
         proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "rewrite", "--target", self.target, "--no-cache",
                                str(copy)], capture_output=True, text=True)
         if proc.returncode not in (0, 1):
@@ -164,14 +167,18 @@ class Workspace:
             command += ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
                         env["MASTER_PORT"], "--monitor_interval", "0.1"]
         command += [*target.command(), *args]
-        try:
-            proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
-            returncode, output = proc.returncode, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as exc:
+        # In a session of its own: at the timeout, or when the program exits, what is left of it
+        # is stopped, however it was started (processes.py).
+        finished = processes.run(command, env, timeout)
+        output, returncode = finished.stdout + finished.stderr, finished.returncode
+        if finished.timed_out:
             returncode = 124
-            output = f"{_text(exc.stdout)}{_text(exc.stderr)}\n[verify] stopped after {timeout:.0f} s"
+            output += f"\n[verify] stopped after {timeout:.0f} s, with every process it had started"
+        elif finished.left:
+            output += (f"\n[verify] the program exited and left {len(finished.left)} process(es) running, "
+                       "stopped: " + "; ".join(finished.left[:5]))
         return Run(name, side, nproc, returncode, output[-6000:], _read_records(records_dir),
-                   _read_printed(records_dir))
+                   _read_printed(records_dir), finished.left)
 
 
 def _read_records(directory: Path) -> list[dict]:
@@ -197,11 +204,23 @@ def _read_printed(directory: Path) -> str:
                    for _, rank, path in sorted(files) if rank == "0" or not ranked)
 
 
-def _ignore_large(directory: str, names: list[str]) -> set[str]:
+def _not_copied(directory: str, names: list[str], workspace: Path) -> set[str]:
+    """What the copy of the tree leaves out: the workspace itself (the temporary directory may lie
+    in the tree: TMPDIR under the script's folder, where the copy would copy itself without end),
+    version-control and environment folders, files over LARGEST_COPIED (data: the runs share the
+    working directory), what is neither a file nor a folder (a FIFO, a socket) and a link to a
+    folder that holds it (a loop)."""
     ignored = set(NOT_COPIED(directory, names))
+    real_directory = os.path.realpath(directory)
     for name in names:
         path = os.path.join(directory, name)
-        if os.path.isfile(path) and os.path.getsize(path) > LARGEST_COPIED:
+        real = os.path.realpath(path)
+        if Path(real).is_relative_to(workspace):
+            ignored.add(name)
+        elif os.path.isdir(path):
+            if os.path.islink(path) and (real_directory + os.sep).startswith(real.rstrip(os.sep) + os.sep):
+                ignored.add(name)
+        elif not os.path.isfile(path) or os.path.getsize(path) > LARGEST_COPIED:
             ignored.add(name)
     return ignored
 
@@ -210,7 +229,3 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _text(data) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
