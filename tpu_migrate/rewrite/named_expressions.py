@@ -33,7 +33,7 @@ _HELPERS = {
 _FUNCTIONS = {"map_tensors": ("_map_tensors", MAP_TENSORS), "batch_slice": ("_batch_slice", BATCH_SLICE)}
 # The modules a template may name (ImportPlan gives each the file's own name, importing it
 # where needed), then every other placeholder a rule table may use besides its `params`.
-STDLIB_MODULES = ("copy", "functools", "os", "time")
+STDLIB_MODULES = ("copy", "functools", "os", "socket", "time")
 # Placeholders for torch's submodules that `import torch` does not import.
 TORCH_SUBMODULES = {"fsdp_wrap": "torch.distributed.fsdp.wrap", "dist_optim": "torch.distributed.optim"}
 MODULES = ("torch", "dist", "transformers", *TORCH_SUBMODULES, *STDLIB_MODULES, "loguru")

@@ -180,7 +180,7 @@ def _env_rendezvous_defaults(sc: StatementContext, where) -> None:
     such as torchrun set is kept)."""
     if sc.can_prefix:
         os_name = sc.file.import_plan.use("os")
-        sc.before.extend(parse_block([*_rendezvous_defaults(os_name),
+        sc.before.extend(parse_block([*_rendezvous_defaults(sc),
                                       f'{os_name}.environ.setdefault("RANK", "0")',
                                       f'{os_name}.environ.setdefault("WORLD_SIZE", "1")']))
     else:
@@ -324,13 +324,34 @@ def _world(count: str, sc: StatementContext) -> list[str]:
     os_name = sc.file.import_plan.use("os")
     nodes = f'{os_name}.environ.get("NNODES", "1")'
     size = nodes if count == "1" else f'str(int({os_name}.environ.get("NNODES", 1)) * {count})'
-    return [*_launch_env(count, sc), *_rendezvous_defaults(os_name), f'{os_name}.environ["WORLD_SIZE"] = {size}']
+    return [*_launch_env(count, sc), *_rendezvous_defaults(sc), f'{os_name}.environ["WORLD_SIZE"] = {size}']
 
 
-def _rendezvous_defaults(os_name: str) -> list[str]:
-    """Where the env:// rendezvous meets when no launcher said (torch_xla's needed no address)."""
+def _rendezvous_defaults(sc: StatementContext) -> list[str]:
+    """Where the env:// rendezvous meets when no launcher said (torch_xla's needed no address
+    and no port): this host, at a port `RENDEZVOUS_PORT` picks."""
+    os_name = sc.file.import_plan.use("os")
     return [f'{os_name}.environ.setdefault("MASTER_ADDR", "127.0.0.1")',
-            f'{os_name}.environ.setdefault("MASTER_PORT", "29500")']
+            f'{os_name}.environ.setdefault("MASTER_PORT", {helper(sc, "_rendezvous_port", RENDEZVOUS_PORT)}())']
+
+
+# The port where the launch environment names none. On one host (plain `python train.py`: no
+# torchrun, no MASTER_PORT, not a pod) a port free now: a fixed one may be held by another job on
+# a shared host (EADDRINUSE), and torch_xla's spawn needed none. The processes that meet there
+# are this process and the workers it starts, which inherit its choice. Where processes of
+# several hosts (NNODES, which set_tpu_launch_env sets on a multi-host slice, with MASTER_PORT)
+# or of another launcher (WORLD_SIZE) must meet, each picks alone, so they must agree on a fixed
+# one: torch's default, 29500.
+RENDEZVOUS_PORT = '''def {name}():
+    """MASTER_PORT where the launch environment names none (added by tpu-migrate): on one host a
+    port free now (a fixed one may be another job's); 29500 where the processes of several hosts
+    (NNODES) or of another launcher (WORLD_SIZE) must agree on it."""
+    if int({os}.environ.get("NNODES", 1)) > 1 or int({os}.environ.get("WORLD_SIZE", 1)) > 1:
+        return "29500"
+    with {socket}.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+'''
 
 
 def _spread(args: cst.BaseExpression | None) -> str:
