@@ -219,6 +219,34 @@ def test_sigkill_while_a_file_is_being_written(trees, tmp_path, jobs):
     assert metadata(work) == meta
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.parametrize("group", [True, False], ids=["terminal", "parent-only"])
+def test_ctrl_c_while_a_file_is_being_written_exits_130_and_leaves_no_temporary_file(trees, tmp_path, jobs, group):
+    """SIGINT (to the process group, as a terminal's Ctrl-C, or to the tool alone) while a
+    temporary file exists: the file being written is finished (or left as it was), the run
+    stops at once with 130 and one line, not click's "Aborted!" and 1, and nothing but whole
+    files remains."""
+    _, meta, original, expected, _ = trees
+    work = tmp_path / "work"
+    restore(work, original, meta)
+    process = start(work, "--jobs", jobs, slow=True)
+    deadline = time.monotonic() + 60
+    temp = None
+    while temp is None and time.monotonic() < deadline and process.poll() is None:
+        for directory, _, names in os.walk(work):
+            temp = next((os.path.join(directory, n) for n in names if n.endswith(TEMP_SUFFIX)), None)
+            if temp:
+                break
+    assert temp is not None, "no temporary file seen"
+    (os.killpg if group else os.kill)(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err.decode()
+    assert err.decode().splitlines() == [  # (no worker's or pool thread's traceback)
+        "tpu-migrate: interrupted: the files written so far are rewritten, the others untouched"]
+    done, leftovers = check_after_kill(work, original, expected)
+    assert leftovers == [] and 1 <= done < len(original) // 2
+
+
 def test_a_live_writers_temporary_file_is_not_removed(tmp_path):
     """Two runs at once must not delete each other's temporary files: the pid in the name tells
     whose it is. A dead writer's file goes, as does one an hour old (pid reuse)."""

@@ -125,4 +125,4 @@ def test_dependency_files_are_found_wherever_a_team_keeps_them(cli, tmp_path):
     assert "docker/Dockerfile.tpu:2:17 TPU098" in tree and "environment-tpu.yml:3:7 TPU098" in tree
     # notes.txt is no dependency file: not scanned, only listed as a text file that mentions torch_xla.
     assert "notes.txt:1:1" not in tree and "4 file(s) scanned" in tree
-    assert "not rewritten: 1 script or config file(s) mention torch_xla" in tree and "./notes.txt:1: torch_xla[tpu]" in tree
+    assert "not rewritten: 1 script or config file(s) mention torch_xla" in tree and "\n  notes.txt:1: torch_xla[tpu]" in tree

@@ -227,7 +227,7 @@ def test_names_and_comments_cannot_inject_commands_or_escapes(cli, tmp_path, mod
     else:
         _no_raw_control(out)
     if mode == "--check":
-        assert "./a\\n::error file=evil.py,line=1::injected.py:3:1 TPU099 look \\x1b]0;title\\x07" in out
+        assert "a\\n::error file=evil.py,line=1::injected.py:3:1 TPU099 look \\x1b]0;title\\x07" in out
         command = next(line for line in out.splitlines() if line.startswith("run: "))[len("run: "):]
         listed = subprocess.run(["bash", "-c", command.replace("tpu-migrate rewrite", "ls", 1)], cwd=tmp_path,
                                 capture_output=True, text=True)

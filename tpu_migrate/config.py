@@ -18,9 +18,10 @@ project's. Unknown keys and bad values are errors naming them.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tpu_migrate.rules import TomlError, loads_toml
 
 KEYS = ("target", "select", "ignore", "exclude", "fix-level", "cache", "max-file-size")
 TARGETS = ("tpu", "portable")
@@ -64,8 +65,10 @@ def find_config(paths: list[str]) -> Path | None:
 
 def _tool_tables(pyproject: Path) -> dict:
     try:
-        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        data = loads_toml(pyproject.read_text(encoding="utf-8"))
+    except TomlError as exc:
+        raise ConfigError(f"{pyproject}: {exc}") from None
+    except UnicodeDecodeError as exc:
         raise ConfigError(f"{pyproject}: invalid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(f"{pyproject}: cannot read: {exc.strerror or exc}") from None

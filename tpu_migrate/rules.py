@@ -29,6 +29,66 @@ class RuleError(Exception):
     """A rule table is malformed."""
 
 
+class TomlError(ValueError):
+    """A TOML document that cannot be read; the message names the line."""
+
+
+# What `loads_toml` may spend finding where an unclosed value opened: characters parsed.
+_SEARCH_BUDGET = 2_000_000
+
+
+def loads_toml(text: str) -> dict:
+    """tomllib.loads, for the rule files and the configuration, whose every error names a line
+    (TomlError): tomllib says only "(at end of document)" of a value left open, and a value
+    nested a few hundred levels deep (legal TOML) exhausts its recursion."""
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        line = _deepest_line(text)
+        raise TomlError("cannot be read: a value is nested too deeply for Python's TOML parser"
+                        + (f" (at line {line})" if line else "")) from None
+    except tomllib.TOMLDecodeError as exc:
+        message = f"invalid TOML: {exc}"
+    end = "(at end of document)"
+    if message.endswith(end):
+        last = text.rstrip().count("\n") + 1
+        opened = _unclosed_since(text)
+        where = f"at the end of the document, line {last}"
+        if opened is not None and opened < last:
+            where += f"; what is left open starts at line {opened}"
+        message = f"{message[:-len(end)]}({where})"
+    raise TomlError(message)
+
+
+def _unclosed_since(text: str) -> int | None:
+    """The line where the statement that runs to the end of `text` starts: the one after the
+    longest prefix of whole lines that parses (a prefix that ends inside a value never does)."""
+    lines = text.splitlines(keepends=True)
+    spent = 0
+    for count in range(len(lines) - 1, -1, -1):
+        prefix = "".join(lines[:count])
+        spent += len(prefix)
+        if spent > _SEARCH_BUDGET:
+            return None
+        try:
+            tomllib.loads(prefix)
+        except (tomllib.TOMLDecodeError, RecursionError):
+            continue
+        return count + 1
+    return None
+
+
+def _deepest_line(text: str, depth: int = 100) -> int | None:
+    """The first line at which brackets and braces (quotes not considered) are `depth` deep."""
+    level = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        for char in line:
+            level += (char in "[{") - (char in "]}")
+            if level >= depth:
+                return number
+    return None
+
+
 @dataclass(frozen=True)
 class Rule:
     code: str
@@ -166,8 +226,8 @@ def load_catalog(directory: str | None = None) -> Catalog:
     families: dict[str, Family] = {}
     for path in sorted(root.glob("*.toml")):
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as exc:
+            data = loads_toml(path.read_text(encoding="utf-8"))
+        except TomlError as exc:
             raise RuleError(f"{path}: {exc}") from None
         unknown = sorted(set(data) - set(_FILE_KEYS))
         loose = [key for key in unknown if not isinstance(data[key], (dict, list))]

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tpu_migrate.findings import FileResult
-from tpu_migrate.rewrite.files import MISSING
+from tpu_migrate.rewrite.files import MISSING, shown
 from tpu_migrate.printable import git_quote, printable, shell_quote
 from tpu_migrate.rules import Catalog
 
@@ -79,9 +79,9 @@ def _diff_names(path: str) -> tuple[str, str]:
 
 
 def diff_path(path: str) -> str:
-    """`path` relative to the working directory, in `/` form, or absolute when outside it."""
-    relative = relative_inside(path, os.getcwd())
-    return os.path.abspath(path) if relative is None else relative
+    """`path` relative to the working directory, in `/` form, or absolute when outside it (as
+    findings and every other line name files: files.shown)."""
+    return shown(path)
 
 
 def relative_inside(path: str, base: str) -> str | None:
@@ -124,7 +124,9 @@ def next_command_line(results: list[FileResult], mode: str, options: list[str], 
     if mode == "write" or not changed:
         return None
     targets = changed if len(changed) <= NEXT_COMMAND_FILES else paths
-    return "run: " + " ".join(shell_quote(part) for part in ["tpu-migrate", "rewrite", *options, *map(str, targets)])
+    # A name that starts with "-" would read as an option.
+    targets = [f"./{target}" if str(target).startswith("-") else str(target) for target in targets]
+    return "run: " + " ".join(shell_quote(part) for part in ["tpu-migrate", "rewrite", *options, *targets])
 
 
 def error_line(result: FileResult) -> str:

@@ -102,10 +102,11 @@ class Fingerprint:
     trusted: bool  # stat alone may vouch for these bytes next time
 
 
-def read_fingerprinted(path: str) -> tuple[bytes, Fingerprint]:
+def read_fingerprinted(path: str, real: str | None = None) -> tuple[bytes, Fingerprint]:
     started = time.time_ns()
-    # A file replaced by a FIFO since it was stat'ed is refused, not waited on.
-    data, st = read_regular(path)
+    # A file replaced by a FIFO since it was stat'ed is refused, not waited on; one swapped for a
+    # link since it was found (`real`: files.read_regular) is not followed.
+    data, st = read_regular(path, real)
     trusted = max(st.st_mtime_ns, st.st_ctime_ns) < started - TRUST_MARGIN_NS
     # A file the byte pre-filter rejects is clean whatever its bytes: no digest to compute.
     digest = hashlib.blake2b(data, digest_size=16).hexdigest() if prefilter(data) else None
@@ -147,14 +148,14 @@ class Cache:
                 pass
         return cls(path, entries)
 
-    def lookup(self, path: str, need_output: bool = False) -> Lookup:
+    def lookup(self, path: str, need_output: bool = False, real: str | None = None) -> Lookup:
         """The cached result for `path`, or the file's bytes and fingerprint to process and store.
 
         A file that the byte pre-filter rejects needs no entry to be answered (it is clean); it
         gets one anyway, so the next run need not even read it while its stat is unchanged.
 
         `need_output`: the caller needs the new bytes of a file that changes (write, diff), so a
-        cached "would change" is a miss.
+        cached "would change" is a miss. `real`: where the file was found (files.read_regular).
         """
         key = self._key(path)
         entry = self._entries.get(key)
@@ -173,7 +174,7 @@ class Cache:
                 self.hits += 1
                 return Lookup(result)
         try:
-            data, fingerprint = read_fingerprinted(path)
+            data, fingerprint = read_fingerprinted(path, real)
         except OSError:
             self.misses += 1
             return Lookup(None)
@@ -314,12 +315,14 @@ def _prune(directory: Path, keep: Path) -> None:
 def cached_results(
     files: Iterable[str], cache: Cache,
     process: Callable[[list[str], dict[str, bytes]], Iterable[FileResult]],
-    need_output: bool, store_changed: bool,
+    need_output: bool, store_changed: bool, reals: Mapping[str, str] | None = None,
 ) -> Iterator[FileResult]:
     """Results for `files`, in order: from the cache (or the byte pre-filter, see `lookup`), or
     from `process(paths, sources)` for the rest (`sources`: the bytes read here, which are the
     bytes the fingerprint vouches for; a file without them is read by the engine and not
-    stored). `store_changed`: also store results that would change the file."""
+    stored). `store_changed`: also store results that would change the file. `reals`: where each
+    file was found (files.read_regular)."""
+    reals = reals or {}
     files = list(files)
     slots: list[FileResult | None] = [None] * len(files)
     todo: list[int] = []
@@ -327,7 +330,7 @@ def cached_results(
     fingerprints: dict[int, Fingerprint] = {}
     held = 0
     for index, path in enumerate(files):
-        found = cache.lookup(path, need_output)
+        found = cache.lookup(path, need_output, reals.get(path))
         if found.result is not None:
             slots[index] = found.result
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -397,9 +398,12 @@ class StatementContext:
         return self.where
 
     def fixed(
-        self, code: str, qualname: str | None = None, where: tuple[int, int] | None = None
+        self, code: str, qualname: str | None = None, where: tuple[int, int] | None = None,
+        also: Iterable[str] = (),
     ) -> tuple[int, int]:
-        """Record a fix; a fix by qualified name removes that reference from the code."""
+        """Record a fix; a fix by qualified name removes that reference from the code. `also`:
+        the other references the same fix removes with it (a removed statement's): gone from
+        the code too, and not counted as fixes of their own (one fix, one finding)."""
         if where is None:
             ref = self._take(qualname)
             if ref is not None:
@@ -407,6 +411,10 @@ class StatementContext:
                 self.removed(ref.dotted)
             else:
                 where = self.where
+        for other in also:
+            ref = self._take(other)
+            if ref is not None:
+                self.removed(ref.dotted)
         self.file.fixes.append(Fix(code, *where))
         return where
 

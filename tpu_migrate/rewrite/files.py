@@ -7,6 +7,7 @@ import fnmatch
 import io
 import os
 import re
+import secrets
 import stat
 import tempfile
 import time
@@ -95,11 +96,20 @@ class Excluder:
     directory (the pyproject.toml's directory for the configuration, the working directory for
     `--exclude`), however the path was spelled on the command line (`.`, `./src`, absolute).
 
-    A pattern given as an absolute path is matched against the absolute path."""
+    A pattern given as an absolute path is matched against the absolute path.
+
+    The patterns are compiled once into one matcher per base (a set of the plain names and
+    paths, one regular expression of the globs): a path costs a few lookups, not one match
+    per pattern (5,000 files and 5,000 patterns took two minutes pattern by pattern)."""
 
     def __init__(self, patterns: Iterable[tuple[str, str]] = ()):
         # (pattern, absolute base); `./x` and `x/` mean `x`, as a user writes them.
         self._patterns = [(self._clean(p), os.path.abspath(base)) for p, base in patterns if self._clean(p)]
+        self._absolute = _Globs(pattern for pattern, _ in self._patterns)
+        by_base: dict[str, list[str]] = {}
+        for pattern, base in self._patterns:
+            by_base.setdefault(base, []).append(pattern)
+        self._bases = [(base, _Globs(globs)) for base, globs in by_base.items()]
 
     @staticmethod
     def _clean(pattern: str) -> str:
@@ -134,17 +144,110 @@ class Excluder:
         return False
 
     def _match(self, absolute: str, ancestor: bool) -> bool:
+        if self._absolute.match(absolute):
+            return True
         name = os.path.basename(absolute)
-        for pattern, base in self._patterns:
-            if fnmatch.fnmatch(absolute, pattern):
-                return True
+        for base, globs in self._bases:
             relative = os.path.relpath(absolute, base)
             inside = relative != os.curdir and relative != os.pardir and not relative.startswith(os.pardir + os.sep)
             if ancestor and not inside:
                 continue
-            if fnmatch.fnmatch(name, pattern) or (inside and fnmatch.fnmatch(relative, pattern)):
+            if globs.match(name) or (inside and globs.match(relative)):
                 return True
         return False
+
+
+class _Globs:
+    """Globs as `fnmatch.fnmatch` reads them, matched together. A text costs about one lookup
+    per character, however many globs there are: the globs without a wildcard are a set; the
+    others are indexed by three characters of the text they require (a run of plain characters
+    in them, the rarest three of it), so that only the few whose characters the text holds are
+    tried; the globs with no such run (`*`, `a?`) are joined into one regular expression."""
+
+    GRAM = 3
+
+    def __init__(self, patterns: Iterable[str]):
+        self._plain: set[str] = set()
+        runs: list[tuple[str, str]] = []  # (glob, its longest run of plain characters)
+        short: list[str] = []
+        for pattern in dict.fromkeys(os.path.normcase(p) for p in patterns):
+            literals = _plain_runs(pattern)
+            if literals is None:
+                self._plain.add(pattern)
+                continue
+            longest = max(literals, key=len, default="")
+            (runs.append((pattern, longest)) if len(longest) >= self.GRAM else short.append(pattern))
+        counts: dict[str, int] = {}
+        for _, run in runs:
+            for gram in _grams(run, self.GRAM):
+                counts[gram] = counts.get(gram, 0) + 1
+        self._indexed: dict[str, list[re.Pattern]] = {}
+        for pattern, run in runs:
+            rarest = min(_grams(run, self.GRAM), key=lambda gram: counts[gram])
+            self._indexed.setdefault(rarest, []).append(re.compile(fnmatch.translate(pattern)))
+        self._short = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in short)) if short else None
+
+    def match(self, text: str) -> bool:
+        text = os.path.normcase(text)
+        if text in self._plain or (self._short is not None and self._short.match(text) is not None):
+            return True
+        if self._indexed:
+            for gram in dict.fromkeys(_grams(text, self.GRAM)):
+                for glob in self._indexed.get(gram, ()):
+                    if glob.match(text) is not None:
+                        return True
+        return False
+
+
+def _grams(text: str, size: int) -> Iterator[str]:
+    return (text[i:i + size] for i in range(len(text) - size + 1))
+
+
+def _plain_runs(pattern: str) -> list[str] | None:
+    """The runs of plain characters of a glob, read as fnmatch.translate reads it (`[...]` a
+    class, a `[` without its `]` a plain character); None when it has no wildcard at all."""
+    runs, run, wild, i, n = [], [], False, 0, len(pattern)
+    while i < n:
+        char = pattern[i]
+        i += 1
+        if char in "*?":
+            wild = True
+            runs.append("".join(run))
+            run = []
+        elif char == "[":
+            j = i
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                run.append(char)  # no class: a plain "["
+            else:
+                wild = True
+                runs.append("".join(run))
+                run = []
+                i = j + 1
+        else:
+            run.append(char)
+    runs.append("".join(run))
+    return runs if wild else None
+
+
+def shown(path: str) -> str:
+    """How every report names `path`, as a diff's headers do (`a/src/x.py`): relative to the
+    working directory, in `/` form, when it lies inside it (`./src/x.py`, `src//x.py` and an
+    absolute spelling all read `src/x.py`), else absolute."""
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the working directory was removed: as spelled
+        return path
+    absolute = os.path.normpath(os.path.join(cwd, path))
+    relative = os.path.relpath(absolute, cwd)
+    if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+        return absolute
+    return relative.replace(os.sep, "/")
 
 
 # Suffixes of the Python files a named path may be (a script without one included).
@@ -167,8 +270,10 @@ MISSING = "no such file or directory"
 def discover(
     paths: Iterable[str], exclude: Excluder | Iterable[str] = (), clean_temp_files: bool = False,
     on_excluded: Callable[[str], None] | None = None, on_unscanned: Callable[[str], None] | None = None,
+    reals: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, str | None]]:
-    """Yield (path, error) for every Python file under `paths`, in a stable order.
+    """Yield (path, error) for every Python file under `paths`, in a stable order, each path as
+    reports name it (`shown`).
 
     Explicitly named files are taken whatever their suffix (a named symlink is followed);
     directories are searched for *.py and *.ipynb, and for the dependency files that may still
@@ -187,6 +292,9 @@ def discover(
     `on_excluded(path)`: told of each path named in `paths` that `exclude` skips.
     `on_unscanned(path)`: told of each other file a searched directory holds (not excluded, not
     a link): what the run does not rewrite (unscanned.py looks for torch_xla in it).
+    `reals`: filled with each file's real path as found (no link in it), for `read_regular` and
+    `write_atomic`: the file they open is then the one found here, whatever is swapped for a
+    link in between.
     """
     if not isinstance(exclude, Excluder):
         exclude = Excluder((pattern, os.curdir) for pattern in exclude)
@@ -201,7 +309,7 @@ def discover(
 
     for raw in paths:
         if not os.path.lexists(raw):
-            yield raw, MISSING
+            yield raw, MISSING  # as spelled: it names an argument, not a file
             continue
         if not os.path.isdir(raw):
             real = os.path.realpath(raw)
@@ -214,14 +322,16 @@ def discover(
                     pass
             if exclude.matches_named(raw):
                 if on_excluded is not None:
-                    on_excluded(raw)
+                    on_excluded(shown(raw))
             elif real not in seen:
                 seen.add(real)
-                yield raw, _not_python(raw)
+                if reals is not None:
+                    reals[shown(raw)] = real
+                yield shown(raw), _not_python(raw) or _unreachable(raw)
             continue
         if exclude.matches_named(raw):
             if on_excluded is not None:
-                on_excluded(raw)
+                on_excluded(shown(raw))
             continue
         root_real = os.path.realpath(raw)
         # (path as shown, its real path) of the directories still to search, depth first.
@@ -233,7 +343,7 @@ def discover(
                 with os.scandir(directory) as it:
                     entries = sorted(it, key=lambda e: e.name)
             except OSError as exc:
-                yield directory, f"cannot read directory: {exc.strerror or exc}"
+                yield shown(directory), f"cannot read directory: {exc.strerror or exc}"
                 continue
             if clean_temp_files and real_dir not in swept:
                 swept.add(real_dir)
@@ -252,7 +362,7 @@ def discover(
                     continue
                 if not (name.endswith((".py", ".ipynb")) or is_dependency_file(entry.path)):
                     if on_unscanned is not None and not link and not excluded(entry.path):
-                        on_unscanned(entry.path)
+                        on_unscanned(shown(entry.path))
                     continue
                 if excluded(entry.path):
                     continue
@@ -264,24 +374,96 @@ def discover(
                 real = os.path.join(real_dir, name)
                 if real not in seen:
                     seen.add(real)
-                    yield entry.path, None
+                    if reals is not None:
+                        reals[shown(entry.path)] = real
+                    yield shown(entry.path), None
             stack.extend(reversed(subdirs))
-        for path, real in links:  # a dangling or looping link is yielded: reading it fails
+        for path, real in links:
             if real not in seen:
                 seen.add(real)
-                yield path, None
+                if reals is not None:
+                    reals[shown(path)] = real
+                yield shown(path), _unreachable(path)  # a dangling or looping link: an error
 
 
-def read_source(path: str) -> bytes:
+def _unreachable(path: str) -> str | None:
+    """The error of a link that leads nowhere (dangling, or a loop): found, not read."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return f"cannot read: {exc.strerror or exc}"
+    return None
+
+
+def read_source(path: str, real: str | None = None) -> bytes:
     """The bytes of a regular file. A FIFO or device is refused without blocking on it (OSError
-    "not a regular file"); a directory raises IsADirectoryError."""
-    return read_regular(path)[0]
+    "not a regular file"); a directory raises IsADirectoryError. `real`: see `read_regular`."""
+    return read_regular(path, real)[0]
 
 
-def read_regular(path: str) -> tuple[bytes, os.stat_result]:
+class ChangedOnDisk(OSError):
+    """The file is no longer the bytes the new content was computed from."""
+
+
+class Replaced(ChangedOnDisk):
+    """A path found in the tree leads through a link now: not followed."""
+
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_DIRECTORY_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
+REPLACED = ("it, or a directory on its path, was replaced by a symbolic link (or another kind of file) since "
+            "the search found it; not followed, left alone")
+
+
+def open_directory(real_dir: str) -> int:
+    """A file descriptor of the directory `real_dir`, an absolute path without links (a real
+    path as `discover` found it), opened one component at a time without following a link: a
+    component swapped for a link (or for a file) since raises `Replaced` instead of leading
+    elsewhere."""
+    fd = os.open(os.sep, _DIRECTORY_FLAGS)
+    try:
+        for part in real_dir.split(os.sep):
+            if part:
+                try:
+                    inner = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise Replaced(errno.ELOOP, REPLACED, real_dir) from None
+                    raise
+                os.close(fd)
+                fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_in(directory_fd: int, name: str, flags: int) -> int:
+    """`name` in the directory, never through a link."""
+    try:
+        return os.open(name, flags | _NOFOLLOW | _CLOEXEC, dir_fd=directory_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Replaced(errno.ELOOP, REPLACED, name) from None
+        raise
+
+
+def read_regular(path: str, real: str | None = None) -> tuple[bytes, os.stat_result]:
     """`read_source`, with the stat of the open file taken before reading (the result cache's
-    fingerprint: what it says is what was read)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fingerprint: what it says is what was read).
+
+    `real`: the file's real path when it was found (`discover`'s `reals`). The file read is
+    then the one at that path, reached without following any link: an in-tree file or directory
+    swapped for a link since raises `Replaced` rather than read what the link points to."""
+    if real is None:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _CLOEXEC)
+    else:
+        directory_fd = open_directory(os.path.dirname(real))
+        try:
+            fd = _open_in(directory_fd, os.path.basename(real), os.O_RDONLY | os.O_NONBLOCK)
+        finally:
+            os.close(directory_fd)
     with os.fdopen(fd, "rb") as handle:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -340,11 +522,8 @@ def encode(text: str, encoding: str) -> bytes:
     return text.encode(encoding)
 
 
-class ChangedOnDisk(OSError):
-    """The file is no longer the bytes the new content was computed from."""
-
-
-def write_atomic(path: str, data: bytes, expected: bytes | None = None, inode: int | None = None) -> None:
+def write_atomic(path: str, data: bytes, expected: bytes | None = None, inode: int | None = None,
+                 real: str | None = None) -> None:
     """Replace `path` with `data` through a temporary file in the same directory.
 
     Readers see the old bytes or the new bytes, never a mix, and a crash at any point leaves the
@@ -357,53 +536,130 @@ def write_atomic(path: str, data: bytes, expected: bytes | None = None, inode: i
     from; if the file no longer holds them (edited meanwhile), or the path no longer leads to
     that file (swapped for a link to another, say), nothing is written and ChangedOnDisk is
     raised.
+
+    `real`: the real path the file was found at (`discover`'s `reals`; default: where `path`
+    leads now). Its directory is opened one component at a time without following links
+    (`open_directory`), and the temporary file, the checks and the rename all happen inside that
+    directory, on names that are never followed: a file or directory swapped for a link since
+    the search raises `Replaced`, and nothing outside the directory found is ever written.
     """
-    target = os.path.realpath(path)
-    st = os.stat(target)
-    if inode is not None and st.st_ino != inode:
-        raise ChangedOnDisk(errno.EAGAIN, "the path leads to another file than the one read (replaced "
-                                          "meanwhile); not written")
-    _refuse_read_only(target, st)
-    if st.st_nlink > 1:
-        raise OSError(errno.EMLINK, f"it has {st.st_nlink} hard links, and a rewrite would leave the other "
-                                    "names with the old text; not written (copy it to break the link)")
+    target = real if real is not None else os.path.realpath(path)
     directory, name = os.path.split(target)
-    while len(os.fsencode(name)) > 200:  # names are 255 bytes at most; the end keeps the suffix
-        name = name[1:]                   # `is_stale_temp` looks for
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.{os.getpid()}.", suffix=TEMP_SUFFIX, dir=directory)
+    directory_fd = open_directory(directory)
+    try:
+        _replace_in(directory_fd, name, data, expected, inode,
+                    still_there=(lambda: os.path.realpath(path) == target) if real is None else (lambda: True))
+    finally:
+        os.close(directory_fd)
+
+
+def replace_file(path: str, data: bytes) -> None:
+    """Write `data` to `path` (a report, not a source file) through a temporary file beside
+    it: a failure leaves what was there, or nothing, never an empty or partial file. A new file
+    gets the mode open() would give it, an existing one keeps its own; a link is written
+    through; a path that is no regular file (`/dev/stdout`, a FIFO) is written directly."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        with open(path, "wb") as handle:
+            handle.write(data)
+        return
+    target = os.path.realpath(path)
+    if st is not None:
+        mode = stat.S_IMODE(st.st_mode)
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(target)}.", suffix=".tmp",
+                               dir=os.path.dirname(target))
     try:
         with os.fdopen(fd, "wb") as handle:
-            _keep_owner(handle.fileno(), st)
-            os.fchmod(handle.fileno(), stat.S_IMODE(st.st_mode))  # after chown, which drops setuid
-            _keep_extended_attributes(handle.fileno(), target)
+            os.fchmod(handle.fileno(), mode)
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())  # data and metadata on disk before the rename
-        if expected is not None:
-            with open(target, "rb") as current:
-                if current.read() != expected:
-                    raise ChangedOnDisk(errno.EAGAIN, "the file changed on disk while it was being rewritten; run again")
-        # The last moment before the rename: the path must still lead to the file read.
-        now = os.stat(target)
-        if os.path.realpath(path) != target or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
-            raise ChangedOnDisk(errno.EAGAIN, "the path was replaced while the file was being rewritten; "
-                                              "not written")
+            os.fsync(handle.fileno())
         os.replace(tmp, target)
     except BaseException:
         remove_quietly(tmp)
         raise
 
 
-def _refuse_read_only(target: str, st: os.stat_result) -> None:
+def _replace_in(directory_fd: int, name: str, data: bytes, expected: bytes | None, inode: int | None,
+                still_there: Callable[[], bool]) -> None:
+    current = _open_in(directory_fd, name, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(current, "rb") as old:
+        st = os.fstat(current)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file; not written")
+        if inode is not None and st.st_ino != inode:
+            raise ChangedOnDisk(errno.EAGAIN, "the path leads to another file than the one read (replaced "
+                                              "meanwhile); not written")
+        _refuse_read_only(directory_fd, name, st)
+        if st.st_nlink > 1:
+            raise OSError(errno.EMLINK, f"it has {st.st_nlink} hard links, and a rewrite would leave the other "
+                                        "names with the old text; not written (copy it to break the link)")
+        short = name
+        while len(os.fsencode(short)) > 200:  # names are 255 bytes at most; the end keeps the suffix
+            short = short[1:]                  # `is_stale_temp` looks for
+        tmp = None
+        try:
+            fd, tmp = _temporary_file(directory_fd, short)
+            with os.fdopen(fd, "wb") as handle:
+                _keep_owner(handle.fileno(), st)
+                os.fchmod(handle.fileno(), stat.S_IMODE(st.st_mode))  # after chown, which drops setuid
+                _keep_extended_attributes(handle.fileno(), current)
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())  # data and metadata on disk before the rename
+            if expected is not None:
+                old.seek(0)
+                if old.read() != expected:
+                    raise ChangedOnDisk(errno.EAGAIN, "the file changed on disk while it was being rewritten; "
+                                                      "run again")
+            # The last moment before the rename: the name must still be the file read.
+            try:
+                now = os.stat(name, dir_fd=directory_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+            if now is None or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or not still_there():
+                raise ChangedOnDisk(errno.EAGAIN, "the path was replaced while the file was being rewritten; "
+                                                  "not written")
+            os.replace(tmp, name, src_dir_fd=directory_fd, dst_dir_fd=directory_fd)
+            tmp = None
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp, dir_fd=directory_fd)
+                except OSError:
+                    pass
+
+
+def _temporary_file(directory_fd: int, name: str) -> tuple[int, str]:
+    """A new file `.<name>.<pid>.<8 random characters>.tpu-migrate` in the directory (`is_stale_temp`
+    knows the pattern), created exclusively and never through a link; only we may read it."""
+    for _ in range(100):
+        tmp = f".{name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600,
+                           dir_fd=directory_fd), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name")
+
+
+def _refuse_read_only(directory_fd: int, name: str, st: os.stat_result) -> None:
     """The rename would replace a file we may not write (it only needs the directory), so ask
     as open() would; and a file with no write bit at all was made read-only on purpose, which
     root's open() would ignore."""
-    if not st.st_mode & 0o222 or not os.access(target, os.W_OK):
-        raise PermissionError(errno.EACCES, "Permission denied (the file is read-only)", target)
+    if not st.st_mode & 0o222 or not os.access(name, os.W_OK, dir_fd=directory_fd):
+        raise PermissionError(errno.EACCES, "Permission denied (the file is read-only)", name)
 
 
-def _keep_extended_attributes(fd: int, target: str) -> None:
-    """Copy `target`'s extended attributes (user metadata, POSIX ACLs, SELinux labels) to the new
+def _keep_extended_attributes(fd: int, target: int | str) -> None:
+    """Copy `target`'s (a file descriptor, or a path) extended attributes (user metadata, POSIX ACLs, SELinux labels) to the new
     file; one that cannot be copied stops the write rather than be dropped."""
     if not hasattr(os, "listxattr"):
         return
@@ -434,6 +690,6 @@ def _keep_owner(fd: int, st: os.stat_result) -> None:
             pass
 
 
-__all__ = ["MISSING", "prefilter", "discover", "Excluder", "decode", "encode", "write_atomic", "read_source", "read_regular",
-           "remove_quietly", "parse_size",
-           "format_size", "is_stale_temp", "DecodeError", "ChangedOnDisk"]
+__all__ = ["MISSING", "prefilter", "discover", "shown", "Excluder", "decode", "encode", "write_atomic", "read_source", "read_regular",
+           "open_directory", "replace_file", "remove_quietly", "parse_size",
+           "format_size", "is_stale_temp", "DecodeError", "ChangedOnDisk", "Replaced"]

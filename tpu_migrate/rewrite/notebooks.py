@@ -21,7 +21,9 @@ stays byte-identical. Findings name the cell: line numbers are within the cell.
 from __future__ import annotations
 
 import ast
+import json
 import re
+import warnings
 from dataclasses import replace
 
 from tpu_migrate.findings import FileResult, Manual, Note
@@ -51,7 +53,9 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
     if not prefilter(data):
         return result
     try:
-        notebook = nbformat.reads(data.decode("utf-8"), as_version=nbformat.NO_CONVERT)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            notebook = nbformat.reads(data.decode("utf-8"), as_version=nbformat.NO_CONVERT)
     except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds for a bad file
         result.error = f"not a readable notebook: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return result
@@ -69,7 +73,7 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
                for index in files}
     if not cells:
         result.manual.extend(installs)
-        return _write(result, notebook, data, {i: s for i, s in written.items() if s is not None})
+        return _write(result, notebook, data, {i: s for i, s in written.items() if s is not None}, caught)
     xla_names = _xla_bound_names(notebook, cells)
     magics: list[str] = []
     parts: list[str] = []
@@ -124,11 +128,13 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
     result.fixes.sort(key=lambda f: (f.cell, f.line, f.col))
     changed = dict(_split_cells(inner.output.decode("utf-8"), magics)) if inner.changed else {}
     changed.update({i: s for i, s in written.items() if s is not None})
-    return _write(result, notebook, data, changed)
+    return _write(result, notebook, data, changed, caught)
 
 
-def _write(result: FileResult, notebook, data: bytes, new_sources: dict[int, str]) -> FileResult:
-    """`result` with the notebook whose cells get `new_sources`, where one differs."""
+def _write(result: FileResult, notebook, data: bytes, new_sources: dict[int, str],
+           read_warnings: list[warnings.WarningMessage]) -> FileResult:
+    """`result` with the notebook whose cells get `new_sources`, where one differs.
+    `read_warnings`: nbformat's, as it read the notebook."""
     import nbformat
 
     diffs = {}
@@ -140,11 +146,40 @@ def _write(result: FileResult, notebook, data: bytes, new_sources: dict[int, str
     if diffs:
         result.changed = True
         result.original = data
-        result.output = nbformat.writes(notebook).encode("utf-8")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result.output = nbformat.writes(notebook).encode("utf-8")
+        # What nbformat repaired (`read_warnings`) shows in what is written: said, in our words.
+        result.notes.extend(_nbformat_notes([*read_warnings, *caught], data))
         if not result.output.endswith(b"\n"):
             result.output += b"\n"
         result.cell_diffs = diffs
     return result
+
+
+def _nbformat_notes(caught: list[warnings.WarningMessage], data: bytes) -> list[Note]:
+    """nbformat's warnings (kept off stderr) in the tool's words: what it repaired in the
+    notebook it read, which the rewritten notebook keeps."""
+    notes, said = [], set()
+    for warning in caught:
+        kind = type(warning.message).__name__
+        if kind in said:
+            continue
+        said.add(kind)
+        if kind == "MissingIDFieldWarning":
+            try:
+                missing = [i for i, cell in enumerate(json.loads(data)["cells"]) if "id" not in cell]
+            except (ValueError, KeyError, TypeError):
+                missing = []
+            which = f"{len(missing)} cell(s), the first cell {missing[0]}," if missing else "cells"
+            notes.append(Note(1, f"{which} have no `id`, which notebook format 4.5 requires: the rewritten "
+                                 "notebook gives each one (nbformat does so, as Jupyter does when it saves)"))
+        elif kind == "DuplicateCellId":
+            notes.append(Note(1, "cells share an `id`: the rewritten notebook gives each repeat a new one "
+                                 f"(nbformat: {str(warning.message).splitlines()[0]})"))
+        else:
+            notes.append(Note(1, f"nbformat: {str(warning.message).splitlines()[0]}"))
+    return notes
 
 
 def _cell_magic(source: str) -> str | None:

@@ -22,13 +22,14 @@ from tpu_migrate.rewrite.notebooks import rewrite_notebook
 from tpu_migrate.rewrite.pool import run_tasks
 
 
-def rewrite_path(path: str, options: Options, data: bytes | None = None) -> FileResult:
+def rewrite_path(path: str, options: Options, data: bytes | None = None, real: str | None = None) -> FileResult:
     """`data`: the file's bytes, when the caller has read them (the result cache, which then
-    sets the result's inode)."""
+    sets the result's inode). `real`: where the file was found (files.discover's `reals`): the
+    file read is the one there, never what a link swapped in since leads to."""
     inode = None
     try:
         if data is None:
-            data, st = read_regular(path)  # a FIFO or device is refused, not waited on
+            data, st = read_regular(path, real)  # a FIFO or device is refused, not waited on
             inode = st.st_ino
     except IsADirectoryError:
         return FileResult(path, error="is a directory")
@@ -48,27 +49,29 @@ def rewrite_path(path: str, options: Options, data: bytes | None = None) -> File
     return result
 
 
-def _worker(args: tuple[str, Options, bytes | None]) -> FileResult:
+def _worker(args: tuple[str, Options, bytes | None, str | None]) -> FileResult:
     return rewrite_path(*args)
 
 
 def rewrite_paths(
     paths: Iterable[str], options: Options, jobs: int | None = None,
     on_result: Callable[[FileResult], None] | None = None,
-    sources: Mapping[str, bytes] | None = None,
+    sources: Mapping[str, bytes] | None = None, reals: Mapping[str, str] | None = None,
 ) -> Iterator[FileResult]:
     """Results in input order. `jobs=1` runs in this process (no pool start-up cost).
 
-    `sources`: bytes already read for some paths (the others are read from disk)."""
+    `sources`: bytes already read for some paths (the others are read from disk). `reals`: the
+    real path each was found at (see `rewrite_path`)."""
     paths = list(paths)
     sources = sources or {}
+    reals = reals or {}
     jobs = jobs or os.cpu_count() or 1
     with fewer_collections():  # forked workers inherit it
         if jobs == 1 or len(paths) < 2:
             for path in paths:
-                yield rewrite_path(path, options, sources.get(path))
+                yield rewrite_path(path, options, sources.get(path), reals.get(path))
             return
-        yield from run_tasks(_worker, [(p, options, sources.get(p)) for p in paths], jobs)
+        yield from run_tasks(_worker, [(p, options, sources.get(p), reals.get(p)) for p in paths], jobs)
 
 
 # Allocations between two young-generation collections (Python's default: 700).

@@ -38,15 +38,40 @@ def run_tasks(work: Callable[[Task], FileResult], tasks: Sequence[Task], jobs: i
         done = 0
         try:
             with ProcessPoolExecutor(max_workers=min(jobs, len(remaining)), initializer=_die_with_parent) as pool:
-                for result in pool.map(work, remaining, chunksize=chunk):
-                    done += 1
-                    yield result
+                # Chunks submitted here rather than through pool.map, whose iterator cancels
+                # what is queued when it is interrupted: the pool, ended then (`_stop`), would
+                # fail those futures again and print concurrent.futures' InvalidStateError.
+                chunks = [pool.submit(_run_chunk, work, remaining[start:start + chunk])
+                          for start in range(0, len(remaining), chunk)]
+                try:
+                    for future in chunks:
+                        for result in future.result():
+                            done += 1
+                            yield result
+                except BrokenProcessPool:
+                    raise
+                except BaseException:  # Ctrl-C, or the caller stopped: not one more file
+                    _stop(pool)
+                    raise
             return
         except BrokenProcessPool:
             remaining = remaining[done:]
         yield _in_own_process(work, remaining[0])
         remaining = remaining[1:]
         chunk = 1  # from now on a death costs the files in flight, not whole chunks
+
+
+def _run_chunk(work: Callable[[Task], FileResult], tasks: Sequence[Task]) -> list[FileResult]:
+    return [work(task) for task in tasks]
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """End the pool now: its workers are ended (the pool then fails its queued files itself),
+    so that leaving the `with` does not wait for every file of the run to be rewritten for
+    nobody."""
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
+    pool.shutdown(wait=False)
 
 
 def _in_own_process(work: Callable[[Task], FileResult], task: Task) -> FileResult:

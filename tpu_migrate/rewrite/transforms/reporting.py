@@ -223,10 +223,10 @@ def metrics_print_statement(small: cst.BaseSmallStatement, sc: StatementContext)
     rule = sc.file.catalog.by_code("TPU157")
     if not reports or not sc.may_fix(rule, reports[0]):
         return None
-    if printer == MASTER_PRINT:
-        sc.fixed(rule.code, MASTER_PRINT)
-    for report in reports:
-        sc.fixed(rule.code, report)
+    # One statement removed, one fix (at its first torch_xla reference), however many
+    # reports it printed.
+    removed = [MASTER_PRINT, *reports] if printer == MASTER_PRINT else reports
+    sc.fixed(rule.code, removed[0], also=removed[1:])
     return []
 
 
