@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from dataclasses import dataclass, field
+
+# The most diagnose reads of what a run added to one debug file (the user's names any file:
+# /dev/zero never ends). A long run's compile analysis is a few KB per compile.
+READ_LIMIT = 256 * 1024 * 1024
 
 
 @dataclass
@@ -25,17 +30,43 @@ class Log:
     @classmethod
     def at(cls, path: str) -> Log:
         try:
-            return cls(path, os.path.getsize(path))
+            info = os.stat(path)  # never opened here: a FIFO's open would wait for a writer
         except OSError:
             return cls(path, 0)
+        return cls(path, info.st_size if stat.S_ISREG(info.st_mode) else 0)
 
-    def read(self) -> bytes:
+    def read(self, notes: list[str] | None = None, limit: int | None = None) -> bytes:
+        """What the run added, at most `limit` bytes (READ_LIMIT), from a regular file only, never
+        waiting: a FIFO, a device (/dev/zero, /dev/urandom), a socket or a directory is not read,
+        and `notes` gets a line saying so, as it does when the read was cut at the limit."""
+        limit = READ_LIMIT if limit is None else limit
         try:
-            with open(self.path, "rb") as handle:
-                handle.seek(self.base)
-                return handle.read()
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+        except OSError:
+            return b""  # no such file: nothing was written
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                if notes is not None:
+                    notes.append(f"{self.path} is not a regular file (a device, FIFO or socket): "
+                                 "diagnose did not read it, and what torch_xla wrote there is not in the report")
+                return b""
+            wanted = max(0, info.st_size - self.base)  # what the run added, as the file stands now
+            chunks, size = [], 0
+            while size < min(wanted, limit):
+                chunk = os.pread(fd, min(limit - size, 1 << 20), self.base + size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            if wanted > limit and notes is not None:
+                notes.append(f"{self.path}: the run added {wanted} bytes; diagnose read the first "
+                             f"{limit} only, and the report stops there")
+            return b"".join(chunks)
         except OSError:
             return b""
+        finally:
+            os.close(fd)
 
 
 @dataclass
@@ -52,10 +83,14 @@ class DebugOutputs:
         if self.graphs_prefix is None:
             return ""
         before = {log.path: log for log in self.graphs or []}
-        text = ""
+        text, left = "", READ_LIMIT  # the bound holds for all of them together
         for path in sorted(glob.glob(glob.escape(self.graphs_prefix) + "*")):
-            log = before.get(path, Log(path, 0))
-            text += log.read().decode("utf-8", "replace")
+            if left <= 0:
+                self.notes.append(f"{path}: not read, diagnose read {READ_LIMIT} bytes of graphs already")
+                continue
+            data = before.get(path, Log(path, 0)).read(self.notes, left)
+            left -= len(data)
+            text += data.decode("utf-8", "replace")
         return text
 
 

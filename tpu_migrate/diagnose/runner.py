@@ -164,13 +164,14 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
             sys.stderr.write(f"tpu-migrate diagnose: stopped {stopped} process(es) that the program "
                              "left running\n")
         found, damaged = read_events_counting(workdir)
-        evidence = Evidence(exit_code=exit_code, events=found,
-                            notes=[*debug.notes, *_lost_evidence(workdir, damaged)])
+        evidence = Evidence(exit_code=exit_code, events=found)
+        # Read with a bound, regular files only, never waiting (the user's names any file).
         if debug.compiles is not None:
-            evidence.debug_log, evidence.debug_base = debug.compiles.read(), debug.compiles.base
+            evidence.debug_log, evidence.debug_base = debug.compiles.read(debug.notes), debug.compiles.base
         if debug.fallbacks is not None:
-            evidence.fallback_log, evidence.fallback_base = debug.fallbacks.read(), debug.fallbacks.base
+            evidence.fallback_log, evidence.fallback_base = debug.fallbacks.read(debug.notes), debug.fallbacks.base
         evidence.graphs = debug.read_graphs()
+        evidence.notes = [*debug.notes, *_lost_evidence(workdir, damaged)]
         return evidence
     finally:
         if process is not None and process.poll() is None:  # the tool failed while it waited
@@ -238,14 +239,21 @@ def _wait(process: subprocess.Popen, waited: set, subreaper: bool, heard: Signal
     SIGTERM). The tool then reports, and exits with the program's status.
     """
     relay: list[tuple[float, int, float]] = []  # (when to decide, signal, when taken)
+    handled_before = 0  # the program's handled signals (SigCgt), sampled before each wait
     while process.poll() is None:
         due = min((r[0] for r in relay), default=None)
         timeout = 0.25 if due is None else min(0.25, max(0.0, due - time.monotonic()))
+        if not heard.live:
+            handled_before = _handled(process.pid)
         info = signal.sigtimedwait(waited, timeout)
         heard.read()
         now = time.monotonic()
         if info is not None and info.si_signo != signal.SIGCHLD and info.si_code != SI_KERNEL:
-            if not _handles(process.pid, info.si_signo):
+            # Without the channel, a program that got the signal too may be ending in its
+            # handler already, its handlers reset to the default: what it handled a moment
+            # before counts (a relay would end it by the signal instead of its own status).
+            if not (_handles(process.pid, info.si_signo)
+                    or (not heard.live and handled_before >> (info.si_signo - 1) & 1)):
                 wait = 0.0
             else:
                 wait = HEARD_WINDOW_S if heard.live else RELAY_GRACE_S
@@ -267,14 +275,19 @@ def _wait(process: subprocess.Popen, waited: set, subreaper: bool, heard: Signal
 
 def _handles(pid: int, signum: int) -> bool:
     """Whether the process has a handler for the signal (SigCgt in /proc/PID/status)."""
+    return bool(_handled(pid) >> (signum - 1) & 1)
+
+
+def _handled(pid: int) -> int:
+    """The signals the process has a handler for, as a bit mask (SigCgt); all where unknown."""
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as handle:
             for line in handle:
                 if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+                    return int(line.split()[1], 16)
     except (OSError, ValueError, IndexError):
         pass
-    return True
+    return -1
 
 
 def _wait_plain(process: subprocess.Popen) -> int:

@@ -11,7 +11,11 @@ it. One it does not handle ends it (or is ignored), and a relay changes nothing.
 
 A program that sets its own wakeup fd (asyncio's `add_signal_handler`) takes the channel over:
 it is told the previous fd was -1, as without the tool, and the tool hears that the channel is
-lost and falls back to relaying after a grace period (runner.RELAY_GRACE_S).
+lost and falls back to relaying after a grace period (runner.RELAY_GRACE_S). So does a program
+that closes the channel's descriptor: it is moved out of the range programs close
+(`os.closerange(3, 1024)`, see _out_of_reach), and where the program closes it all the same, the
+tool sees the pipe's end and relays a signal the program handled (or handled a moment before:
+a program ending in its handler has its handlers reset) only after the grace period.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ def report_received() -> None:
     value = os.environ.pop(ENV_SIGNALS, "")
     if not value.isdigit():
         return
-    fd = int(value)
+    fd = _out_of_reach(int(value))
     try:
         os.set_inheritable(fd, False)  # the program's subprocesses do not get it
         os.set_blocking(fd, False)
@@ -53,6 +57,39 @@ def report_received() -> None:
 
     set_wakeup_fd.__doc__ = original.__doc__
     signal.set_wakeup_fd = set_wakeup_fd
+
+
+# Where the channel's descriptor moves to (from HIGH_FD // 2 up): a program that closes the descriptors it
+# inherited (`os.closerange(3, 1024)`, `closerange(3, SC_OPEN_MAX)`) leaves it open, so Python's
+# C-level handler neither fails on it ("Exception ignored ... wakeup fd") nor writes signal
+# numbers into a file the program opened later under the same number. Capped: the kernel's
+# descriptor table grows to the highest number in use.
+HIGH_FD = 16384
+
+
+def _out_of_reach(fd: int) -> int:
+    """`fd` moved to the first free number from half of min(RLIMIT_NOFILE's hard limit, HIGH_FD)
+    up (8192 where the hard limit allows); the soft limit the program sees is unchanged (a descriptor above it stays usable)."""
+    try:
+        import fcntl
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        top = min(HIGH_FD if hard == resource.RLIM_INFINITY else hard, HIGH_FD)
+        if top <= 3 or fd >= top // 2:
+            return fd
+        raise_soft = soft != resource.RLIM_INFINITY and soft < top
+        if raise_soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
+        try:
+            moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, top // 2)
+        finally:
+            if raise_soft:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    except (ImportError, OSError, ValueError):
+        return fd
+    os.close(fd)
+    return moved
 
 
 class SignalsHeard:
