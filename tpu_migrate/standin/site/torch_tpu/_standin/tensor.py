@@ -127,28 +127,11 @@ class TpuTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        originals = {}  # id of what the op gets -> what the caller passed, for in-place results
-        tpu_inputs = False
-        host_tensors = False
-
-        def unwrap(value):
-            nonlocal tpu_inputs, host_tensors
-            if isinstance(value, TpuTensor):
-                tpu_inputs = True
-                originals[id(value._inner)] = value
-                return value._inner
-            if isinstance(value, torch.Tensor):
-                originals[id(value)] = value
-                host_tensors = host_tensors or value.dim() > 0
-                return value
-            if isinstance(value, torch.device) and value.type == "tpu":
-                return _CPU
-            return value
-
-        cpu_args = pytree.tree_map(unwrap, args)
-        cpu_kwargs = pytree.tree_map(unwrap, kwargs)
-        if tpu_inputs and host_tensors and func not in _CROSS_DEVICE_OPS:
-            _refuse_mixed_devices(func, args, kwargs)
+        seen = _Unwrapped()
+        cpu_args = seen.unwrap(args)
+        cpu_kwargs = {name: seen.unwrap(value) for name, value in kwargs.items()}
+        if seen.tpu_inputs and seen.host_tensors and func not in _CROSS_DEVICE_OPS:
+            _refuse_mixed_devices(func)
         if func is aten._to_copy.default and "device" in kwargs:
             return _to_copy(func, args[0], cpu_args, cpu_kwargs, kwargs["device"])
         if func is aten._local_scalar_dense.default:
@@ -158,19 +141,52 @@ class TpuTensor(torch.Tensor):
         elif func is aten.copy_.default and not isinstance(args[0], TpuTensor):
             events.emit("copy", func.__name__)
         result = func(*cpu_args, **cpu_kwargs)
-        wrap = _wrapper(originals, on_device=tpu_inputs or is_tpu_device(kwargs.get("device")))
-        return pytree.tree_map(wrap, result)
+        return seen.wrap(result, on_device=seen.tpu_inputs or is_tpu_device(kwargs.get("device")))
 
 
-def _wrapper(originals, on_device):
-    def wrap(value):
-        if not isinstance(value, torch.Tensor):
+class _Unwrapped:
+    """One op's arguments as the CPU runs them, and what they were. Ops take tensors, devices and
+    numbers, alone or in lists and tuples: a walk of those (pytree's general one cost a third of
+    a small training step)."""
+
+    __slots__ = ("originals", "tpu_inputs", "host_tensors")
+
+    def __init__(self):
+        self.originals = {}  # id of what the op gets -> what the caller passed, for in-place results
+        self.tpu_inputs = False
+        self.host_tensors = False  # a CPU tensor with dimensions among the arguments
+
+    def unwrap(self, value):
+        if isinstance(value, TpuTensor):
+            self.tpu_inputs = True
+            self.originals[id(value._inner)] = value
+            return value._inner
+        if isinstance(value, torch.Tensor):
+            self.originals[id(value)] = value
+            self.host_tensors = self.host_tensors or value.dim() > 0
             return value
-        if id(value) in originals:  # an in-place or out= op returns what it was given
-            return originals[id(value)]
-        return TpuTensor(value) if on_device else value
+        if isinstance(value, (list, tuple)):
+            return _rebuilt(value, [self.unwrap(item) for item in value])
+        if isinstance(value, torch.device) and value.type == "tpu":
+            return _CPU
+        return value
 
-    return wrap
+    def wrap(self, value, on_device):
+        if isinstance(value, torch.Tensor):
+            if id(value) in self.originals:  # an in-place or out= op returns what it was given
+                return self.originals[id(value)]
+            return TpuTensor(value) if on_device else value
+        if isinstance(value, (list, tuple)):
+            return _rebuilt(value, [self.wrap(item, on_device) for item in value])
+        return value
+
+
+def _rebuilt(sequence, items):
+    """A list or tuple of the same kind (a named tuple, or torch.return_types' struct sequences)."""
+    kind = type(sequence)
+    if kind is list or kind is tuple:
+        return kind(items)
+    return kind(*items) if hasattr(sequence, "_fields") and not hasattr(sequence, "n_fields") else kind(items)
 
 
 def _to_copy(func, source, cpu_args, cpu_kwargs, device):
@@ -192,7 +208,7 @@ def _is_mask_index(func, cpu_args):
     )
 
 
-def _refuse_mixed_devices(func, args, kwargs):
+def _refuse_mixed_devices(func):
     """A host tensor with dimensions beside a tpu tensor is an error on a TPU, as on CUDA."""
     raise RuntimeError(
         "Expected all tensors to be on the same device, but found at least two devices, "
