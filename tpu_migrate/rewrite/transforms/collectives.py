@@ -123,15 +123,16 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
     if scale in ("1", "1.0"):
         scale = None
     target = target_name(assign)
-    if target is not None and isinstance(inputs, (cst.List, cst.Tuple)):
-        sc.needs_manual(rule.code, "a list reduced in place is returned: reduce it as a statement, "
-                        "then assign", qualname)
-        return None
     if target is None and assign is not None:
         sc.needs_manual(rule.code, "assign the result to a name to convert xm.all_reduce", qualname)
         return None
     where = sc.fixed(rule.code, qualname)
-    if target is not None and _holds_a_list(inputs, sc):
+    if target is not None and _builds_a_list(inputs):
+        # A list built in the call (`[p.grad for p in params]`): torch_xla reduced each of its
+        # tensors in place and returned the list itself.
+        lines = [f"{target} = {code(inputs)}", f"if {world_guard(sc, rule.code, where)}:",
+                 *_reduce_each(target, op, scale, sc)]
+    elif target is not None and _holds_a_list(inputs, sc):
         # torch_xla reduced a list in place and returned it.
         lines = [f"if {world_guard(sc, rule.code, where)}:", *_reduce_each(code(inputs), op, scale, sc),
                  f"{target} = {code(inputs)}"]
@@ -151,8 +152,8 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
             if not isinstance(inputs, (cst.Name, cst.Attribute)):  # evaluated once, as before
                 tensors = fresh_name(sc, "tensors")
                 lines.append(f"{tensors} = {code(inputs)}")
-            lines += [f"if not isinstance({tensors}, {plan.use('torch')}.Tensor) and {world_guard(sc, rule.code, where)}:",
-                      *_reduce_each(tensors, op, scale, sc)]
+            is_list = "" if _builds_a_list(inputs) else f"not isinstance({tensors}, {plan.use('torch')}.Tensor) and "
+            lines += [f"if {is_list}{world_guard(sc, rule.code, where)}:", *_reduce_each(tensors, op, scale, sc)]
     return parse_block(lines)
 
 
@@ -162,6 +163,15 @@ def _reduce_each(tensors: str, op: str, scale: str | None, sc: StatementContext)
     var = fresh_name(sc, "tensor")
     return [f"    for {var} in {tensors}:", f"        {sc.file.import_plan.use('dist')}.all_reduce({var}, op={op})",
             *_scaled_in_place(var, scale, sc, "        ")]
+
+
+def _builds_a_list(inputs: cst.BaseExpression) -> bool:
+    """Whether `inputs` makes a new list or tuple where it stands (a display, a comprehension,
+    `list(...)`, `tuple(...)`): torch_xla reduced its tensors in place, where a tensor got a new
+    one."""
+    return isinstance(inputs, (cst.List, cst.Tuple, cst.ListComp)) or (
+        isinstance(inputs, cst.Call) and isinstance(inputs.func, cst.Name)
+        and inputs.func.value in ("list", "tuple"))
 
 
 def _holds_a_list(inputs: cst.BaseExpression, sc: StatementContext) -> bool:
@@ -198,7 +208,7 @@ def all_reduce_value(call, qualname, sc: StatementContext, rule):
         return call
     if (
         inputs is None or "reduce_type" not in bound or given(bound, "groups")
-        or isinstance(inputs.value, (cst.List, cst.Tuple, cst.ListComp)) or _holds_a_list(inputs.value, sc)
+        or _builds_a_list(inputs.value) or _holds_a_list(inputs.value, sc)
     ):
         sc.needs_manual(rule.code, f"{rule.summary} (used as a value here: convert by hand)", qualname)
         return call
