@@ -15,7 +15,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_stmt
 from tpu_migrate.rewrite.plans import MP_DEVICE_LOADER, PARALLEL_LOADER
-from tpu_migrate.rewrite.registry import CALL, rule_code, transform
+from tpu_migrate.rewrite.registry import CALL, REFERENCE, rule_code, transform
 from tpu_migrate.rewrite.transforms import spmd
 from tpu_migrate.rewrite.transforms.common import (
     TO_DEVICE,
@@ -229,6 +229,10 @@ def device_loader_loop(stmt: cst.For, sc: StatementContext, plans, expr_rewriter
 def device_loader(call, qualname, sc: StatementContext, rule):
     """A device loader outside a `for` header: the plain loader where it is assigned to a
     loop-only variable, else the added class (DEVICE_LOADER) in its place."""
+    if qualname == PER_DEVICE_LOADER:
+        sc.needs_manual(rule.code, "a PerDeviceLoader made directly: replace it with the plain DataLoader and "
+                        "move each batch with .to(device) in the loop", qualname)
+        return call
     node = sc.info.node
     plans = sc.file.plans
     loop_only = (
@@ -365,6 +369,60 @@ def _unknown_arguments(bound: dict) -> list[str]:
 def _reads_loader_internals(sc: StatementContext) -> bool:
     return any(isinstance(node, ast.Attribute) and node.attr in _LOADER_INTERNALS
                for node in sc.file.analysis.nodes)
+
+
+PER_DEVICE_LOADER = "torch_xla.distributed.parallel_loader.PerDeviceLoader"
+
+
+@transform("device_loader", form=REFERENCE)
+def device_loader_class(node, qualname, sc: StatementContext, rule):
+    """The class itself, not called (`isinstance(dl, pl.PerDeviceLoader)`, an annotation): the
+    class that takes its place where this file makes one, so a loader the file made still
+    passes the test and is not wrapped again. MpDeviceLoader -> DEVICE_LOADER's class;
+    ParallelLoader and PerDeviceLoader -> PARALLEL_LOADER_CLASS's (its per_device_loader is
+    itself). Left with a TODO where this file makes none (a loader made elsewhere is another
+    module's class), and for ParallelLoader where the file holds a per-device loader (the
+    stand-in is both, where torch_xla's per-device loader was no ParallelLoader)."""
+    made = _loaders_made(sc)
+    if qualname == MP_DEVICE_LOADER and MP_DEVICE_LOADER in made:
+        name = helper(sc, "_DeviceLoader", DEVICE_LOADER)
+    elif qualname == PER_DEVICE_LOADER and PARALLEL_LOADER in made or (
+            qualname == PARALLEL_LOADER and PARALLEL_LOADER in made and not _holds_per_device_loader(sc)):
+        name = helper(sc, "_ParallelLoader", PARALLEL_LOADER_CLASS)
+    else:
+        short = qualname.rsplit(".", 1)[1]
+        why = ("this file makes no such loader: one made elsewhere is of another class now"
+               if qualname != PARALLEL_LOADER or PARALLEL_LOADER not in made else
+               "this file's ParallelLoader stand-in is also its per-device loader, which torch_xla's was not")
+        sc.needs_manual(rule.code, f"`{short}` used as a class ({why}): test for the loader that replaced it "
+                        "by hand", qualname)
+        return node
+    sc.fixed(rule.code, qualname)
+    return cst.Name(name)
+
+
+def _loaders_made(sc: StatementContext) -> frozenset[str]:
+    """The device loader classes this file calls (by their last name). Once per file."""
+    made = sc.file.memo.get("loaders_made")
+    if made is None:
+        names = {_called_name(node.func) for node in sc.file.analysis.nodes if isinstance(node, ast.Call)}
+        # A second run sees the classes that replaced them (the TODO's reason must not change).
+        made = sc.file.memo["loaders_made"] = frozenset(
+            q for q, added in ((MP_DEVICE_LOADER, "_DeviceLoader"), (PARALLEL_LOADER, "_ParallelLoader"))
+            if q.rsplit(".", 1)[1] in names or added in names)
+    return made
+
+
+def _holds_per_device_loader(sc: StatementContext) -> bool:
+    """Whether a per_device_loader(...) result is kept (not only iterated by a `for` header)."""
+    found = sc.file.memo.get("holds_per_device_loader")
+    if found is None:
+        nodes = sc.file.analysis.nodes
+        iterated = {id(node.iter) for node in nodes if isinstance(node, (ast.For, ast.AsyncFor))}
+        found = sc.file.memo["holds_per_device_loader"] = any(
+            isinstance(node, ast.Call) and _called_name(node.func) == "per_device_loader"
+            and id(node) not in iterated for node in nodes)
+    return found
 
 
 @transform("device_loader", on="rewritten")
