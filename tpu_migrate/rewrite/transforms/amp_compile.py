@@ -37,10 +37,13 @@ def xla_autocast(call, qualname, sc: StatementContext, rule):
     return parse_expr(f"{torch}.autocast({device_type}, {', '.join(kwargs)})")
 
 
+# torch_xla seeded the XLA device's generator only. On a CPU-only host the device is the CPU,
+# whose generator torch_xla never touched: seeding it would overwrite a CPU state the program
+# restored (accelerate's checkpoint loading, fairseq's set_torch_seed), so nothing is seeded there.
 SEED_DEVICE = {
     "tpu": "{torch}.tpu.manual_seed({seed})",
     "portable": "{torch}.get_device_module({torch}.accelerator.current_accelerator()).manual_seed({seed}) "
-                "if {torch}.accelerator.is_available() else {torch}.manual_seed({seed})",
+                "if {torch}.accelerator.is_available() else None",
 }
 GET_RNG_STATE = "torch_xla.core.xla_model.get_rng_state"
 
