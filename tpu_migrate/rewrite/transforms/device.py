@@ -508,17 +508,14 @@ def _device_type_compare(cmp: cst.Comparison, sc: StatementContext):
     string = right if string_side == "right" else left
     sc.fixed("TPU003", where=_where(sc, string))
     q = quote_of(string)
+    operator = target.operator
     if sc.file.target == "tpu":
         new_string = cst.SimpleString(f"{q}tpu{q}")
-        operator = target.operator
     else:
-        new_string = cst.SimpleString(f"{q}cpu{q}")
-        equal = isinstance(target.operator, cst.Equal)
-        spacing = dict(
-            whitespace_before=target.operator.whitespace_before,
-            whitespace_after=target.operator.whitespace_after,
-        )
-        operator = cst.NotEqual(**spacing) if equal else cst.Equal(**spacing)
+        # The type of the device the migration runs on: the accelerator, or the CPU where there
+        # is none. `!= "cpu"` answered False there for the very tensors the program put on its
+        # device, and the code took its CPU-only branch.
+        new_string = parse_expr(sc.file.import_plan.fill(PORTABLE_DEVICE_TYPE))
     if string_side == "right":
         return cmp.with_changes(
             comparisons=[target.with_changes(operator=operator, comparator=new_string)]
