@@ -122,3 +122,30 @@ def test_other_cell_magics_stay_whole(magic):
     result, cells = convert(f"{magic}\nimport torch_xla.core.xla_model as xm")
     assert not result.changed and cells == [f"{magic}\nimport torch_xla.core.xla_model as xm"]
 
+
+
+def test_a_cell_s_own_import_is_used_not_doubled():
+    """Issue 51: the `import torch` the rewrite adds above a cell's code landed above the cell's
+    own `import torch` (further down, after a use that became torch's): imported twice."""
+    _, sources = convert("import torch_xla.core.xla_model as xm\ndev = xm.xla_device()\nimport torch\n"
+                         "x = torch.ones(2).to(dev)")
+    assert sources[0].split("\n").count("import torch") == 1
+    assert sources[0].startswith("import torch\n")
+
+
+def test_a_notebook_not_written_by_jupyter_keeps_its_key_order():
+    """Issue 51: nbformat writes sorted keys and sources as lists of lines: a notebook written
+    otherwise (keys in another order, a source as one string) showed every cell in the diff."""
+    import json
+
+    cell = {"source": "import torch_xla.core.xla_model as xm\ndev = xm.xla_device()", "outputs": [],
+            "cell_type": "code", "metadata": {}, "execution_count": None, "id": "c1"}
+    kept = {"source": "print(1)", "outputs": [], "cell_type": "code", "metadata": {},
+            "execution_count": None, "id": "c2"}
+    data = json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [cell, kept]}, indent=1)
+    result = rewrite_notebook(data.encode(), "nb.ipynb", Options(target="tpu"))
+    assert result.changed
+    before, after = data.splitlines(), result.output.decode().splitlines()
+    assert len(before) == len(after)
+    assert [i for i, (a, b) in enumerate(zip(before, after)) if a != b] == [before.index(
+        next(line for line in before if "xla_device" in line))]

@@ -127,6 +127,8 @@ def rewrite_notebook(data: bytes, path: str, options: Options, catalog: Catalog 
     result.manual.sort(key=lambda m: (m.cell, m.line, m.col, m.code))
     result.fixes.sort(key=lambda f: (f.cell, f.line, f.col))
     changed = dict(_split_cells(inner.output.decode("utf-8"), magics)) if inner.changed else {}
+    for index, source in changed.items():
+        changed[index] = _own_import_kept(notebook.cells[index].source, source)
     changed.update({i: s for i, s in written.items() if s is not None})
     return _write(result, notebook, data, changed, caught)
 
@@ -148,13 +150,62 @@ def _write(result: FileResult, notebook, data: bytes, new_sources: dict[int, str
         result.original = data
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            result.output = nbformat.writes(notebook).encode("utf-8")
+            result.output = _in_input_order(nbformat.writes(notebook), data).encode("utf-8")
         # What nbformat repaired (`read_warnings`) shows in what is written: said, in our words.
         result.notes.extend(_nbformat_notes([*read_warnings, *caught], data))
         if not result.output.endswith(b"\n"):
             result.output += b"\n"
         result.cell_diffs = diffs
     return result
+
+
+def _own_import_kept(old: str, new: str) -> str:
+    """A cell whose own top-level import (`import torch`) comes after the code that now needs it
+    gets the import added above that code: the cell's own one then goes, rather than be
+    imported twice (the added line is the cell's import, moved up)."""
+    lines = new.split("\n")
+    for statement in dict.fromkeys(t for t in lines if t.startswith("import ") and t == t.rstrip()):
+        had, has = old.split("\n").count(statement), lines.count(statement)
+        if 1 <= had < has:
+            extra = has - had
+            for i in range(len(lines) - 1, -1, -1):  # the later ones: the cell's own, below
+                if extra and lines[i] == statement:
+                    del lines[i]
+                    extra -= 1
+    return "\n".join(lines)
+
+
+def _in_input_order(written: str, data: bytes) -> str:
+    """nbformat's text with the input's key order and its form of each cell's source (one
+    string or a list of lines): a notebook not written by Jupyter (keys not sorted) shows only
+    its changed cells in the diff. A Jupyter notebook (sorted keys, sources as lists) is
+    written as nbformat writes it."""
+    try:
+        before = json.loads(data.decode("utf-8"))
+        after = json.loads(written)
+    except ValueError:
+        return written
+    return json.dumps(_ordered(after, before), sort_keys=False, indent=1, ensure_ascii=False,
+                      separators=(",", ": "))
+
+
+def _ordered(after, before):
+    if isinstance(after, dict) and isinstance(before, dict):
+        keys = [k for k in before if k in after] + [k for k in after if k not in before]
+        return {k: (_source(after[k], before[k]) if k == "source" else _ordered(after[k], before.get(k)))
+                for k in keys}
+    if isinstance(after, list) and isinstance(before, list):
+        if len(after) == len(before):
+            return [_ordered(a, b) for a, b in zip(after, before)]
+        ids = {b.get("id"): b for b in before if isinstance(b, dict) and b.get("id")}
+        return [_ordered(a, ids.get(a.get("id")) if isinstance(a, dict) else None) for a in after]
+    return after
+
+
+def _source(after, before):
+    if isinstance(before, str) and isinstance(after, list):
+        return "".join(after)
+    return after
 
 
 def _nbformat_notes(caught: list[warnings.WarningMessage], data: bytes) -> list[Note]:
