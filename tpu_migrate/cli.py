@@ -527,7 +527,9 @@ def verify(target, against, root, nprocs, rtol, atol, timeout, output_format, ht
         status, document = run_verify(module or script, list(args), against, root, nprocs, rtol, atol, timeout,
                                       echo, html_file, module=module is not None,
                                       interpreter=(lambda env: os.path.abspath(python)) if python else None,
-                                      target=target, migrated_python=migrated_python)
+                                      target=target, migrated_python=migrated_python,
+                                      nproc_default=click.get_current_context().get_parameter_source("nprocs")
+                                      == click.core.ParameterSource.DEFAULT)
     except VerifyError as exc:
         raise click.UsageError(str(exc)) from None
     if output_format == "json":

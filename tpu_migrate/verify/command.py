@@ -22,7 +22,7 @@ TARGETS = ("tpu", "portable")
 def run_verify(script: str, args: list[str], against: str | None, root: str | None, nprocs: list[int],
                rtol: float, atol: float, timeout: float, echo, html_file: str | None = None,
                module: bool = False, interpreter=None, target: str = "tpu",
-               migrated_python: str | None = None) -> tuple[int, dict]:
+               migrated_python: str | None = None, nproc_default: bool = False) -> tuple[int, dict]:
     """Run everything and return (exit status, the JSON document); `echo(line)` says progress
     and the text report; `html_file` gets the page (verify/html.py). With `module`, `script` is
     a module name run as `python -m` (its tree: --root, default the current directory);
@@ -30,10 +30,12 @@ def run_verify(script: str, args: list[str], against: str | None, root: str | No
     `migrated_python`). `target`: the migration's (`rewrite --target`); a tpu one runs on the
     TorchTPU stand-in, under `migrated_python`, else the one standin.find_python finds or makes.
     VerifyError for a usage problem. Any other error is one line and exit status 2, never 1 (a
-    divergence); an interrupt (Ctrl-C) 130, with every run's processes stopped."""
+    divergence); an interrupt (Ctrl-C) 130, with every run's processes stopped. `nproc_default`:
+    `nprocs` is the CLI's default, not the user's choice: against an original that made no process
+    group and started no other process, its N-process runs do not apply and do not run."""
     try:
         return _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, html_file, module,
-                           interpreter, target, migrated_python)
+                           interpreter, target, migrated_python, nproc_default)
     except VerifyError:
         raise
     except KeyboardInterrupt:
@@ -46,7 +48,7 @@ def run_verify(script: str, args: list[str], against: str | None, root: str | No
 
 
 def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, html_file, module, interpreter,
-                target, migrated_python) -> tuple[int, dict]:
+                target, migrated_python, nproc_default=False) -> tuple[int, dict]:
     if target not in TARGETS:
         raise VerifyError(f"--target {target}: give one of {', '.join(TARGETS)}")
     program = Target.find(script, module, root)
@@ -64,33 +66,50 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
     workspace = Workspace(interpreter, target, migrated_interpreter)
     try:
         migrated = Target(Path(against), None, False) if against else workspace.migrate(program, root)
-        runs = []
-        for name, kind, runnable, world in (
-                ("original", "original", program, 1), ("original, again", "original", program, 1),
-                *((f"migrated, {_processes(n)}", "migrated", migrated, n) for n in nprocs)):
+        runs, failed, skipped = [], None, None
+        plan = [("original", "original", program, 1), ("original, again", "original", program, 1),
+                *((f"migrated, {_processes(n)}", "migrated", migrated, n) for n in nprocs)]
+        while plan:
+            name, kind, runnable, world = plan.pop(0)
             echo(f"verify: running the {name} ...")
             run = workspace.run(name, kind, runnable, args, world, timeout)
-            runs.append(run)
             if run.left and run.returncode == 0:
                 echo(f"verify: {name}: the program exited leaving {len(run.left)} process(es) running, stopped: "
                      + "; ".join(run.left[:5]))
             if run.returncode != 0:
-                return 2, _failed(run, echo)
+                failed = run
+                break
+            runs.append(run)
             if len(runs) == 1 and not compare.steps(run) and not printed.lines(run.printed):  # no need to run the rest
                 echo(f"verify: {script}: the original took no optimizer step, called no backward() and printed no "
                      "number: nothing to compare")
                 return 2, {"script": script, "error": "the original took no step and printed no number"}
+            if len(runs) == 1 and nproc_default and run.single_process and any(p[3] > 1 for p in plan):
+                skipped = [p[3] for p in plan if p[3] > 1]
+                plan = [p for p in plan if p[3] <= 1] or [("migrated, 1 process", "migrated", migrated, 1)]
+                echo(f"verify: {script} is a single-process program (the original made no process group and "
+                     f"started no other process): the torchrun run(s) at {', '.join(map(str, skipped))} processes do "
+                     "not apply, not run (give --nproc to run them)")
     finally:
         workspace.close()
+    if failed is not None and (failed.side == "original" or len(runs) < 3):  # no migrated run measured
+        return 2, _failed(failed, echo)
     reference = compare.original(*runs[:2])
     verdicts = [compare.verdict(reference, run, rtol, atol) for run in runs[2:]]
     document = _document(script, against, target, torch, reference, verdicts)
+    if skipped:
+        document["not_run"] = {"processes": skipped, "why": "single-process program: the original made no "
+                               "process group and started no other process"}
     for line in _text(script, side, reference, verdicts):
         echo(line)
     if html_file is not None:
         from tpu_migrate.verify import html
 
         Path(html_file).write_text(html.render(script, side, reference, verdicts), encoding="utf-8")
+    if failed is not None:  # what was measured stands: the verdicts above, then the run that failed
+        document.update(_failed(failed, echo))
+        document["same"] = None
+        return 2, document
     return (1 if any(v.divergence for v in verdicts) else 0), document
 
 
@@ -107,10 +126,39 @@ def _processes(n: int) -> str:
 
 
 def _failed(run: Run, echo) -> dict:
+    tail = error_tail(run.output)
     echo(f"verify: the {run.name} run failed (exit status {run.returncode}); the end of its output:")
-    echo(run.output[-3000:].rstrip())
+    echo(tail.rstrip())
     return {"error": f"the {run.name} run failed", "run": run.name, "side": run.side,
-            "returncode": run.returncode, "output": run.output[-3000:]}
+            "returncode": run.returncode, "output": tail}
+
+
+TORCHRUN_FAILURE = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError", "ChildFailedError:")
+TRACEBACK = "Traceback (most recent call last):"
+
+
+def error_tail(output: str, limit: int = 3000) -> str:
+    """The end of a failed run's output that shows its error: under torchrun, the traceback of the
+    first rank that failed (what the program printed), not the agent's own traceback and banner
+    after it, of which only the failure summary (`rank: ... exitcode: ...`) is kept."""
+    cut = -1
+    if any(mark in output for mark in TORCHRUN_FAILURE):
+        # The agent's traceback: the last one, which ends in ChildFailedError.
+        cut = output.rfind(TRACEBACK)
+        while cut > 0 and not any(mark in output[cut:] for mark in TORCHRUN_FAILURE):
+            cut = output.rfind(TRACEBACK, 0, cut)
+    if cut <= 0:
+        return output[-limit:]
+    before = output[:cut]
+    start = before.find(TRACEBACK)
+    program = before[before.rfind("\n", 0, start) + 1:] if start >= 0 else before
+    if len(program) > limit:  # the first failing rank's traceback, whole where it fits
+        first = program[:program.find(TRACEBACK, len(TRACEBACK)) if program.find(TRACEBACK, len(TRACEBACK)) > 0
+                        else len(program)]
+        program = first[-limit:] if len(first) <= limit else first[:200] + "\n...\n" + first[-(limit - 210):]
+    summary = [line.strip() for line in output[cut:].splitlines()
+               if line.strip().startswith(("rank", "exitcode"))]
+    return program.rstrip() + ("\n[torchrun] " + "; ".join(summary[:6]) if summary else "")
 
 
 def _text(script, side: str, reference: compare.Original, verdicts) -> list[str]:

@@ -20,7 +20,11 @@ deterministic too (its own settings still win).
 
 FSDP2 shards parameters and gradients (DTensors): their local shards' sums are recorded apart
 (`*_sharded`), to be added over the ranks; the other tensors are whole in every rank.
-Reading a value is a device sync; under torch_xla that cuts the graph where the program did
+Inside a region whose graph must not be cut (torch_xla.compile, whose `full_graph=True` fails
+on any execution in it) nothing is read: the values are built
+as tensors of the region's graph (or kept, the losses) and read at its end (torch_xla.compile's
+own sync materializes them) or at the next eager step, so recording never changes what the
+program can do. Reading a value is a device sync; under torch_xla that cuts the graph where the program did
 not, which changes no value beyond float rounding (verify's tolerance). On the TorchTPU stand-in
 (a `tpu` device whose tensors the CPU computes) the values are read the same way: what it reads
 are copies (`.cpu()`), never the program's tensors.
@@ -38,7 +42,10 @@ ENV_DIR = "TPU_MIGRATE_VERIFY_DIR"
 
 _losses: list = []
 _steps: dict[int, int] = {}  # id(optimizer) -> its last step's index, in order of first step
-_pending: dict[int, tuple[float, float]] = {}  # id(optimizer) -> its gradients' squared norm
+_pending: dict[int, tuple] = {}  # id(optimizer) -> its gradients' squared norm (tensors, in a region)
+_deferred: list = []  # (path, record with tensors) built inside a region, read at its end
+_region = [0]  # how deep the program is in torch_xla.compile regions
+_unread = [0]  # records that could not be read at the end of their region
 
 
 def install() -> None:
@@ -79,6 +86,8 @@ class _Tee:
 
 def _hook(path: str) -> None:
     import torch
+
+    from tpu_migrate.diagnose.tracer import after_import
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     backward = torch.Tensor.backward
@@ -89,9 +98,12 @@ def _hook(path: str) -> None:
         return backward(self, *args, **kwargs)
 
     torch.Tensor.backward = recording_backward
+    after_import("torch_xla.torch_xla", _wrap_xla_compile)
+    after_import("torch.distributed.distributed_c10d", lambda: _mark_process_groups(os.path.dirname(path)))
     register_optimizer_step_pre_hook(_before_step)
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _after_step(optimizer, path))
     atexit.register(_backward_only, path)
+    atexit.register(_flush)  # registered last, run first: a region's records not read yet
     # Before the program's code, which may set its own: its seed replaces this one, and its
     # use_deterministic_algorithms(False) this choice (warn_only: an op without a deterministic
     # kernel warns instead of failing the run).
@@ -113,11 +125,14 @@ def _params(optimizer) -> list:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def _sums(tensors, power: int) -> tuple[float, float]:
+def _sums(tensors, power: int) -> tuple:
     """(sum over the whole tensors, sum over the DTensor shards this rank holds) of each
     element to `power`, in float64: one device read for each, per device the tensors are on
-    (a model split between the host and a device: tensors of two devices do not stack)."""
+    (a model split between the host and a device: tensors of two devices do not stack).
+    Inside a region (_in_region), the sums as tensors of its graph, read by _read later."""
     import torch
+
+    deferred = _in_region()
 
     whole, sharded = {}, {}
     for tensor in tensors:
@@ -125,11 +140,121 @@ def _sums(tensors, power: int) -> tuple[float, float]:
         local = (tensor.to_local() if is_shard else tensor).detach().to(torch.float64)
         (sharded if is_shard else whole).setdefault(local.device, []).append(
             (local if power == 1 else local.pow(power)).sum())
+    if deferred:
+        return tuple([torch.stack(sums).sum() for sums in part.values()] for part in (whole, sharded))
     return tuple(sum((float(torch.stack(sums).sum().cpu()) for sums in part.values()), 0.0)
                  for part in (whole, sharded))
 
 
+def _read(value):
+    """A value _sums or _after_step kept as tensors inside a region, read now."""
+    if isinstance(value, list):
+        return sum((float(tensor.cpu()) for tensor in value), 0.0)
+    return value
+
+
+def _in_region() -> bool:
+    """Whether the program runs inside a torch_xla.compile region, where a device read would cut
+    the graph (its full_graph=True fails on any execution). A function torch.compile traces
+    (dynamo) is not one: there a read is a graph break, and the rest of the step runs eagerly."""
+    if _region[0]:
+        return True
+    xla = sys.modules.get("torch_xla")
+    if xla is not None and hasattr(getattr(xla, "_XLAC", None), "_get_allow_execution"):
+        try:
+            if not xla._XLAC._get_allow_execution():
+                return True
+        except Exception:  # noqa: BLE001 (an older torch_xla: no such state)
+            pass
+    return False
+
+
+def _flush() -> None:
+    """Read and write the records kept inside a region, now that it has ended."""
+    while _deferred:
+        path, record = _deferred.pop(0)
+        try:
+            for key in ("grad_sq", "grad_sq_sharded", "param_sum", "param_sum_sharded"):
+                record[key] = _read(record[key])
+            record["losses"] = [float(loss.float().cpu()) for loss in record["losses"]]
+            record["lr"] = [float(lr) for lr in record["lr"]]
+        except Exception:  # noqa: BLE001 (never the program's failure: the step is said unread)
+            _unread[0] += 1
+            continue
+        _write(path, record)
+
+
+def _write(path: str, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def _wrap_xla_compile() -> None:
+    """torch_xla.compile, marking its region: what a step records in it is read at its end (after
+    the region's own sync), never in it. Patched in torch_xla.torch_xla before torch_xla's
+    __init__ binds its names (`from .torch_xla import *`)."""
+    import functools
+
+    module = sys.modules.get("torch_xla.torch_xla")
+    original = getattr(module, "compile", None)
+    if original is None or getattr(original, "_tpu_migrate_verify", False):
+        return
+
+    def region(call):
+        @functools.wraps(call)
+        def run(*args, **kwargs):
+            _region[0] += 1
+            try:
+                return call(*args, **kwargs)
+            finally:
+                _region[0] -= 1
+                if not _region[0]:
+                    _flush()
+        return run
+
+    class Region:
+        """torch_xla.compile()'s context manager (also a decorator), its region marked."""
+
+        def __init__(self, manager):
+            self._manager = manager
+
+        def __enter__(self):
+            _region[0] += 1
+            try:
+                return self._manager.__enter__()
+            except BaseException:
+                _region[0] -= 1
+                raise
+
+        def __exit__(self, *exc):
+            try:
+                return self._manager.__exit__(*exc)
+            finally:
+                _region[0] -= 1
+                if not _region[0]:
+                    _flush()
+
+        def __call__(self, function):
+            return region(self._manager(function))
+
+        def __getattr__(self, name):
+            return getattr(self._manager, name)
+
+    @functools.wraps(original)
+    def compile(f=None, *args, **kwargs):
+        compiled = original(f, *args, **kwargs)
+        return Region(compiled) if f is None else region(compiled)
+
+    compile._tpu_migrate_verify = True
+    module.compile = compile
+    xla = sys.modules.get("torch_xla")
+    if xla is not None and getattr(xla, "compile", None) is original:
+        xla.compile = compile
+
+
 def _before_step(optimizer, args, kwargs) -> None:
+    if _deferred and not _in_region():
+        _flush()
     _pending[id(optimizer)] = _sums([p.grad for p in _params(optimizer) if p.grad is not None], 2)
 
 
@@ -151,14 +276,49 @@ def _after_step(optimizer, path: str) -> None:
     _steps[key] = _steps.get(key, -1) + 1
     grad_sq, grad_sq_sharded = _pending.pop(key, (0.0, 0.0))
     param_sum, param_sum_sharded = _sums(_params(optimizer), 1)
-    losses = [float(loss.float().cpu()) for loss in _losses]
+    deferred = _in_region()
+    losses = list(_losses) if deferred else [float(loss.float().cpu()) for loss in _losses]
     _losses.clear()
     rank, world = _rank_and_world()
     record = {"optimizer": list(_steps).index(key), "step": _steps[key], "rank": rank, "world": world,
-              "losses": losses, "lr": [float(group.get("lr", 0.0)) for group in optimizer.param_groups], "grad_sq": grad_sq, "grad_sq_sharded": grad_sq_sharded,
+              "losses": losses, "lr": [_lr(group, deferred) for group in optimizer.param_groups], "grad_sq": grad_sq, "grad_sq_sharded": grad_sq_sharded,
               "param_sum": param_sum, "param_sum_sharded": param_sum_sharded, "where": _caller()}
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
+    if deferred:
+        _deferred.append((path, record))
+    else:
+        _write(path, record)
+
+
+def _mark_process_groups(directory: str) -> None:
+    """init_process_group, noting that the program made one (`group-PID` in the directory): a
+    program that made none and started no other process is single-process (verify's N-process
+    runs do not apply to it)."""
+    import functools
+
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    original = getattr(c10d, "init_process_group", None)
+    if original is None or getattr(original, "_tpu_migrate_verify", False):
+        return
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        try:
+            open(os.path.join(directory, f"group-{os.getpid()}"), "a").close()
+        except OSError:
+            pass
+        return original(*args, **kwargs)
+
+    init_process_group._tpu_migrate_verify = True
+    c10d.init_process_group = init_process_group
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and getattr(dist, "init_process_group", None) is original:
+        dist.init_process_group = init_process_group
+
+
+def _lr(group: dict, deferred: bool):
+    """A parameter group's learning rate; a tensor one kept unread inside a region."""
+    lr = group.get("lr", 0.0)
+    return lr if deferred and hasattr(lr, "cpu") else float(lr)
 
 
 def _rank_and_world() -> tuple[int, int]:

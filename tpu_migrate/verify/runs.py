@@ -49,6 +49,15 @@ class Run:
     records: list[dict] = field(default_factory=list)  # every process's optimizer steps
     printed: str = ""    # what its first process (rank 0) printed on stdout
     left: list[str] = field(default_factory=list)  # processes it left running when it exited (stopped)
+    processes: int = 1   # the Python processes that recorded (the program's own children too)
+    group: bool = False  # whether a process made a process group (init_process_group)
+
+    @property
+    def single_process(self) -> bool:
+        """It made no process group, started no other Python process and ran at world size 1:
+        the N-process runs do not apply to it."""
+        return (not self.group and self.processes <= 1
+                and all(record.get("world", 1) <= 1 for record in self.records))
 
 
 @dataclass(frozen=True)
@@ -177,8 +186,9 @@ class Workspace:
         elif finished.left:
             output += (f"\n[verify] the program exited and left {len(finished.left)} process(es) running, "
                        "stopped: " + "; ".join(finished.left[:5]))
-        return Run(name, side, nproc, returncode, output[-6000:], _read_records(records_dir),
-                   _read_printed(records_dir), finished.left)
+        return Run(name, side, nproc, returncode, output[-20000:], _read_records(records_dir),
+                   _read_printed(records_dir), finished.left, len(list(records_dir.glob("stdout-*.txt"))),
+                   any(records_dir.glob("group-*")))
 
 
 def _read_records(directory: Path) -> list[dict]:

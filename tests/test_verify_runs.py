@@ -1,0 +1,140 @@
+"""`verify` against programs the recorder must not break (issue 48, item 3: an optimizer step
+inside torch_xla.compile(full_graph=True)) and runs that must not throw away what was measured
+(item 5: a failed N-process run keeps the 1-process verdict and shows the rank's error; a
+single-process program does not go through torchrun by default)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from tpu_migrate.verify.command import error_tail
+
+COMPILED_STEP = """\
+import torch
+import torch_xla
+
+torch.manual_seed(0)
+device = torch_xla.device()
+model = torch.nn.Linear(4, 2).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+data, target = torch.randn(8, 4).to(device), torch.randn(8, 2).to(device)
+
+
+def step_fn(data, target):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(data), target)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+compiled = torch_xla.compile(step_fn, full_graph=True, name="step_fn")
+for step in range(3):
+    loss = compiled(data, target)
+    print(f"step {step} loss {loss.item():.5f}")
+"""
+
+SINGLE = """\
+import os
+import torch
+
+assert "TORCHELASTIC_RUN_ID" not in os.environ, "not meant for a launcher"
+torch.manual_seed(1)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(8, 4), torch.randn(8, 2)
+for step in range(3):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    print(f"step {step} loss {loss.item():.6f}")
+"""
+
+# Makes a process group (world 1 under python); its port breaks at 2 processes.
+BREAKS_AT_TWO = SINGLE.replace('assert "TORCHELASTIC_RUN_ID" not in os.environ, "not meant for a launcher"\n', """\
+import torch.distributed as dist
+
+for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("MASTER_ADDR", "127.0.0.1")):
+    os.environ.setdefault(key, value)
+dist.init_process_group("gloo")
+""").replace("    optimizer.step()\n", """\
+    if dist.get_world_size() > 1:
+        raise RuntimeError(f"this port breaks at {dist.get_world_size()} processes")
+    optimizer.step()
+""")
+
+
+def _verify(cwd, *args):
+    return subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_step_inside_torch_xla_compile_full_graph_is_recorded_at_the_end_of_the_region(tmp_path):
+    """The recorder reads nothing inside torch_xla.compile(full_graph=True) (a read there fails the
+    program): the step's values are read after the region's own sync, so the original runs and
+    every step is compared with its migration (torch.compile on the stand-in)."""
+    (tmp_path / "train.py").write_text(COMPILED_STEP)
+    proc = _verify(tmp_path, "--nproc", "1", "train.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "3 optimizer steps" in proc.stdout and "migrated, 1 process: same (3 steps" in proc.stdout
+
+
+@pytest.mark.slow
+def test_a_failed_two_process_run_keeps_the_one_process_verdict_and_shows_the_ranks_error(tmp_path):
+    (tmp_path / "train.py").write_text(BREAKS_AT_TWO)
+    proc = _verify(tmp_path, "--target", "portable", "--format", "json", "train.py")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "migrated, 1 process: same (3 steps" in proc.stderr
+    document = json.loads(proc.stdout)
+    assert [run["run"] for run in document["runs"]] == ["migrated, 1 process"]
+    assert document["runs"][0]["divergence"] is None and document["same"] is None
+    assert document["run"] == "migrated, torchrun, 2 processes"
+    assert "RuntimeError: this port breaks at 2 processes" in document["output"]
+    assert "ChildFailedError" not in document["output"]
+    assert "ChildFailedError" not in proc.stderr.split("the end of its output:")[1]
+
+
+@pytest.mark.slow
+def test_a_single_process_program_does_not_go_through_torchrun_by_default(tmp_path):
+    (tmp_path / "train.py").write_text(SINGLE)
+    proc = _verify(tmp_path, "--target", "portable", "train.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "single-process program" in proc.stdout and "torchrun" not in proc.stdout.split("not apply")[1]
+    assert "migrated, 1 process: same" in proc.stdout and "2 processes" not in proc.stdout.split("not run")[1]
+
+
+TORCHRUN_OUTPUT = """\
+step 0 loss 0.1
+[rank1]: Traceback (most recent call last):
+[rank1]:   File "train.py", line 9, in <module>
+[rank1]: ValueError: rank 1 failed here
+E1206 12:30:19.044000 9484 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 1)
+Traceback (most recent call last):
+  File "/venv/bin/torchrun", line 8, in <module>
+    sys.exit(main())
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2025-12-06_12:30:18
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 9490)
+============================================================
+"""
+
+
+def test_the_tail_of_a_failed_torchrun_run_is_the_ranks_traceback_not_the_banner():
+    tail = error_tail(TORCHRUN_OUTPUT)
+    assert tail.startswith("[rank1]: Traceback") and "ValueError: rank 1 failed here" in tail
+    assert "ChildFailedError" not in tail and "=====" not in tail
+    assert "rank      : 1 (local_rank: 1)" in tail
+    assert error_tail("plain\nValueError: x\n") == "plain\nValueError: x\n"
