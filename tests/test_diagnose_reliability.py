@@ -138,7 +138,7 @@ def test_a_program_that_closes_inherited_fds_keeps_its_signals(tmp_path, reap, c
     program.write_text(CLOSES_FDS)
     codes, outputs = [], []
     started = time.monotonic()
-    for _ in range(5):
+    for _ in range(3):  # before the fix: 143 in 3 of the first 3 runs, and in 2 of 3 up to 65536
         tool = subprocess.Popen(command("--backend", "native", str(program), str(close_to)),
                                 env=environment(tmp_path), start_new_session=True, preexec_fn=default_sigint,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -153,7 +153,7 @@ def test_a_program_that_closes_inherited_fds_keeps_its_signals(tmp_path, reap, c
         output += tool.communicate(timeout=60)[0]
         codes.append(tool.returncode)
         outputs.append(output.decode())
-    assert codes == [5] * 5, outputs[codes.index(next(c for c in codes if c != 5))][-3000:]
+    assert codes == [5] * len(codes), outputs[codes.index(next(c for c in codes if c != 5))][-3000:]
     for output in outputs:
         assert output.count("handler 15") == 1 and output.count("usr1") == 3, output[-3000:]
         if close_to == 1024:

@@ -88,7 +88,9 @@ class Case:
 
 
 CASES = [
-    Case("m01_spawn_all_devices.py", extra_modes=(Mode("fake2", fake_accelerators=2),)),
+    # m01 and m10 start a process per device: their tpu-python run does, on the stand-in's 2 chips
+    # (what a portable host faking 2 accelerators showed before the stand-in).
+    Case("m01_spawn_all_devices.py"),
     Case("m02_spawn_nprocs_flag.py", extra_modes=(Mode("nprocs2", args=("--nprocs", "2")),)),
     Case("m03_launch_debug_single_process.py", args=("--num_cores", "1"), extra_modes=(
         # debug_single_process=True: one process, however many devices there are.
@@ -103,7 +105,7 @@ CASES = [
     Case("m07_rank_gated_logging.py"),
     Case("m08_sampler_device_loader.py"),
     Case("m09_rendezvous_mesh_reduce.py"),
-    Case("m10_varargs_worker_in_variable.py", extra_modes=(Mode("fake2", fake_accelerators=2),)),
+    Case("m10_varargs_worker_in_variable.py"),
     Case("m11_plain_process_group.py"),
     Case("m12_sync_batch_norm_process_index.py"),
     Case("m13_broadcast_master_param_buffers.py"),
@@ -137,9 +139,17 @@ SAME_UNDER_TORCHRUN = {"m01_spawn_all_devices.py", "m02_spawn_nprocs_flag.py", "
                        "m08_sampler_device_loader.py", "m09_rendezvous_mesh_reduce.py",
                        "m10_varargs_worker_in_variable.py", "m12_sync_batch_norm_process_index.py",
                        "m13_broadcast_master_param_buffers.py"}
+# The tpu migration at one process where that is not a plain run of the program's own code at
+# world size 1 (which the portable run and the tpu torchrun run cover between them): the programs
+# that start their processes themselves, one per chip of the stand-in, or make a group themselves.
+LAUNCHES_ITSELF = {"m01_spawn_all_devices.py", "m02_spawn_nprocs_flag.py", "m03_launch_debug_single_process.py",
+                   "m04_conditional_process_group.py", "m10_varargs_worker_in_variable.py",
+                   "m11_plain_process_group.py"}
 PARAMS = [(case, mode) for case in CASES
-          for mode in (PYTHON, *(() if case.program in SAME_UNDER_TORCHRUN else (TORCHRUN2,)), *case.extra_modes,
-                       TPU_PYTHON, TPU_TORCHRUN2, *((TPU_POD,) if POD in case.extra_modes else ()))]
+          for mode in (PYTHON, *(() if case.program in SAME_UNDER_TORCHRUN else (TORCHRUN2,)),
+                       *case.extra_modes,
+                       *((TPU_PYTHON,) if case.program in LAUNCHES_ITSELF else ()), TPU_TORCHRUN2,
+                       *((TPU_POD,) if POD in case.extra_modes else ()))]
 
 
 class Runs:
