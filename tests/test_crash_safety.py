@@ -195,13 +195,7 @@ def test_sigkill_while_a_file_is_being_written(trees, tmp_path, jobs):
     work = tmp_path / "work"
     restore(work, original, meta)
     process = start(work, "--jobs", jobs, slow=True)
-    deadline = time.monotonic() + 60
-    temp = None
-    while temp is None and time.monotonic() < deadline and process.poll() is None:
-        for directory, _, names in os.walk(work):
-            temp = next((os.path.join(directory, n) for n in names if n.endswith(TEMP_SUFFIX)), None)
-            if temp:
-                break
+    temp = wait_for_temporary_file(process, work)
     kill(process)
     assert temp is not None, "no temporary file seen"
     done, leftovers = check_after_kill(work, original, expected)
@@ -219,6 +213,18 @@ def test_sigkill_while_a_file_is_being_written(trees, tmp_path, jobs):
     assert metadata(work) == meta
 
 
+def wait_for_temporary_file(process, work, seconds: float = 60):
+    """The first temporary file the slowed-down run is writing under `work`, or None if the run
+    ended (or `seconds` passed) before one appeared."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and process.poll() is None:
+        for directory, _, names in os.walk(work):
+            temp = next((os.path.join(directory, n) for n in names if n.endswith(TEMP_SUFFIX)), None)
+            if temp:
+                return temp
+    return None
+
+
 @pytest.mark.parametrize("jobs", ["1", "2"])
 @pytest.mark.parametrize("group", [True, False], ids=["terminal", "parent-only"])
 def test_ctrl_c_while_a_file_is_being_written_exits_130_and_leaves_no_temporary_file(trees, tmp_path, jobs, group):
@@ -230,13 +236,7 @@ def test_ctrl_c_while_a_file_is_being_written_exits_130_and_leaves_no_temporary_
     work = tmp_path / "work"
     restore(work, original, meta)
     process = start(work, "--jobs", jobs, slow=True)
-    deadline = time.monotonic() + 60
-    temp = None
-    while temp is None and time.monotonic() < deadline and process.poll() is None:
-        for directory, _, names in os.walk(work):
-            temp = next((os.path.join(directory, n) for n in names if n.endswith(TEMP_SUFFIX)), None)
-            if temp:
-                break
+    temp = wait_for_temporary_file(process, work)
     assert temp is not None, "no temporary file seen"
     (os.killpg if group else os.kill)(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=30)
