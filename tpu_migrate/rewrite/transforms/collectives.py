@@ -87,6 +87,17 @@ def _mark_group(sc: StatementContext, code_: str, where: tuple[int, int] | None)
                         "which cannot carry tpu tensors (gloo: CPU only); torch_xla's collectives needed "
                         "no group, and this one runs on the default group: make it with \"tpu_dist\", or "
                         "pass a group that can carry tpu tensors", where=where)
+    elif plans.library_groups:
+        sc.needs_manual(code_, LIBRARY_GROUPS.format(evidence="; ".join(plans.library_groups)), where=where)
+
+
+# A library that makes its own process groups (vLLM: a gloo `cpu_group` beside each device group,
+# and on TPU a gloo default group) chose their backends where this file cannot see.
+LIBRARY_GROUPS = ("this file's library makes process groups of its own ({evidence}), with backends it chooses; "
+                  "this collective runs on the default group, and where the library made that one, this file "
+                  "does not show its backend. torch_xla's collectives needed no group; a gloo group (CPU only) "
+                  "cannot carry tpu tensors: pass group= a group made with backend \"tpu_dist\", or make the "
+                  "default group with it")
 
 
 def _reduce_op(node: cst.BaseExpression, sc: StatementContext) -> str | None:
