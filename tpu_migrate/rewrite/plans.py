@@ -53,7 +53,8 @@ class Plans:
     # What shows that the file's library makes process groups of its own, maybe with a backend
     # other than TorchTPU's, for the default group its collectives run on: `new_group` calls
     # with another backend, process groups handed in (`cpu_group`, `group: ProcessGroup`).
-    library_groups: list[str] = field(default_factory=list)
+    # None until a converted collective asks (`library_groups`).
+    library_groups: list[str] | None = None
     # Workers that only the converted launch runs, always in its process group: private
     # module-level functions the file names nowhere but at the launch (named_expressions.py).
     joined_workers: set[str] = field(default_factory=set)
@@ -119,7 +120,6 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
         for backend in map(_backend_arg, init_process_group_calls(analysis.nodes))
         if not (isinstance(backend, ast.Constant) and backend.value == "xla")
     ]
-    plans.library_groups = library_groups(analysis.nodes)
     if plans.loader_vars:
         mark_subtrees(analysis.tree.body, analysis.infos)
     if plans.spawn_workers:
@@ -260,7 +260,7 @@ def init_process_group_calls(nodes) -> list[ast.Call]:
 
 # Backends that carry tpu tensors (TorchTPU's), and parameter names that libraries give the
 # process groups they make and hand to their communicators (vLLM, SGLang: `cpu_group` is gloo).
-_TPU_BACKENDS = frozenset({"tpu_dist", "tpu"})
+TPU_BACKENDS = frozenset({"tpu_dist", "tpu"})
 _GROUP_PARAMETERS = frozenset({"cpu_group", "device_group", "process_group"})
 
 
@@ -277,7 +277,7 @@ def library_groups(nodes) -> list[str]:
             backend = node.args[2] if name == "new_group" and len(node.args) > 2 else next(
                 (k.value for k in node.keywords if k.arg == "backend"), None) if name == "new_group" else None
             if isinstance(backend, ast.Constant) and isinstance(backend.value, str) \
-                    and backend.value not in _TPU_BACKENDS:
+                    and backend.value not in TPU_BACKENDS:
                 found.append(f'`{ast.unparse(node.func)}(..., backend="{backend.value}")` (line {node.lineno})')
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             arguments = node.args
