@@ -27,6 +27,7 @@ from tpu_migrate.rewrite.transforms import (
     ranks,
     reporting,
     spmd,
+    spmd_batch,
     spmd_parameters,
     steps,
     utilities,
@@ -36,7 +37,7 @@ from tpu_migrate.rewrite.transforms.common import atom, bind, code, spmd_reason
 
 # Imported for their registrations.
 FAMILIES = (amp_compile, collectives, device, environment, fsdp, fsdp_checkpoints, guards, launch, loaders,
-            optimum, ranks, reporting, spmd, spmd_parameters, steps, utilities, zero_redundancy)
+            optimum, ranks, reporting, spmd, spmd_batch, spmd_parameters, steps, utilities, zero_redundancy)
 
 # The registry's tables (tests patch a transform through CALL).
 CALL = REGISTRY.call
