@@ -29,6 +29,7 @@ from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rewrite.transforms.amp_compile import found_inf_steps
 from tpu_migrate.rewrite.transforms.spmd import mesh_attribute_reads
 from tpu_migrate.rewrite.transforms.fsdp_checkpoints import XLA_FSDP_NAMES, shard_metadata_reads
+from tpu_migrate.rewrite.transforms.fsdp_models import wrapped_model_reads
 from tpu_migrate.rewrite.transforms.spmd_parameters import parameter_marking_loops
 from tpu_migrate.rules import Catalog, RuleError, load_catalog
 
@@ -174,9 +175,10 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
         file = _file_context(text, options, catalog, result, True, fresh, waiting_for)
         new_module = _rewrite_module(module, tree, file)
-    if file.plans.shard_metadata_reads and _xla_fsdp_kept(file):
+    if (file.plans.shard_metadata_reads or file.plans.wrapped_model_reads) and _xla_fsdp_kept(file):
         # A wrap by torch_xla's FSDP is left for a human: its model is torch_xla's, whose
-        # get_shard_metadata() the FSDP2 helper must not answer (it has no torch_xla shards).
+        # get_shard_metadata() the FSDP2 helper must not answer (it has no torch_xla shards),
+        # and whose `.module` is still its wrapper's.
         result.fixes.clear()
         result.manual.clear()
         fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
@@ -407,6 +409,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
 
     file.plans = make_plans(analysis, catalog.canonical, fix_allowed)
     file.plans.shard_metadata_reads = {} if xla_fsdp_kept else shard_metadata_reads(analysis)
+    file.plans.wrapped_model_reads = {} if xla_fsdp_kept else wrapped_model_reads(analysis)
     file.plans.found_inf_steps = found_inf_steps(analysis)
     file.plans.mesh_attribute_reads = mesh_attribute_reads(analysis)
     file.plans.sharded_parameter_loops, file.plans.parameter_mark_refusals = parameter_marking_loops(
