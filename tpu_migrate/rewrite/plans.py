@@ -62,6 +62,10 @@ class Plans:
     # `model.clip_grad_norm_(...)` in it, in a file that
     # wraps a model with torch_xla's FSDP (transforms/fsdp_checkpoints.py).
     shard_metadata_reads: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
+    # id(statement) -> (line, col, wrapped, attribute, unwraps) of each read of torch_xla's FSDP
+    # wrapper's surface (`.module.module`, `no_sync`) on the model TPU173 converts
+    # (transforms/fsdp_models.py).
+    wrapped_model_reads: dict[int, list[tuple[int, int, str, str, int]]] = field(default_factory=dict)
     # id(statement) -> (line, col) of each `optimizer.step(found_inf=...)` in it, in a file that
     # uses torch_xla's sync-free optimizers (transforms/amp_compile.py).
     found_inf_steps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)

@@ -198,6 +198,7 @@ class ModuleRewriter:
         return rebuild_line(line, pieces, todos, present)
 
     def small_statement(self, small: cst.BaseSmallStatement, sc: StatementContext):
+        self.flow_marks(sc)
         held = self.file.held.get(id(sc.info.node))
         if held is not None:
             return self.held(small, sc, held)
@@ -239,6 +240,16 @@ class ModuleRewriter:
                 orelse = cst.Else(body=_block_of(value.orelse))
             return [cst.If(test=value.test.with_changes(lpar=[], rpar=[]), body=_block_of(value.body), orelse=orelse)]
         return result
+
+    def flow_marks(self, sc: StatementContext) -> None:
+        """A TODO on each converted value the statement passes to a function of the user's that
+        hands it to torch_xla (flows.passed_to_functions; the code is the converting rule's)."""
+        node = id(sc.info.node)
+        if node in self.file.flow_marks and node not in self.file.flow_marks_placed:
+            self.file.flow_marks_placed.add(node)
+            for line, col, code, message in self.file.flow_marks[node]:
+                if sc.enabled(code):
+                    sc.needs_manual(code, message, where=(line, col))
 
     @emits("TPU099")  # a held reference no rule matches (and every rule's code it matches)
     def held(self, small: cst.BaseSmallStatement, sc: StatementContext, why: tuple[str, bool]):
