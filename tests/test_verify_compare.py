@@ -177,3 +177,47 @@ def test_lines_that_differ_in_a_word_compare_the_numbers_at_the_same_words():
     assert same.divergence is None and (same.printed.compared, same.printed.noisy) == (4, 1)
     other = compare.verdict(reference, _run(ORIGINAL_RECORDS, printed=line.format("cpu/0", "2.31781", "9.5")), 1e-4, 1e-5)
     assert (other.divergence.original, other.divergence.migrated) == (2.21781, 2.31781)
+
+
+def test_a_line_under_a_test_of_the_rank_or_through_master_print_is_printed_once(tmp_path):
+    """guards.py on a program's source: the branches of an `if` that asks which process this is
+    print once; a loop's `if step % 10 == 0` and a plain print every process."""
+    import sys
+
+    from tpu_migrate.diagnose.recording import is_library
+    from tpu_migrate.verify import guards
+
+    source = tmp_path / "train.py"
+    source.write_text(
+        "import sys\n"
+        "def frame():\n    return ONCE(sys._getframe(1))\n"
+        "def run(ordinal, step):\n"
+        "    seen = {}\n"
+        "    if ordinal == 0:\n        seen['master'] = frame()\n    else:\n        seen['other'] = frame()\n"
+        "    if step % 10 == 0:\n        seen['every'] = frame()\n"
+        "    seen['plain'] = frame()\n"
+        "    return seen\n")
+    namespace = {"ONCE": lambda frame: guards.printed_once(frame, is_library)}  # where the program prints
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    once = {**namespace["run"](0, 0), **namespace["run"](1, 0)}
+    assert once == {"master": True, "other": True, "every": False, "plain": False}
+    assert not guards.printed_once(sys._getframe(), lambda name: True)  # library frames only
+
+
+def test_every_rank_s_lines_against_the_original_s_once_printed_and_reduced_numbers():
+    """across_ranks: a once-printed line that rank 1 prints too is a divergence (not the first of
+    another node's); a reduced number the ranks disagree on is one; one they agree on is noted."""
+    original = printed.lines("step 0 loss 0.500000\neval error 0.250000\n")
+    reduced = printed.reduced(original, [0.5, 0.25])
+    assert reduced == {(1, 1), (2, 0)}
+    rank0 = printed.lines("step 0 loss 0.500000\neval error 0.300000\n")
+    rank1 = printed.lines("eval error 0.300000\n")
+    divergence, agreed = printed.across_ranks(original, {1}, reduced, [(0, True, rank0), (1, False, rank1)], 1e-4, 1e-5)
+    assert divergence is None and agreed == {(2, 0)}
+    divergence, _ = printed.across_ranks(original, {1}, reduced, [(0, True, rank0), (1, False, rank0)], 1e-4, 1e-5)
+    assert (divergence.kind, divergence.line, divergence.rank, divergence.migrated) == ("extra", 1, 1, 2)
+    _, agreed = printed.across_ranks(original, {1}, reduced, [(0, True, rank0), (2, True, rank0)], 1e-4, 1e-5)
+    assert agreed == {(1, 1), (2, 0)}  # rank 2 leads a node of its own: it may print the master's lines
+    other = printed.lines("eval error 0.200000\n")
+    divergence, _ = printed.across_ranks(original, {1}, reduced, [(0, True, rank0), (1, False, other)], 1e-4, 1e-5)
+    assert (divergence.kind, divergence.line, divergence.original, divergence.migrated) == ("ranks", 2, 0.3, 0.2)

@@ -487,6 +487,9 @@ def _process_counts(ctx, param, value):
               help="The tree the script imports from, copied and migrated with it (default: the script's folder).")
 @click.option("--nproc", "nprocs", default="1,2", show_default=True, callback=_process_counts,
               help="Process counts to run the migrated program at (more than 1: under torchrun, gloo).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Nodes to run each torchrun at: N torchruns (--nnodes N --node_rank K) at once on this machine, "
+                   "as on the hosts of a pod, each of --nproc processes.")
 @click.option("--rtol", type=float, default=1e-4, show_default=True, help="Relative tolerance.")
 @click.option("--atol", type=float, default=1e-5, show_default=True, help="Absolute tolerance.")
 @click.option("--timeout", type=float, default=1800, show_default=True, help="Seconds per run.")
@@ -506,7 +509,7 @@ def _process_counts(ctx, param, value):
                    "torch fits, else an environment tpu-migrate makes once and keeps in its cache).")
 @click.argument("script", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def verify(target, against, root, nprocs, rtol, atol, timeout, output_format, html_file, module, python,
+def verify(target, against, root, nprocs, nnodes, rtol, atol, timeout, output_format, html_file, module, python,
            migrated_python, script, args) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under torch_xla on the CPU (one process, twice:
     its own noise), and its migration with torch_xla unimportable, at each --nproc: by default the
@@ -529,7 +532,7 @@ def verify(target, against, root, nprocs, rtol, atol, timeout, output_format, ht
                                       interpreter=(lambda env: os.path.abspath(python)) if python else None,
                                       target=target, migrated_python=migrated_python,
                                       nproc_default=click.get_current_context().get_parameter_source("nprocs")
-                                      == click.core.ParameterSource.DEFAULT)
+                                      == click.core.ParameterSource.DEFAULT, nnodes=nnodes)
     except VerifyError as exc:
         raise click.UsageError(str(exc)) from None
     if output_format == "json":

@@ -59,6 +59,8 @@ class Original:
     floor: dict[str, float]            # relative difference per quantity between the two runs
     printed: list[printed.Line]
     printed_noise: set[tuple[int, int]]
+    once: set[int] = field(default_factory=set)                 # printed lines printed by one process only
+    reduced: set[tuple[int, int]] = field(default_factory=set)  # printed numbers a reduction returned
 
     @property
     def unit(self) -> str:
@@ -77,7 +79,8 @@ class Verdict:
 def original(first: Run, second: Run) -> Original:
     figures = steps(first)
     lines = printed.lines(first.printed)
-    return Original(figures, noise(figures, steps(second)), lines, printed.noise(lines, printed.lines(second.printed)))
+    return Original(figures, noise(figures, steps(second)), lines, printed.noise(lines, printed.lines(second.printed)),
+                    first.once, printed.reduced(lines, first.reduced))
 
 
 def steps(run: Run) -> list[Step]:
@@ -134,13 +137,19 @@ def verdict(reference: Original, run: Run, rtol: float, atol: float) -> Verdict:
     agrees, the first printed number."""
     result = _steps_verdict(reference.steps, run, rtol, atol, reference.floor)
     if result.divergence is None:
+        across, agreed = None, set()
+        if run.world > 1:  # every rank's lines: what rank 0's cannot show (printed.py)
+            ranks = [(rank, first, printed.lines(text)) for rank, first, text in run.ranks]
+            across, agreed = printed.across_ranks(reference.printed, reference.once, reference.reduced, ranks,
+                                                  rtol, atol)
         result.printed = printed.compare(reference.printed, printed.lines(run.printed), reference.printed_noise,
-                                         rtol, atol, run.world)
-        mismatch = result.printed.divergence
+                                         rtol, atol, run.world, agreed)
+        mismatch = result.printed.divergence or across
         if mismatch is not None:
             cause = _printed_cause(run.world, reference.unit if reference.steps else None, mismatch)
-            result.divergence = Divergence(run.name, mismatch.line, "printed number", mismatch.original,
-                                           mismatch.migrated, [0], cause,
+            quantity = "processes that print it" if mismatch.kind == "extra" else "printed number"
+            result.divergence = Divergence(run.name, mismatch.line, quantity, mismatch.original,
+                                           mismatch.migrated, [mismatch.rank], cause,
                                            f"{mismatch.text}  |  {mismatch.migrated_text}", unit="printed line")
     return result
 
@@ -255,6 +264,15 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
 def _printed_cause(world: int, unit: str | None, mismatch: printed.PrintedDivergence) -> str:
     computed = {"step": "every step's loss, gradient norm and parameters agree, so ",
                 "backward call": "every backward call's loss agrees, so ", None: ""}[unit]
+    if mismatch.kind == "extra":
+        return (f"{mismatch.migrated} processes print this line (rank {mismatch.rank} too) where the original "
+                "printed it from one process only (xm.master_print, or under a test of xm.is_master_ordinal() or "
+                "the ordinal): the test of the rank was dropped, or asks another rank than the original did")
+    if mismatch.kind == "ranks":
+        return (f"rank 0 printed {shown(mismatch.original)} and rank {mismatch.rank} {shown(mismatch.migrated)}: "
+                "the original printed what a reduction over the processes returned (xm.mesh_reduce, "
+                "xm.all_reduce), the same in every process; the migrated program prints a value of each "
+                "process's own (the reduction dropped), whatever rank 0's shows")
     scale = printed.world_scale(mismatch.original, mismatch.migrated, world, 1e-3)
     if scale == "fraction":
         return (f"{computed}the printed value is 1/{world} of the original's: averaged over the {world} processes "
