@@ -507,3 +507,75 @@ def test_an_internal_error_is_one_line_and_exit_2_never_1(tmp_path, monkeypatch)
     assert status == 2
     assert said == ["verify: internal error: RecursionError: maximum recursion depth exceeded while copying"]
     assert document["error"] == said[0]
+
+
+# --- Packages and layouts (issue 48, item 6) ----------------------------------------------------
+
+LIBRARY_TRAIN = """\
+import torch
+
+from mylib.settings import LR
+
+torch.manual_seed(1)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+x, y = torch.randn(8, 4), torch.randn(8, 2)
+for step in range(3):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    print(f"step {step} loss {loss.item():.6f}")
+"""
+
+
+def _project(root, lr: str, src: bool):
+    """A project: pyproject.toml, its package `mylib` (under src/ in a src layout) with a module
+    `mylib.train`, and a script scripts/train.py that imports the package."""
+    package = root / "src" / "mylib" if src else root / "mylib"
+    package.mkdir(parents=True)
+    (root / "pyproject.toml").write_text("[project]\nname = 'mylib'\nversion = '0'\n")
+    (package / "__init__.py").write_text("")
+    (package / "settings.py").write_text(f"LR = {lr}\n")
+    (package / "train.py").write_text(LIBRARY_TRAIN)
+    (root / "scripts").mkdir()
+    (root / "scripts" / "train.py").write_text(LIBRARY_TRAIN)
+
+
+def test_a_finished_migration_of_a_src_layout_package_is_verified_in_one_command(tmp_path):
+    """`verify -m mylib.train --against COPY` from the project's root, the package under src/: it
+    was refused (`--against` with -m), and without --root src the module was not found. The
+    user's copy has a hand-edited learning rate in the package: its own package runs, not the
+    original's, and the rate is the divergence."""
+    _project(tmp_path / "project", "0.1", src=True)
+    _project(tmp_path / "ported", "0.2", src=True)
+    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--target", "portable", "--nproc", "1",
+                           "--format", "json", "-m", "mylib.train", "--against", str(tmp_path / "ported")],
+                          capture_output=True, text=True, cwd=tmp_path / "project", timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # this checkout's tool
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    divergence = json.loads(proc.stdout)["runs"][0]["divergence"]
+    assert (divergence["step"], divergence["quantity"], divergence["migrated"]) == (0, "learning rate", 0.2)
+    assert f"mylib.train imports from {tmp_path / 'project' / 'src'} (a src layout)" in proc.stderr
+
+
+def test_a_script_s_hand_edited_copy_imports_its_own_package_not_the_original_s(tmp_path, monkeypatch):
+    """scripts/train.py imports the project's package (on $PYTHONPATH, as an editable install puts
+    it): the copy's run imported the original's package, so a hand-edit there passed. The
+    project's root (its pyproject.toml) is found and said; the copy's tree comes first."""
+    from tpu_migrate.verify.command import run_verify
+
+    _project(tmp_path / "project", "0.1", src=False)
+    _project(tmp_path / "ported", "0.2", src=False)
+    monkeypatch.chdir(tmp_path / "project")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "project"))
+    said = []
+    status, document = run_verify("scripts/train.py", [], str(tmp_path / "ported" / "scripts" / "train.py"), None,
+                                  [1], 1e-4, 1e-5, 300, said.append, target="portable")
+    assert status == 1, "\n".join(said)
+    assert document["runs"][0]["divergence"]["quantity"] == "learning rate"
+    assert f"scripts/train.py belongs to the project at {tmp_path / 'project'}" in said[0]
+    said.clear()  # its own migration: the package is copied and migrated with it, and is the same
+    status, document = run_verify("scripts/train.py", [], None, None, [1], 1e-4, 1e-5, 300, said.append,
+                                  target="portable")
+    assert status == 0, "\n".join(said)

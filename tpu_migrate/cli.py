@@ -480,9 +480,9 @@ def _process_counts(ctx, param, value):
 @click.option("--target", type=click.Choice(["tpu", "portable"]), default="tpu", show_default=True,
               help="The migration to prove (rewrite --target): tpu runs it on the TorchTPU stand-in (the tpu "
                    "device emulated on the CPU, tpu_dist over gloo); portable on the CPU with gloo.")
-@click.option("--against", metavar="MIGRATED", type=click.Path(dir_okay=False),
+@click.option("--against", metavar="MIGRATED", type=click.Path(),
               help="Compare with this migrated (and hand-edited) copy, of --target's dialect, instead of a fresh "
-                   "migration.")
+                   "migration: a script, or with -m MODULE the migrated tree (or the module's file in it).")
 @click.option("--root", type=click.Path(file_okay=False, exists=True),
               help="The tree the script imports from, copied and migrated with it (default: the script's folder).")
 @click.option("--nproc", "nprocs", default="1,2", show_default=True, callback=_process_counts,
@@ -520,9 +520,6 @@ def verify(target, against, root, nprocs, nnodes, rtol, atol, timeout, output_fo
 
     if module is not None:  # `-m pkg.train ARGS`: SCRIPT took the first argument
         args = (script, *args) if script is not None else args
-        if against is not None:
-            raise click.UsageError("--against compares with a migrated script; with -m MODULE, verify migrates "
-                                   "the module's tree itself")
     elif script is None:
         raise click.UsageError("give a SCRIPT or -m MODULE")
     echo = (lambda line: click.echo(line, err=True)) if output_format == "json" else click.echo

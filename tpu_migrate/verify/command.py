@@ -53,9 +53,12 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
                 target, migrated_python, nproc_default=False, nnodes=1) -> tuple[int, dict]:
     if target not in TARGETS:
         raise VerifyError(f"--target {target}: give one of {', '.join(TARGETS)}")
+    if not module and root is None:
+        root = _project_root(script, against, echo)
     program = Target.find(script, module, root)
-    if against is not None and not Path(against).is_file():
-        raise VerifyError(f"no such script: {against}")
+    if module and program.imports[0] != program.path:
+        echo(f"verify: {script} imports from {program.imports[0]} (a src layout): the tree copied is {program.path}")
+    mine = Target.against(against, program, root) if against is not None else None
     torch = None
     if target == "tpu":
         try:
@@ -67,7 +70,7 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
     side = _migrated_side(against, target, torch)
     workspace = Workspace(interpreter, target, migrated_interpreter)
     try:
-        migrated = Target(Path(against), None, False) if against else workspace.migrate(program, root)
+        migrated = mine or workspace.migrate(program, root)
         runs, failed, skipped = [], None, None
         if nnodes < 1:
             raise VerifyError(f"--nnodes {nnodes}: give 1 or more")
@@ -116,6 +119,22 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
         document["same"] = None
         return 2, document
     return (1 if any(v.divergence for v in verdicts) else 0), document
+
+
+def _project_root(script: str, against: str | None, echo) -> str | None:
+    """The tree of a script, where --root is not given: its project's (the folder with
+    pyproject.toml, setup.py or setup.cfg above the script's, in the working directory), whose
+    package it may import; said in one line. None: the script's folder."""
+    from tpu_migrate.verify.runs import project_root
+
+    found = project_root(Path(script)) if Path(script).is_file() else None
+    if found is None:
+        return None
+    what = ("the copy's own tree, where it sits as the script sits in this one, is imported from (its package, "
+            "not this tree's)" if against else "that tree is copied and migrated with it")
+    echo(f"verify: {script} belongs to the project at {found} (its pyproject.toml, setup.py or setup.cfg): {what} "
+         "(--root chooses another tree)")
+    return str(found)
 
 
 def _migrated_side(against: str | None, target: str, torch: str | None) -> str:

@@ -72,24 +72,46 @@ class Target:
     """What a run runs: a script, or a module of a tree (`python -m`)."""
     path: Path          # the script; for a module, the tree it imports from
     module: str | None  # for `python -m`
-    is_copy: bool       # the migrated copy: for a module, its tree must come first on the path
+    is_copy: bool       # a migrated copy: its `imports` come before anything else on the path
+    imports: tuple[Path, ...] = ()  # the folders its imports resolve in: a module's tree (or its
+    #                                 src/), a copied script's tree and its src/ (a src layout)
 
     @classmethod
     def find(cls, name: str, module: bool, root: str | None) -> Target:
-        """The user's SCRIPT (or -m MODULE under --root, default the working directory)."""
+        """The user's SCRIPT (or -m MODULE under --root, default the working directory, or the
+        src/ folder of either: a src layout)."""
         if module:
             tree = Path(root or ".").resolve()
-            relative = Path(*name.split("."))
-            if not all(part.isidentifier() for part in name.split(".")) or not (
-                    (tree / relative).with_suffix(".py").is_file() or (tree / relative / "__main__.py").is_file()):
-                raise VerifyError(f"no module {name} under {tree} (its .py file or its package's __main__.py)")
-            return cls(tree, name, False)
+            return cls(tree, name, False, (_module_folder(name, tree),))
         path = Path(name)
         if not path.is_file():
             raise VerifyError(f"no such script: {name}")
         if root and not path.resolve().is_relative_to(Path(root).resolve()):
             raise VerifyError(f"{name} is not under --root {root}")
         return cls(path, None, False)
+
+    @classmethod
+    def against(cls, copy: str, original: Target, root: str | None) -> Target:
+        """The user's own migrated copy (`--against`) of `original`: a script, or for a module the
+        copied tree (or the module's file in it). Its tree comes first on the path, so that it
+        imports its own package, never the original's that the working directory or an editable
+        install also offers."""
+        path = Path(copy).resolve()
+        if original.module:
+            parts = original.module.split(".")
+            if path.is_file():  # .../pkg/train.py or .../pkg/train/__main__.py: the folder above pkg
+                module = path.parent if path.name == "__main__.py" else path.with_suffix("")
+                if module.parts[-len(parts):] != tuple(parts):
+                    raise VerifyError(f"--against {copy}: not the file of module {original.module} (give the "
+                                      "migrated tree, or the module's file in it)")
+                path = module.parents[len(parts) - 1]
+            elif not path.is_dir():
+                raise VerifyError(f"no such migrated tree: {copy}")
+            folder = _module_folder(original.module, path, f"--against {copy}: ")
+            return cls(path, original.module, True, (folder,))
+        if not path.is_file():
+            raise VerifyError(f"no such script: {copy}")
+        return cls(path, None, True, _copied_tree(path, original, root))
 
     def tree(self, root: str | None) -> Path:
         """The tree a migration copies: --root, else the script's folder (a module's tree)."""
@@ -99,6 +121,47 @@ class Target:
 
     def command(self) -> list[str]:
         return ["-m", self.module] if self.module else [str(self.path)]
+
+
+def _module_folder(name: str, tree: Path, what: str = "") -> Path:
+    """Where module `name` imports from in `tree`: the tree, or its src/ (a src layout)."""
+    relative = Path(*name.split("."))
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise VerifyError(f"{what}{name} is not a module name")
+    for folder in (tree, tree / "src"):
+        if (folder / relative).with_suffix(".py").is_file() or (folder / relative / "__main__.py").is_file():
+            return folder
+    raise VerifyError(f"{what}no module {name} under {tree} or its src/ (its .py file or its package's __main__.py)")
+
+
+def _imports(tree: Path) -> tuple[Path, ...]:
+    """A copied tree's folders to import from: the tree, and its src/ where it has one."""
+    return (tree, tree / "src") if (tree / "src").is_dir() else (tree,)
+
+
+def _copied_tree(copy: Path, original: Target, root: str | None) -> tuple[Path, ...]:
+    """The tree of a user's copy of a script: where the copy sits as the script sits in its tree
+    (`migrated/scripts/train.py` for `scripts/train.py` under the tree); else its own folder."""
+    relative = original.path.resolve().relative_to(original.tree(root))
+    if copy.parts[-len(relative.parts):] == relative.parts:
+        return _imports(copy.parents[len(relative.parts) - 1])
+    return _imports(copy.parent)
+
+
+def project_root(script: Path) -> Path | None:
+    """The nearest folder above the script's, up to the working directory, that holds a
+    pyproject.toml, setup.py or setup.cfg (the project the script belongs to, whose package it
+    may import); None for a script outside the working directory, or where there is none above
+    the script's own folder."""
+    folder, stop = script.resolve().parent, Path.cwd().resolve()
+    if not folder.is_relative_to(stop):
+        return None
+    for candidate in (folder, *folder.parents):
+        if any((candidate / marker).is_file() for marker in ("pyproject.toml", "setup.py", "setup.cfg")):
+            return None if candidate == folder else candidate
+        if candidate == stop:
+            return None
+    return None
 
 
 class Workspace:
@@ -144,8 +207,8 @@ class Workspace:
             raise VerifyError(f"{target.module or target.path}: the rewrite of its copy failed: "
                               f"{(proc.stderr or proc.stdout).strip()}")
         if target.module:
-            return Target(copy, target.module, True)
-        return Target(copy / target.path.resolve().relative_to(tree), None, True)
+            return Target(copy, target.module, True, tuple(copy / folder.relative_to(tree) for folder in target.imports))
+        return Target(copy / target.path.resolve().relative_to(tree), None, True, _imports(copy))
 
     def run(self, name: str, side: str, target: Target, args: list[str], nproc: int, timeout: float,
             nnodes: int = 1) -> Run:
@@ -154,11 +217,12 @@ class Workspace:
         hosts of a pod: a world of nproc * nnodes."""
         env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
         path = [str(self.site), str(self.tool)]
-        if target.module:
-            # The module's tree first; for the copy, not the working directory's original tree
-            # that `python -m` would put first (PYTHONSAFEPATH: its workers inherit it too).
-            path.insert(0, str(target.path))
-            if target.is_copy:
+        if target.module or target.is_copy:
+            # The module's tree first; for a copy, its own tree, not the original's that the
+            # working directory (`python -m` puts it first: PYTHONSAFEPATH, which its workers
+            # inherit too), $PYTHONPATH or an editable install offers.
+            path[:0] = map(str, target.imports)
+            if target.module and target.is_copy:
                 env["PYTHONSAFEPATH"] = "1"
         if side == "original":
             env.setdefault("PJRT_DEVICE", "CPU")
