@@ -103,7 +103,10 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
     if failed is not None and (failed.side == "original" or len(runs) < 3):  # no migrated run measured
         return 2, _failed(failed, echo)
     reference = compare.original(*runs[:2])
-    verdicts = [compare.verdict(reference, run, rtol, atol) for run in runs[2:]]
+    verdicts = []
+    for run in runs[2:]:  # the 1-process run first: the others' causes know whether it differs
+        alone = next((v.divergence for v in verdicts if v.run.world == 1), None)
+        verdicts.append(compare.verdict(reference, run, rtol, atol, alone))
     document = _document(script, against, target, torch, reference, verdicts)
     if skipped:
         document["not_run"] = {"processes": skipped, "why": "single-process program: the original made no "

@@ -132,10 +132,11 @@ def noise(first: list[Step], second: list[Step]) -> dict[str, float]:
     return worst
 
 
-def verdict(reference: Original, run: Run, rtol: float, atol: float) -> Verdict:
+def verdict(reference: Original, run: Run, rtol: float, atol: float, alone: Divergence | None = None) -> Verdict:
     """`run` against the original: the first step and quantity that differ; where every step
-    agrees, the first printed number."""
-    result = _steps_verdict(reference.steps, run, rtol, atol, reference.floor)
+    agrees, the first printed number. `alone`: the 1-process run's divergence, for a run of more
+    processes (its cause must not say that one process agrees)."""
+    result = _steps_verdict(reference.steps, run, rtol, atol, reference.floor, alone)
     if result.divergence is None:
         across, agreed = None, set()
         if run.world > 1:  # every rank's lines: what rank 0's cannot show (printed.py)
@@ -154,26 +155,34 @@ def verdict(reference: Original, run: Run, rtol: float, atol: float) -> Verdict:
     return result
 
 
-def _steps_verdict(original: list[Step], run: Run, rtol: float, atol: float, floor: dict[str, float]) -> Verdict:
+def _steps_verdict(original: list[Step], run: Run, rtol: float, atol: float, floor: dict[str, float],
+                   alone: Divergence | None = None) -> Verdict:
     tolerance = {q: max(rtol, 10 * floor.get(q, 0.0)) for q in QUANTITIES}
     migrated = steps(run)
     result = Verdict(run, len(migrated), None, tolerance)
     for a, b in zip(original, migrated):
         if b.rank_mismatch:
             quantity = "gradient norm" if b.rank_mismatch.startswith("gradient") else "parameters"
-            result.divergence = Divergence(
-                run.name, b.index, quantity, a.figures[quantity], b.figures[quantity], b.ranks,
-                f"the ranks disagree ({b.rank_mismatch}): each process stepped with its own gradients, not "
-                "their average over the processes: wrap the model in DistributedDataParallel, or all-reduce "
-                "the gradients with ReduceOp.AVG before the step", b.where)
+            if quantity == "parameters":  # the same (averaged) gradients, other weights: other starts
+                cause = (f"the ranks disagree ({b.rank_mismatch}) though they step with the same gradients: they "
+                         "started from different weights, which the average of the gradients never brings "
+                         "together: the initial broadcast of the parameters is missing (xm.broadcast_master_param, "
+                         "dist.broadcast from rank 0, or DistributedDataParallel's at its construction), or each "
+                         "process initialized its model with a seed of its own")
+            else:
+                cause = (f"the ranks disagree ({b.rank_mismatch}): each process stepped with its own gradients, not "
+                         "their average over the processes: wrap the model in DistributedDataParallel, or "
+                         "all-reduce the gradients with ReduceOp.AVG before the step")
+            result.divergence = Divergence(run.name, b.index, quantity, a.figures[quantity], b.figures[quantity],
+                                           b.ranks, cause, b.where)
             return result
         for quantity in QUANTITIES:
             x, y = a.figures[quantity], b.figures[quantity]
             if x is None or y is None:
                 continue
             if not _close(x, y, tolerance[quantity], atol):
-                result.divergence = Divergence(run.name, b.index, quantity, x, y, b.ranks,
-                                               _cause(quantity, x, y, run.world, b.index), b.where, a.unit)
+                cause = _cause(quantity, x, y, run.world, b.index, (len(original), len(migrated)), alone)
+                result.divergence = Divergence(run.name, b.index, quantity, x, y, b.ranks, cause, b.where, a.unit)
                 return result
     if len(original) != len(migrated):
         unit = (original or migrated)[0].unit
@@ -230,13 +239,29 @@ def _close(x: float, y: float, rtol: float, atol: float) -> bool:
     return math.isclose(x, y, rel_tol=rtol, abs_tol=atol)
 
 
-def _cause(quantity: str, original: float, migrated: float, world: int, step: int) -> str:
+def _cause(quantity: str, original: float, migrated: float, world: int, step: int,
+           counts: tuple[int, int] = (0, 0), alone: Divergence | None = None) -> str:
     ratio = migrated / original if original else math.inf
+    if quantity == "learning rate" and world > 1 and math.isclose(ratio, world):
+        return (f"the learning rate is {ratio:.3g} times the original's, the world size {world}: the program "
+                "scales it by the number of processes (by design where each process reads a batch of its own, "
+                "the global batch growing with the world: then its numbers agree at one process only)")
+    if counts[0] != counts[1] and not (world > 1 and counts[1] in (counts[0] * world, counts[0] / world)) \
+            and (quantity == "learning rate" or step > 0):
+        # Another number of batches: a partial last batch kept (drop_last), another dataset length;
+        # steps that agreed before it (a batch inserted), or a schedule over the total steps.
+        return (f"the migrated program takes {counts[1]} optimizer steps where the original took {counts[0]}: it "
+                "reads another number of batches (drop_last changed, so a partial batch is kept or dropped; "
+                "another dataset length or batch size), which shifts every later step"
+                + (", and a schedule set over the total steps gives other rates from the first"
+                   if quantity == "learning rate" else ""))
+    if world > 1 and alone is not None:
+        return (f"one process already differs ({alone.quantity} at {alone.unit} {alone.step}, above): the same "
+                "change shows here; fix the 1-process run first")
     if quantity == "learning rate":
-        scaled = f"{ratio:.3g} times the original's" + (f", the world size {world}" if math.isclose(ratio, world) else "")
-        return (f"the learning rate is {scaled}: the program scales it by the number of processes (by "
-                "design where each process reads a batch of its own, the global batch growing with the "
-                "world: then its numbers agree at one process only), or a schedule stepped differently")
+        return (f"the learning rate is {ratio:.3g} times the original's: a schedule stepped differently (a "
+                "scheduler stepped per batch where the original stepped it per epoch, or set over another "
+                "number of steps), or a rate changed")
     if quantity == "gradient norm":
         scale = printed.world_scale(original, migrated, world, 0.05)
         if scale == "times":
