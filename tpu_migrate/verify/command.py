@@ -106,7 +106,7 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
     verdicts = []
     for run in runs[2:]:  # the 1-process run first: the others' causes know whether it differs
         alone = next((v.divergence for v in verdicts if v.run.world == 1), None)
-        verdicts.append(compare.verdict(reference, run, rtol, atol, alone))
+        verdicts.append(compare.verdict(reference, run, rtol, atol, alone, any(r.world == 1 for r in runs[2:])))
     document = _document(script, against, target, torch, reference, verdicts)
     if skipped:
         document["not_run"] = {"processes": skipped, "why": "single-process program: the original made no "

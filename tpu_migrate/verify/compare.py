@@ -132,11 +132,13 @@ def noise(first: list[Step], second: list[Step]) -> dict[str, float]:
     return worst
 
 
-def verdict(reference: Original, run: Run, rtol: float, atol: float, alone: Divergence | None = None) -> Verdict:
+def verdict(reference: Original, run: Run, rtol: float, atol: float, alone: Divergence | None = None,
+            one_process_ran: bool = True) -> Verdict:
     """`run` against the original: the first step and quantity that differ; where every step
     agrees, the first printed number. `alone`: the 1-process run's divergence, for a run of more
-    processes (its cause must not say that one process agrees)."""
-    result = _steps_verdict(reference.steps, run, rtol, atol, reference.floor, alone)
+    processes (its cause must not say that one process agrees); `one_process_ran`: whether there
+    was a 1-process run (without one, nothing is said of it)."""
+    result = _steps_verdict(reference.steps, run, rtol, atol, reference.floor, alone, one_process_ran)
     if result.divergence is None:
         across, agreed = None, set()
         if run.world > 1:  # every rank's lines: what rank 0's cannot show (printed.py)
@@ -156,7 +158,7 @@ def verdict(reference: Original, run: Run, rtol: float, atol: float, alone: Dive
 
 
 def _steps_verdict(original: list[Step], run: Run, rtol: float, atol: float, floor: dict[str, float],
-                   alone: Divergence | None = None) -> Verdict:
+                   alone: Divergence | None = None, one_process_ran: bool = True) -> Verdict:
     tolerance = {q: max(rtol, 10 * floor.get(q, 0.0)) for q in QUANTITIES}
     migrated = steps(run)
     result = Verdict(run, len(migrated), None, tolerance)
@@ -181,7 +183,8 @@ def _steps_verdict(original: list[Step], run: Run, rtol: float, atol: float, flo
             if x is None or y is None:
                 continue
             if not _close(x, y, tolerance[quantity], atol):
-                cause = _cause(quantity, x, y, run.world, b.index, (len(original), len(migrated)), alone)
+                cause = _cause(quantity, x, y, run.world, b.index, (len(original), len(migrated)), alone,
+                               one_process_ran and alone is None)
                 result.divergence = Divergence(run.name, b.index, quantity, x, y, b.ranks, cause, b.where, a.unit)
                 return result
     if len(original) != len(migrated):
@@ -240,7 +243,7 @@ def _close(x: float, y: float, rtol: float, atol: float) -> bool:
 
 
 def _cause(quantity: str, original: float, migrated: float, world: int, step: int,
-           counts: tuple[int, int] = (0, 0), alone: Divergence | None = None) -> str:
+           counts: tuple[int, int] = (0, 0), alone: Divergence | None = None, one_process_agreed: bool = True) -> str:
     ratio = migrated / original if original else math.inf
     if quantity == "learning rate" and world > 1 and math.isclose(ratio, world):
         return (f"the learning rate is {ratio:.3g} times the original's, the world size {world}: the program "
@@ -255,13 +258,6 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
                 "another dataset length or batch size), which shifts every later step"
                 + (", and a schedule set over the total steps gives other rates from the first"
                    if quantity == "learning rate" else ""))
-    if world > 1 and alone is not None:
-        return (f"one process already differs ({alone.quantity} at {alone.unit} {alone.step}, above): the same "
-                "change shows here; fix the 1-process run first")
-    if quantity == "learning rate":
-        return (f"the learning rate is {ratio:.3g} times the original's: a schedule stepped differently (a "
-                "scheduler stepped per batch where the original stepped it per epoch, or set over another "
-                "number of steps), or a rate changed")
     if quantity == "gradient norm":
         scale = printed.world_scale(original, migrated, world, 0.05)
         if scale == "times":
@@ -270,6 +266,13 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
         if scale == "fraction":
             return (f"the gradient norm is 1/{world} of the original's: the gradients were averaged over the "
                     "processes twice (an explicit average on top of DistributedDataParallel or FSDP)")
+    if world > 1 and alone is not None:
+        return (f"one process already differs ({alone.quantity} at {alone.unit} {alone.step}, above): the same "
+                "change shows here; fix the 1-process run first")
+    if quantity == "learning rate":
+        return (f"the learning rate is {ratio:.3g} times the original's: a schedule stepped differently (a "
+                "scheduler stepped per batch where the original stepped it per epoch, or set over another "
+                "number of steps), or a rate changed")
     if world == 1:
         return ("one process already differs: a conversion changed the computation itself (a device, a dtype, "
                 "an optimizer step, a seed or a random number generator)")
@@ -280,7 +283,8 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
                 "differently per process), or the model takes a statistic over each process's slice where "
                 "the original took it over the global batch (BatchNorm); if the program means its batch per "
                 "process, its numbers depend on the world size by design and agree at 1 process only")
-    return (f"it agrees at one process and differs at {world}: what differs is how the processes share the "
+    agreed = "it agrees at one process and differs" if one_process_agreed else "it differs"
+    return (f"{agreed} at {world}: what differs is how the processes share the "
             "work (the slices they read, the gradient average, a statistic taken over one process's slice), "
             "or the program's numbers depend on the world size by design (a batch per process that is not a "
             "slice of a global one): then they agree at one process only")
