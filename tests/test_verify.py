@@ -105,10 +105,10 @@ _WORKSPACE_RUN = Workspace.run  # shared_originals' patch calls through to it
 @pytest.fixture
 def shared_originals(monkeypatch):
     """run_verify's originals of the fixture programs from original_run (two runs of the same)."""
-    def shared(self, name, side, program, args, nproc, timeout):
+    def shared(self, name, side, program, args, nproc, timeout, nnodes=1):
         if side == "original" and program.path.is_relative_to(ROOT / "fixtures"):
             return original_run(self, name, program, args)
-        return _WORKSPACE_RUN(self, name, side, program, args, nproc, timeout)
+        return _WORKSPACE_RUN(self, name, side, program, args, nproc, timeout, nnodes)
 
     monkeypatch.setattr(Workspace, "run", shared)
 
