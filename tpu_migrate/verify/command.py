@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tpu_migrate import standin
 from tpu_migrate.verify import compare, printed
-from tpu_migrate.verify.runs import Run, Target, VerifyError, Workspace
+from tpu_migrate.verify.runs import Run, Target, VerifyError, Workspace, project_root
 
 __all__ = ["TARGETS", "VerifyError", "run_verify"]
 
@@ -53,6 +53,8 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
                 target, migrated_python, nproc_default=False, nnodes=1) -> tuple[int, dict]:
     if target not in TARGETS:
         raise VerifyError(f"--target {target}: give one of {', '.join(TARGETS)}")
+    if nnodes < 1:
+        raise VerifyError(f"--nnodes {nnodes}: give 1 or more")
     if not module and root is None:
         root = _project_root(script, against, echo)
     program = Target.find(script, module, root)
@@ -72,8 +74,6 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
     try:
         migrated = mine or workspace.migrate(program, root)
         runs, failed, skipped = [], None, None
-        if nnodes < 1:
-            raise VerifyError(f"--nnodes {nnodes}: give 1 or more")
         plan = [("original", "original", program, 1, 1), ("original, again", "original", program, 1, 1),
                 *((f"migrated, {_processes(n, nnodes)}", "migrated", migrated, n * nnodes, nnodes) for n in nprocs)]
         while plan:
@@ -128,8 +128,6 @@ def _project_root(script: str, against: str | None, echo) -> str | None:
     """The tree of a script, where --root is not given: its project's (the folder with
     pyproject.toml, setup.py or setup.cfg above the script's, in the working directory), whose
     package it may import; said in one line. None: the script's folder."""
-    from tpu_migrate.verify.runs import project_root
-
     found = project_root(Path(script)) if Path(script).is_file() else None
     if found is None:
         return None
