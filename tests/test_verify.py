@@ -105,10 +105,10 @@ _WORKSPACE_RUN = Workspace.run  # shared_originals' patch calls through to it
 @pytest.fixture
 def shared_originals(monkeypatch):
     """run_verify's originals of the fixture programs from original_run (two runs of the same)."""
-    def shared(self, name, side, program, args, nproc, timeout):
+    def shared(self, name, side, program, args, nproc, timeout, nnodes=1):
         if side == "original" and program.path.is_relative_to(ROOT / "fixtures"):
             return original_run(self, name, program, args)
-        return _WORKSPACE_RUN(self, name, side, program, args, nproc, timeout)
+        return _WORKSPACE_RUN(self, name, side, program, args, nproc, timeout, nnodes)
 
     monkeypatch.setattr(Workspace, "run", shared)
 
@@ -116,8 +116,10 @@ def shared_originals(monkeypatch):
 # (what the mutation does to the migrated program, the text it replaces, with what) and what
 # verify must say: the step (a printed line's number for a printed number), the quantity and
 # words of the cause. m05 takes the most; m08 (DistributedSampler, an all-reduced printed loss)
-# the sampler's and the printed loss's.
+# the sampler's and the printed loss's; v01 (an evaluation of each process's own rows, reduced
+# with xm.mesh_reduce and printed by every process) the reduced value's.
 M08 = ROOT / "fixtures" / "programs" / "multiprocess" / "m08_sampler_device_loader.py"
+V01 = ROOT / "fixtures" / "programs" / "verify" / "v01_per_process_eval.py"
 GRADIENT_AVERAGE = "                    dist.all_reduce(param.grad)\n                    param.grad /= dist.get_world_size()\n"
 MUTATIONS = {
     "a dropped gradient all-reduce": (PROGRAM, GRADIENT_AVERAGE, "                    pass\n",
@@ -138,18 +140,31 @@ MUTATIONS = {
     "the printed loss averaged twice": (M08, "loss = loss * (1.0 / dist.get_world_size())",
                                         "loss = loss * (1.0 / dist.get_world_size() ** 2)",
                                         1, "printed number", "averaged over the 2 processes twice"),
+    # Issue 48, item 1: blind spots. A rank from LOCAL_RANK is the global rank on one node only
+    # (TWO_NODES: 2 torchruns of 1 process); the master's test dropped, every rank prints (rank 1
+    # too); the mesh_reduce dropped, rank 0 prints its own error, which is the original's.
+    "a rank taken from LOCAL_RANK": (PROGRAM, "start = dist.get_rank() *", 'start = int(os.environ["LOCAL_RANK"]) *',
+                                     0, "loss", "did not read equal slices of the same global batch"),
+    "every rank prints": (PROGRAM, '        if int(os.environ.get("LOCAL_RANK", 0)) == 0:\n            print("@step "',
+                          '        if True:\n            print("@step "',
+                          1, "processes that print it", "printed it from one process only"),
+    "a reduced value printed rank-local": (V01, "    error = np.mean(gathered)\n", "    error = error.item()\n",
+                                           4, "printed number", "a value of each process's own"),
 }
 ONE_PROCESS = {"a seed on another generator"}
+TWO_NODES = {"a rank taken from LOCAL_RANK"}
+RANKS = {"every rank prints": [1], "a reduced value printed rank-local": [1]}  # else: every rank (0 at one process)
 
 
 @pytest.fixture(scope="module")
 def mutated_runs(tmp_path_factory):
     """Per program, the original and the migration at one process; each mutation of the
-    migration at 2 processes (ONE_PROCESS: at 1). Two runs at a time."""
+    migration at 2 processes (ONE_PROCESS: at 1; TWO_NODES: 2 nodes of 1), and v01's migration at
+    2 too (its correct reduction). Two runs at a time."""
     workspace = Workspace(warm, "portable")
     try:
         migrated, copies = {}, {}
-        for program in (PROGRAM, M08):
+        for program in (PROGRAM, M08, V01):
             migrated[program] = workspace.migrate(Target(program, None, False)).path
         for name, (program, old, new, *_) in MUTATIONS.items():
             text = migrated[program].read_text()
@@ -161,10 +176,13 @@ def mutated_runs(tmp_path_factory):
             # at once (tests/test_warm_python_fds.py: what that once broke).
             originals = {p: pool.submit(original_run, workspace, "original", Target(p, None, False), [])
                          for p in migrated}
-            runs = {name: pool.submit(workspace.run, name, "migrated", copy, [], 1 if name in ONE_PROCESS else 2, 300)
+            runs = {name: pool.submit(workspace.run, name, "migrated", copy, [],
+                                      1 if name in ONE_PROCESS | TWO_NODES else 2, 300, 2 if name in TWO_NODES else 1)
                     for name, copy in copies.items()}
             same = {p: pool.submit(workspace.run, "migrated", "migrated", Target(path, None, True), [], 1, 300)
                     for p, path in migrated.items()}
+            same[V01, 2] = pool.submit(workspace.run, "migrated, 2", "migrated", Target(migrated[V01], None, True),
+                                       [], 2, 300)
             originals = {p: [f.result()] * 2 for p, f in originals.items()}
             yield ({p: compare.original(*originals[p]) for p in migrated}, {p: f.result() for p, f in same.items()},
                    {name: f.result() for name, f in runs.items()})
@@ -172,13 +190,32 @@ def mutated_runs(tmp_path_factory):
         workspace.close()
 
 
-@pytest.mark.parametrize("program", [PROGRAM, M08], ids=lambda p: p.stem[:3])
+@pytest.mark.parametrize("program", [PROGRAM, M08, V01], ids=lambda p: p.stem[:3])
 def test_the_migration_is_the_same_at_one_process(mutated_runs, program):
     references, same, _ = mutated_runs
     result = compare.verdict(references[program], same[program], 1e-4, 1e-5)
-    assert result.divergence is None and result.steps == len(references[program].steps) >= 5, same[program].output
-    # Its @step lines are among its printed numbers; nothing differed between the original's two runs.
-    assert result.printed.compared >= 11 and not result.printed.noisy and not result.printed.one_side
+    assert result.divergence is None and result.steps == len(references[program].steps) >= 3, same[program].output
+    # Its step lines are among its printed numbers; nothing differed between the original's two runs.
+    assert result.printed.compared >= 7 and not result.printed.noisy and not result.printed.one_side
+
+
+def test_a_value_the_original_reduced_agrees_at_one_process_only_where_every_rank_prints_it_alike(mutated_runs):
+    """v01's correct migration at 2 processes: both ranks print the mean over their 16 rows, not
+    the original's 8: a reduction over the processes' own data, listed as agreeing at one process
+    only (it was a divergence: the printed value differed from the original's), while the copy
+    that prints each rank's own error, rank 0's equal to the original's, is caught (the
+    mutation "a reduced value printed rank-local")."""
+    references, same, _ = mutated_runs
+    reference = references[V01]
+    # The steps' all-reduced losses and the eval error were reduced; the master printed the steps.
+    assert reference.reduced == {(1, 1), (2, 1), (3, 1), (4, 0)} and reference.once == {1, 2, 3}
+    run = same[V01, 2]
+    assert run.returncode == 0, run.output
+    assert [(rank, first) for rank, first, _ in run.ranks] == [(0, True), (1, False)]
+    result = compare.verdict(reference, run, 1e-4, 1e-5)
+    assert result.divergence is None, result.divergence
+    assert [item["line"] for item in result.printed.world_only] == [4]
+    assert "a reduction over the 2 processes' own data" in result.printed.world_only[0]["why"]
 
 
 @pytest.mark.parametrize("mutation", list(MUTATIONS))
@@ -192,7 +229,8 @@ def test_a_migration_mistake_is_caught_at_its_first_step(mutated_runs, mutation)
     assert divergence is not None, f"{mutation} was not caught"
     assert (divergence.step, divergence.quantity) == (step, quantity), divergence
     assert cause in divergence.cause, divergence.cause
-    assert divergence.ranks == ([0] if mutation in ONE_PROCESS or quantity == "printed number" else [0, 1])
+    assert divergence.ranks == RANKS.get(mutation, [0] if mutation in ONE_PROCESS or quantity == "printed number"
+                                         else [0, 1])
 
 
 def _verify(cwd, *args: str) -> subprocess.CompletedProcess:
@@ -469,3 +507,71 @@ def test_an_internal_error_is_one_line_and_exit_2_never_1(tmp_path, monkeypatch)
     assert status == 2
     assert said == ["verify: internal error: RecursionError: maximum recursion depth exceeded while copying"]
     assert document["error"] == said[0]
+
+
+# --- Packages and layouts (issue 48, item 6) ----------------------------------------------------
+
+LIBRARY_TRAIN = """\
+import torch
+
+from mylib.settings import LR
+
+torch.manual_seed(1)
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+x, y = torch.randn(8, 4), torch.randn(8, 2)
+for step in range(3):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    print(f"step {step} loss {loss.item():.6f}")
+"""
+
+
+def _project(root, lr: str, src: bool):
+    """A project: pyproject.toml, its package `mylib` (under src/ in a src layout) with a module
+    `mylib.train`, and a script scripts/train.py that imports the package."""
+    package = root / "src" / "mylib" if src else root / "mylib"
+    package.mkdir(parents=True)
+    (root / "pyproject.toml").write_text("[project]\nname = 'mylib'\nversion = '0'\n")
+    (package / "__init__.py").write_text("")
+    (package / "settings.py").write_text(f"LR = {lr}\n")
+    (package / "train.py").write_text(LIBRARY_TRAIN)
+    (root / "scripts").mkdir()
+    (root / "scripts" / "train.py").write_text(LIBRARY_TRAIN)
+
+
+def test_a_finished_migration_of_a_src_layout_package_is_verified_in_one_command(tmp_path):
+    """`verify -m mylib.train --against COPY` from the project's root, the package under src/: it
+    was refused (`--against` with -m), and without --root src the module was not found. The
+    user's copy has a hand-edited learning rate in the package: its own package runs, not the
+    original's, and the rate is the divergence."""
+    _project(tmp_path / "project", "0.1", src=True)
+    _project(tmp_path / "ported", "0.2", src=True)
+    proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--target", "portable", "--nproc", "1",
+                           "--format", "json", "-m", "mylib.train", "--against", str(tmp_path / "ported")],
+                          capture_output=True, text=True, cwd=tmp_path / "project", timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # this checkout's tool
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    divergence = json.loads(proc.stdout)["runs"][0]["divergence"]
+    assert (divergence["step"], divergence["quantity"], divergence["migrated"]) == (0, "learning rate", 0.2)
+    assert f"mylib.train imports from {tmp_path / 'project' / 'src'} (a src layout)" in proc.stderr
+
+
+def test_a_script_s_hand_edited_copy_imports_its_own_package_not_the_original_s(tmp_path, monkeypatch):
+    """scripts/train.py imports the project's package (on $PYTHONPATH, as an editable install puts
+    it): the copy's run imported the original's package, so a hand-edit there passed. The
+    project's root (its pyproject.toml) is found and said; the copy's tree comes first."""
+    from tpu_migrate.verify.command import run_verify
+
+    _project(tmp_path / "project", "0.1", src=False)
+    _project(tmp_path / "ported", "0.2", src=False)
+    monkeypatch.chdir(tmp_path / "project")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "project"))
+    said = []
+    status, document = run_verify("scripts/train.py", [], str(tmp_path / "ported" / "scripts" / "train.py"), None,
+                                  [1], 1e-4, 1e-5, 300, said.append, target="portable")
+    assert status == 1, "\n".join(said)
+    assert document["runs"][0]["divergence"]["quantity"] == "learning rate"
+    assert f"scripts/train.py belongs to the project at {tmp_path / 'project'}" in said[0]

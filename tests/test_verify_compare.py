@@ -177,3 +177,86 @@ def test_lines_that_differ_in_a_word_compare_the_numbers_at_the_same_words():
     assert same.divergence is None and (same.printed.compared, same.printed.noisy) == (4, 1)
     other = compare.verdict(reference, _run(ORIGINAL_RECORDS, printed=line.format("cpu/0", "2.31781", "9.5")), 1e-4, 1e-5)
     assert (other.divergence.original, other.divergence.migrated) == (2.21781, 2.31781)
+
+
+def test_a_line_under_a_test_of_the_rank_or_through_master_print_is_printed_once(tmp_path):
+    """guards.py on a program's source: the branches of an `if` that asks which process this is
+    print once; a loop's `if step % 10 == 0` and a plain print every process."""
+    import sys
+
+    from tpu_migrate.diagnose.recording import is_library
+    from tpu_migrate.verify import guards
+
+    source = tmp_path / "train.py"
+    source.write_text(
+        "import sys\n"
+        "def frame():\n    return ONCE(sys._getframe(1))\n"
+        "def run(ordinal, step):\n"
+        "    seen = {}\n"
+        "    if ordinal == 0:\n        seen['master'] = frame()\n    else:\n        seen['other'] = frame()\n"
+        "    if step % 10 == 0:\n        seen['every'] = frame()\n"
+        "    seen['plain'] = frame()\n"
+        "    return seen\n")
+    namespace = {"ONCE": lambda frame: guards.printed_once(frame, is_library)}  # where the program prints
+    exec(compile(source.read_text(), str(source), "exec"), namespace)
+    once = {**namespace["run"](0, 0), **namespace["run"](1, 0)}
+    assert once == {"master": True, "other": True, "every": False, "plain": False}
+    assert not guards.printed_once(sys._getframe(), lambda name: True)  # library frames only
+
+
+def test_every_rank_s_lines_against_the_original_s_once_printed_and_reduced_numbers():
+    """across_ranks: a once-printed line that rank 1 prints too is a divergence (not the first of
+    another node's); a reduced number the ranks disagree on is one; one they agree on is noted."""
+    original = printed.lines("step 0 loss 0.500000\neval error 0.250000\n")
+    reduced = printed.reduced(original, [0.5, 0.25])
+    assert reduced == {(1, 1), (2, 0)}
+    rank0 = printed.lines("step 0 loss 0.500000\neval error 0.300000\n")
+    rank1 = printed.lines("eval error 0.300000\n")
+    divergence, agreed = printed.across_ranks(original, {1}, reduced, [(0, True, rank0), (1, False, rank1)], 1e-4, 1e-5)
+    assert divergence is None and agreed == {(2, 0)}
+    divergence, _ = printed.across_ranks(original, {1}, reduced, [(0, True, rank0), (1, False, rank0)], 1e-4, 1e-5)
+    assert (divergence.kind, divergence.line, divergence.rank, divergence.migrated) == ("extra", 1, 1, 2)
+    _, agreed = printed.across_ranks(original, {1}, reduced, [(0, True, rank0), (2, True, rank0)], 1e-4, 1e-5)
+    assert agreed == {(1, 1), (2, 0)}  # rank 2 leads a node of its own: it may print the master's lines
+    other = printed.lines("eval error 0.200000\n")
+    divergence, _ = printed.across_ranks(original, {1}, reduced, [(0, True, rank0), (1, False, other)], 1e-4, 1e-5)
+    assert (divergence.kind, divergence.line, divergence.original, divergence.migrated) == ("ranks", 2, 0.3, 0.2)
+
+
+# --- The cause uses every run, the step counts and the per-rank figures (issue 48, item 4) ------
+
+def test_ranks_with_the_same_gradients_and_other_parameters_dropped_the_initial_broadcast():
+    """Averaged gradients (equal on every rank) and parameters that differ between the ranks: the
+    ranks started from other weights. It was reported as "wrap the model in DDP"."""
+    apart = _run([_record(0, 0, 2, 2.0, grad_sq=25.0, param_sum=10.0),
+                  _record(0, 1, 2, 2.0, grad_sq=25.0, param_sum=12.0)], world=2)
+    divergence = compare.verdict(ORIGINAL, apart, 1e-4, 1e-5).divergence
+    assert (divergence.step, divergence.quantity) == (0, "parameters")
+    assert "started from different weights" in divergence.cause and "initial broadcast" in divergence.cause
+    assert "DistributedDataParallel, or all-reduce" not in divergence.cause
+
+
+def test_a_schedule_over_another_number_of_steps_names_the_step_counts_not_the_world_size():
+    """drop_last changed: a partial batch more, 3 steps for the original's 2, and a schedule set
+    over the total steps gives another rate at step 0 (0.1 * 2/3). It was reported as "the program
+    scales it by the number of processes", at one process as at two."""
+    extra = [_record(k, r, 2, loss, grad_sq=g, param_sum=p, lr=lr) for r in (0, 1)
+             for k, loss, g, p, lr in ((0, 2.0, 25.0, 10.0, 0.1 * 2 / 3), (1, 1.5, 9.0, 9.0, 0.05), (2, 1.0, 4.0, 8.0, 0.0))]
+    divergence = compare.verdict(ORIGINAL, _run(extra, world=2), 1e-4, 1e-5).divergence
+    assert (divergence.step, divergence.quantity) == (0, "learning rate")
+    assert "takes 3 optimizer steps where the original took 2" in divergence.cause
+    assert "drop_last" in divergence.cause and "number of processes" not in divergence.cause
+
+
+def test_where_one_process_already_differs_the_n_process_cause_says_so():
+    """The 1-process run differs at step 0; the 2-process run's loss too: its cause once said
+    "it agrees at one process and differs at 2"."""
+    alone = compare.verdict(ORIGINAL, _run([_record(0, 0, 1, 2.5, grad_sq=25.0, param_sum=10.0),
+                                            _record(1, 0, 1, 1.7, grad_sq=9.0, param_sum=9.0)]), 1e-4, 1e-5)
+    assert "one process already differs" in alone.divergence.cause
+    two = _run([_record(0, r, 2, 2.5, grad_sq=25.0, param_sum=10.0) for r in (0, 1)]
+               + [_record(1, r, 2, 1.7, grad_sq=9.0, param_sum=9.0) for r in (0, 1)], world=2)
+    before = compare.verdict(ORIGINAL, two, 1e-4, 1e-5).divergence.cause
+    assert "agree" in before  # alone: what it says without the 1-process run
+    cause = compare.verdict(ORIGINAL, two, 1e-4, 1e-5, alone.divergence).divergence.cause
+    assert cause.startswith("one process already differs (loss at step 0, above)") and "agrees at one" not in cause

@@ -490,13 +490,16 @@ def _process_counts(ctx, param, value):
 @click.option("--target", type=click.Choice(["tpu", "portable"]), default="tpu", show_default=True,
               help="The migration to prove (rewrite --target): tpu runs it on the TorchTPU stand-in (the tpu "
                    "device emulated on the CPU, tpu_dist over gloo); portable on the CPU with gloo.")
-@click.option("--against", metavar="MIGRATED", type=click.Path(dir_okay=False),
+@click.option("--against", metavar="MIGRATED", type=click.Path(),
               help="Compare with this migrated (and hand-edited) copy, of --target's dialect, instead of a fresh "
-                   "migration.")
+                   "migration: a script, or with -m MODULE the migrated tree (or the module's file in it).")
 @click.option("--root", type=click.Path(file_okay=False, exists=True),
               help="The tree the script imports from, copied and migrated with it (default: the script's folder).")
 @click.option("--nproc", "nprocs", default="1,2", show_default=True, callback=_process_counts,
               help="Process counts to run the migrated program at (more than 1: under torchrun, gloo).")
+@click.option("--nnodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Nodes to run each torchrun at: N torchruns (--nnodes N --node_rank K) at once on this machine, "
+                   "as on the hosts of a pod, each of --nproc processes.")
 @click.option("--rtol", type=float, default=1e-4, show_default=True, help="Relative tolerance.")
 @click.option("--atol", type=float, default=1e-5, show_default=True, help="Absolute tolerance.")
 @click.option("--timeout", type=float, default=1800, show_default=True, help="Seconds per run.")
@@ -516,7 +519,7 @@ def _process_counts(ctx, param, value):
                    "torch fits, else an environment tpu-migrate makes once and keeps in its cache).")
 @click.argument("script", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def verify(target, against, root, nprocs, rtol, atol, timeout, output_format, html_file, module, python,
+def verify(target, against, root, nprocs, nnodes, rtol, atol, timeout, output_format, html_file, module, python,
            migrated_python, script, args) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under torch_xla on the CPU (one process, twice:
     its own noise), and its migration with torch_xla unimportable, at each --nproc: by default the
@@ -527,9 +530,6 @@ def verify(target, against, root, nprocs, rtol, atol, timeout, output_format, ht
 
     if module is not None:  # `-m pkg.train ARGS`: SCRIPT took the first argument
         args = (script, *args) if script is not None else args
-        if against is not None:
-            raise click.UsageError("--against compares with a migrated script; with -m MODULE, verify migrates "
-                                   "the module's tree itself")
     elif script is None:
         raise click.UsageError("give a SCRIPT or -m MODULE")
     echo = (lambda line: click.echo(line, err=True)) if output_format == "json" else click.echo
@@ -539,7 +539,7 @@ def verify(target, against, root, nprocs, rtol, atol, timeout, output_format, ht
                                       interpreter=(lambda env: os.path.abspath(python)) if python else None,
                                       target=target, migrated_python=migrated_python,
                                       nproc_default=click.get_current_context().get_parameter_source("nprocs")
-                                      == click.core.ParameterSource.DEFAULT)
+                                      == click.core.ParameterSource.DEFAULT, nnodes=nnodes)
     except VerifyError as exc:
         raise click.UsageError(str(exc)) from None
     if output_format == "json":

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tpu_migrate import standin
 from tpu_migrate.verify import compare, printed
-from tpu_migrate.verify.runs import Run, Target, VerifyError, Workspace
+from tpu_migrate.verify.runs import Run, Target, VerifyError, Workspace, project_root
 
 __all__ = ["TARGETS", "VerifyError", "run_verify"]
 
@@ -22,7 +22,8 @@ TARGETS = ("tpu", "portable")
 def run_verify(script: str, args: list[str], against: str | None, root: str | None, nprocs: list[int],
                rtol: float, atol: float, timeout: float, echo, html_file: str | None = None,
                module: bool = False, interpreter=None, target: str = "tpu",
-               migrated_python: str | None = None, nproc_default: bool = False) -> tuple[int, dict]:
+               migrated_python: str | None = None, nproc_default: bool = False,
+               nnodes: int = 1) -> tuple[int, dict]:
     """Run everything and return (exit status, the JSON document); `echo(line)` says progress
     and the text report; `html_file` gets the page (verify/html.py). With `module`, `script` is
     a module name run as `python -m` (its tree: --root, default the current directory);
@@ -32,10 +33,11 @@ def run_verify(script: str, args: list[str], against: str | None, root: str | No
     VerifyError for a usage problem. Any other error is one line and exit status 2, never 1 (a
     divergence); an interrupt (Ctrl-C) 130, with every run's processes stopped. `nproc_default`:
     `nprocs` is the CLI's default, not the user's choice: against an original that made no process
-    group and started no other process, its N-process runs do not apply and do not run."""
+    group and started no other process, its N-process runs do not apply and do not run. `nnodes`:
+    each migrated run at N processes is that many torchruns of N at once (the hosts of a pod)."""
     try:
         return _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, html_file, module,
-                           interpreter, target, migrated_python, nproc_default)
+                           interpreter, target, migrated_python, nproc_default, nnodes)
     except VerifyError:
         raise
     except KeyboardInterrupt:
@@ -48,12 +50,17 @@ def run_verify(script: str, args: list[str], against: str | None, root: str | No
 
 
 def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, html_file, module, interpreter,
-                target, migrated_python, nproc_default=False) -> tuple[int, dict]:
+                target, migrated_python, nproc_default=False, nnodes=1) -> tuple[int, dict]:
     if target not in TARGETS:
         raise VerifyError(f"--target {target}: give one of {', '.join(TARGETS)}")
+    if nnodes < 1:
+        raise VerifyError(f"--nnodes {nnodes}: give 1 or more")
+    if not module and root is None:
+        root = _project_root(script, against, echo)
     program = Target.find(script, module, root)
-    if against is not None and not Path(against).is_file():
-        raise VerifyError(f"no such script: {against}")
+    if module and program.imports[0] != program.path:
+        echo(f"verify: {script} imports from {program.imports[0]} (a src layout): the tree copied is {program.path}")
+    mine = Target.against(against, program, root) if against is not None else None
     torch = None
     if target == "tpu":
         try:
@@ -65,14 +72,14 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
     side = _migrated_side(against, target, torch)
     workspace = Workspace(interpreter, target, migrated_interpreter)
     try:
-        migrated = Target(Path(against), None, False) if against else workspace.migrate(program, root)
+        migrated = mine or workspace.migrate(program, root)
         runs, failed, skipped = [], None, None
-        plan = [("original", "original", program, 1), ("original, again", "original", program, 1),
-                *((f"migrated, {_processes(n)}", "migrated", migrated, n) for n in nprocs)]
+        plan = [("original", "original", program, 1, 1), ("original, again", "original", program, 1, 1),
+                *((f"migrated, {_processes(n, nnodes)}", "migrated", migrated, n * nnodes, nnodes) for n in nprocs)]
         while plan:
-            name, kind, runnable, world = plan.pop(0)
+            name, kind, runnable, world, nodes = plan.pop(0)
             echo(f"verify: running the {name} ...")
-            run = workspace.run(name, kind, runnable, args, world, timeout)
+            run = workspace.run(name, kind, runnable, args, world // nodes, timeout, nodes)
             if run.left and run.returncode == 0:
                 echo(f"verify: {name}: the program exited leaving {len(run.left)} process(es) running, stopped: "
                      + "; ".join(run.left[:5]))
@@ -84,9 +91,10 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
                 echo(f"verify: {script}: the original took no optimizer step, called no backward() and printed no "
                      "number: nothing to compare")
                 return 2, {"script": script, "error": "the original took no step and printed no number"}
-            if len(runs) == 1 and nproc_default and run.single_process and any(p[3] > 1 for p in plan):
+            if len(runs) == 1 and nproc_default and nnodes == 1 and run.single_process \
+                    and any(p[3] > 1 for p in plan):
                 skipped = [p[3] for p in plan if p[3] > 1]
-                plan = [p for p in plan if p[3] <= 1] or [("migrated, 1 process", "migrated", migrated, 1)]
+                plan = [p for p in plan if p[3] <= 1] or [("migrated, 1 process", "migrated", migrated, 1, 1)]
                 echo(f"verify: {script} is a single-process program (the original made no process group and "
                      f"started no other process): the torchrun run(s) at {', '.join(map(str, skipped))} processes do "
                      "not apply, not run (give --nproc to run them)")
@@ -95,7 +103,10 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
     if failed is not None and (failed.side == "original" or len(runs) < 3):  # no migrated run measured
         return 2, _failed(failed, echo)
     reference = compare.original(*runs[:2])
-    verdicts = [compare.verdict(reference, run, rtol, atol) for run in runs[2:]]
+    verdicts = []
+    for run in runs[2:]:  # the 1-process run first: the others' causes know whether it differs
+        alone = next((v.divergence for v in verdicts if v.run.world == 1), None)
+        verdicts.append(compare.verdict(reference, run, rtol, atol, alone, any(r.world == 1 for r in runs[2:])))
     document = _document(script, against, target, torch, reference, verdicts)
     if skipped:
         document["not_run"] = {"processes": skipped, "why": "single-process program: the original made no "
@@ -113,6 +124,20 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
     return (1 if any(v.divergence for v in verdicts) else 0), document
 
 
+def _project_root(script: str, against: str | None, echo) -> str | None:
+    """The tree of a script, where --root is not given: its project's (the folder with
+    pyproject.toml, setup.py or setup.cfg above the script's, in the working directory), whose
+    package it may import; said in one line. None: the script's folder."""
+    found = project_root(Path(script)) if Path(script).is_file() else None
+    if found is None:
+        return None
+    what = ("the copy's own tree, where it sits as the script sits in this one, is imported from (its package, "
+            "not this tree's)" if against else "that tree is copied and migrated with it")
+    echo(f"verify: {script} belongs to the project at {found} (its pyproject.toml, setup.py or setup.cfg): {what} "
+         "(--root chooses another tree)")
+    return str(found)
+
+
 def _migrated_side(against: str | None, target: str, torch: str | None) -> str:
     """What the reports say the original was compared with, and where it ran."""
     if target == "portable":
@@ -121,7 +146,9 @@ def _migrated_side(against: str | None, target: str, torch: str | None) -> str:
     return f"{what} on the TorchTPU stand-in (torch {torch}, the CPU computing; tpu_dist over gloo)"
 
 
-def _processes(n: int) -> str:
+def _processes(n: int, nnodes: int = 1) -> str:
+    if nnodes > 1:
+        return f"torchrun, {nnodes} nodes of {n} process{'es' * (n != 1)}"
     return "1 process" if n == 1 else f"torchrun, {n} processes"
 
 
@@ -174,8 +201,10 @@ def _text(script, side: str, reference: compare.Original, verdicts) -> list[str]
             lines.append(f"  {verdict.run.name}: differs: {divergence.original} {divergence.quantity} in the original, "
                          f"{divergence.migrated} in the migrated program (every common {divergence.unit} agreed)")
         else:
+            # Ranks that disagree on a reduced value: rank 0's against another's, not the original's.
+            first = "rank 0" if divergence.quantity == "printed number" and divergence.ranks != [0] else "original"
             lines.append(f"  {verdict.run.name}: differs first at {divergence.unit} {divergence.step}, "
-                         f"{divergence.quantity}: {compare.shown(divergence.original)} (original) vs "
+                         f"{divergence.quantity}: {compare.shown(divergence.original)} ({first}) vs "
                          f"{compare.shown(divergence.migrated)} (migrated, {_ranks(divergence.ranks)})")
         if divergence is not None and divergence.where:
             lines.append(f"    {compare.where_label(divergence)}: {divergence.where}")

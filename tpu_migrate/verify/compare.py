@@ -59,6 +59,8 @@ class Original:
     floor: dict[str, float]            # relative difference per quantity between the two runs
     printed: list[printed.Line]
     printed_noise: set[tuple[int, int]]
+    once: set[int] = field(default_factory=set)                 # printed lines printed by one process only
+    reduced: set[tuple[int, int]] = field(default_factory=set)  # printed numbers a reduction returned
 
     @property
     def unit(self) -> str:
@@ -77,7 +79,8 @@ class Verdict:
 def original(first: Run, second: Run) -> Original:
     figures = steps(first)
     lines = printed.lines(first.printed)
-    return Original(figures, noise(figures, steps(second)), lines, printed.noise(lines, printed.lines(second.printed)))
+    return Original(figures, noise(figures, steps(second)), lines, printed.noise(lines, printed.lines(second.printed)),
+                    first.once, printed.reduced(lines, first.reduced))
 
 
 def steps(run: Run) -> list[Step]:
@@ -129,42 +132,60 @@ def noise(first: list[Step], second: list[Step]) -> dict[str, float]:
     return worst
 
 
-def verdict(reference: Original, run: Run, rtol: float, atol: float) -> Verdict:
+def verdict(reference: Original, run: Run, rtol: float, atol: float, alone: Divergence | None = None,
+            one_process_ran: bool = True) -> Verdict:
     """`run` against the original: the first step and quantity that differ; where every step
-    agrees, the first printed number."""
-    result = _steps_verdict(reference.steps, run, rtol, atol, reference.floor)
+    agrees, the first printed number. `alone`: the 1-process run's divergence, for a run of more
+    processes (its cause must not say that one process agrees); `one_process_ran`: whether there
+    was a 1-process run (without one, nothing is said of it)."""
+    result = _steps_verdict(reference.steps, run, rtol, atol, reference.floor, alone, one_process_ran)
     if result.divergence is None:
+        across, agreed = None, set()
+        if run.world > 1:  # every rank's lines: what rank 0's cannot show (printed.py)
+            ranks = [(rank, first, printed.lines(text)) for rank, first, text in run.ranks]
+            across, agreed = printed.across_ranks(reference.printed, reference.once, reference.reduced, ranks,
+                                                  rtol, atol)
         result.printed = printed.compare(reference.printed, printed.lines(run.printed), reference.printed_noise,
-                                         rtol, atol, run.world)
-        mismatch = result.printed.divergence
+                                         rtol, atol, run.world, agreed)
+        mismatch = result.printed.divergence or across
         if mismatch is not None:
             cause = _printed_cause(run.world, reference.unit if reference.steps else None, mismatch)
-            result.divergence = Divergence(run.name, mismatch.line, "printed number", mismatch.original,
-                                           mismatch.migrated, [0], cause,
+            quantity = "processes that print it" if mismatch.kind == "extra" else "printed number"
+            result.divergence = Divergence(run.name, mismatch.line, quantity, mismatch.original,
+                                           mismatch.migrated, [mismatch.rank], cause,
                                            f"{mismatch.text}  |  {mismatch.migrated_text}", unit="printed line")
     return result
 
 
-def _steps_verdict(original: list[Step], run: Run, rtol: float, atol: float, floor: dict[str, float]) -> Verdict:
+def _steps_verdict(original: list[Step], run: Run, rtol: float, atol: float, floor: dict[str, float],
+                   alone: Divergence | None = None, one_process_ran: bool = True) -> Verdict:
     tolerance = {q: max(rtol, 10 * floor.get(q, 0.0)) for q in QUANTITIES}
     migrated = steps(run)
     result = Verdict(run, len(migrated), None, tolerance)
     for a, b in zip(original, migrated):
         if b.rank_mismatch:
             quantity = "gradient norm" if b.rank_mismatch.startswith("gradient") else "parameters"
-            result.divergence = Divergence(
-                run.name, b.index, quantity, a.figures[quantity], b.figures[quantity], b.ranks,
-                f"the ranks disagree ({b.rank_mismatch}): each process stepped with its own gradients, not "
-                "their average over the processes: wrap the model in DistributedDataParallel, or all-reduce "
-                "the gradients with ReduceOp.AVG before the step", b.where)
+            if quantity == "parameters":  # the same (averaged) gradients, other weights: other starts
+                cause = (f"the ranks disagree ({b.rank_mismatch}) though they step with the same gradients: they "
+                         "started from different weights, which the average of the gradients never brings "
+                         "together: the initial broadcast of the parameters is missing (xm.broadcast_master_param, "
+                         "dist.broadcast from rank 0, or DistributedDataParallel's at its construction), or each "
+                         "process initialized its model with a seed of its own")
+            else:
+                cause = (f"the ranks disagree ({b.rank_mismatch}): each process stepped with its own gradients, not "
+                         "their average over the processes: wrap the model in DistributedDataParallel, or "
+                         "all-reduce the gradients with ReduceOp.AVG before the step")
+            result.divergence = Divergence(run.name, b.index, quantity, a.figures[quantity], b.figures[quantity],
+                                           b.ranks, cause, b.where)
             return result
         for quantity in QUANTITIES:
             x, y = a.figures[quantity], b.figures[quantity]
             if x is None or y is None:
                 continue
             if not _close(x, y, tolerance[quantity], atol):
-                result.divergence = Divergence(run.name, b.index, quantity, x, y, b.ranks,
-                                               _cause(quantity, x, y, run.world, b.index), b.where, a.unit)
+                cause = _cause(quantity, x, y, run.world, b.index, (len(original), len(migrated)), alone,
+                               one_process_ran and alone is None)
+                result.divergence = Divergence(run.name, b.index, quantity, x, y, b.ranks, cause, b.where, a.unit)
                 return result
     if len(original) != len(migrated):
         unit = (original or migrated)[0].unit
@@ -221,13 +242,22 @@ def _close(x: float, y: float, rtol: float, atol: float) -> bool:
     return math.isclose(x, y, rel_tol=rtol, abs_tol=atol)
 
 
-def _cause(quantity: str, original: float, migrated: float, world: int, step: int) -> str:
+def _cause(quantity: str, original: float, migrated: float, world: int, step: int,
+           counts: tuple[int, int] = (0, 0), alone: Divergence | None = None, one_process_agreed: bool = True) -> str:
     ratio = migrated / original if original else math.inf
-    if quantity == "learning rate":
-        scaled = f"{ratio:.3g} times the original's" + (f", the world size {world}" if math.isclose(ratio, world) else "")
-        return (f"the learning rate is {scaled}: the program scales it by the number of processes (by "
-                "design where each process reads a batch of its own, the global batch growing with the "
-                "world: then its numbers agree at one process only), or a schedule stepped differently")
+    if quantity == "learning rate" and world > 1 and math.isclose(ratio, world):
+        return (f"the learning rate is {ratio:.3g} times the original's, the world size {world}: the program "
+                "scales it by the number of processes (by design where each process reads a batch of its own, "
+                "the global batch growing with the world: then its numbers agree at one process only)")
+    if counts[0] != counts[1] and not (world > 1 and counts[1] in (counts[0] * world, counts[0] / world)) \
+            and (quantity == "learning rate" or step > 0):
+        # Another number of batches: a partial last batch kept (drop_last), another dataset length;
+        # steps that agreed before it (a batch inserted), or a schedule over the total steps.
+        return (f"the migrated program takes {counts[1]} optimizer steps where the original took {counts[0]}: it "
+                "reads another number of batches (drop_last changed, so a partial batch is kept or dropped; "
+                "another dataset length or batch size), which shifts every later step"
+                + (", and a schedule set over the total steps gives other rates from the first"
+                   if quantity == "learning rate" else ""))
     if quantity == "gradient norm":
         scale = printed.world_scale(original, migrated, world, 0.05)
         if scale == "times":
@@ -236,6 +266,13 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
         if scale == "fraction":
             return (f"the gradient norm is 1/{world} of the original's: the gradients were averaged over the "
                     "processes twice (an explicit average on top of DistributedDataParallel or FSDP)")
+    if world > 1 and alone is not None:
+        return (f"one process already differs ({alone.quantity} at {alone.unit} {alone.step}, above): the same "
+                "change shows here; fix the 1-process run first")
+    if quantity == "learning rate":
+        return (f"the learning rate is {ratio:.3g} times the original's: a schedule stepped differently (a "
+                "scheduler stepped per batch where the original stepped it per epoch, or set over another "
+                "number of steps), or a rate changed")
     if world == 1:
         return ("one process already differs: a conversion changed the computation itself (a device, a dtype, "
                 "an optimizer step, a seed or a random number generator)")
@@ -246,7 +283,8 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
                 "differently per process), or the model takes a statistic over each process's slice where "
                 "the original took it over the global batch (BatchNorm); if the program means its batch per "
                 "process, its numbers depend on the world size by design and agree at 1 process only")
-    return (f"it agrees at one process and differs at {world}: what differs is how the processes share the "
+    agreed = "it agrees at one process and differs" if one_process_agreed else "it differs"
+    return (f"{agreed} at {world}: what differs is how the processes share the "
             "work (the slices they read, the gradient average, a statistic taken over one process's slice), "
             "or the program's numbers depend on the world size by design (a batch per process that is not a "
             "slice of a global one): then they agree at one process only")
@@ -255,6 +293,15 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
 def _printed_cause(world: int, unit: str | None, mismatch: printed.PrintedDivergence) -> str:
     computed = {"step": "every step's loss, gradient norm and parameters agree, so ",
                 "backward call": "every backward call's loss agrees, so ", None: ""}[unit]
+    if mismatch.kind == "extra":
+        return (f"{mismatch.migrated} processes print this line (rank {mismatch.rank} too) where the original "
+                "printed it from one process only (xm.master_print, or under a test of xm.is_master_ordinal() or "
+                "the ordinal): the test of the rank was dropped, or asks another rank than the original did")
+    if mismatch.kind == "ranks":
+        return (f"rank 0 printed {shown(mismatch.original)} and rank {mismatch.rank} {shown(mismatch.migrated)}: "
+                "the original printed what a reduction over the processes returned (xm.mesh_reduce, "
+                "xm.all_reduce), the same in every process; the migrated program prints a value of each "
+                "process's own (the reduction dropped), whatever rank 0's shows")
     scale = printed.world_scale(mismatch.original, mismatch.migrated, world, 1e-3)
     if scale == "fraction":
         return (f"{computed}the printed value is 1/{world} of the original's: averaged over the {world} processes "

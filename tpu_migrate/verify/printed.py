@@ -16,8 +16,21 @@ shifts nothing. In each aligned pair, the numbers are compared in order:
   the processes by design: it agrees at one process only, and is listed so, not a divergence
   (a float so, a loss at half the original's, was averaged twice: a divergence).
 
-Only the first process of a run is read (rank 0; the original has one): the original never had
-a rank 1 to print.
+Rank 0's lines are compared with the original's as above. Every other rank's are read too
+(across_ranks), for what the original, run at one process, cannot show by its values:
+
+- a line the original printed from one process only (guards.py: under `xm.master_print` or a
+  test of the rank) that a rank other than the first of its node prints too is a divergence:
+  every rank prints what the original printed once (the first process of another node may print
+  it: `xm.is_master_ordinal()` asks for the first of each host);
+- a number the original printed from a reduction over the processes (what `xm.mesh_reduce` or
+  `xm.all_reduce` returned, recorder.py) must be the same on every rank that prints it: ranks
+  that print different values print a value of their own, the reduction dropped, even where
+  rank 0's equals the one-process value. Where every rank prints the same and it differs from
+  the original's, the migration reduced it over the processes' own data (each evaluates data of
+  its own, so the reduction depends on the world size): agreeing at one process only, not a
+  divergence (a float at the world size times the original's, or its inverse, still is one).
+  Where rank 0 alone prints it, its value is all there is to compare.
 """
 
 from __future__ import annotations
@@ -67,6 +80,9 @@ class PrintedDivergence:
     migrated_text: str
     original: float
     migrated: float
+    kind: str = "value"       # "value" (rank 0's against the original's), "extra" (a once-printed line
+    #                           printed by another rank too), "ranks" (a reduced value the ranks disagree on)
+    rank: int = 0             # the rank that printed `migrated_text`
 
 
 @dataclass
@@ -106,7 +122,9 @@ def noise(first: list[Line], second: list[Line]) -> set[tuple[int, int]]:
 
 
 def compare(original: list[Line], migrated: list[Line], noisy: set[tuple[int, int]], rtol: float, atol: float,
-            world: int) -> Printed:
+            world: int, agreed: set[tuple[int, int]] = frozenset()) -> Printed:
+    """`agreed`: (line, position) of the original's reduced numbers that every rank printed alike
+    (across_ranks): a different value there is a reduction over the processes' own data."""
     result = Printed()
     pairs = _pairs(original, migrated)
     result.one_side = len(original) + len(migrated) - 2 * len(pairs)
@@ -123,6 +141,9 @@ def compare(original: list[Line], migrated: list[Line], noisy: set[tuple[int, in
                                                   abs(x.value - y.value) / max(abs(x.value), 1e-12))
                 continue
             why = _by_world_size(x, y, world)
+            if why is None and (a.index, x.position) in agreed and not world_scale(x.value, y.value, world, 1e-3):
+                why = (f"reduced over the processes in the original, and every rank prints the same: a reduction "
+                       f"over the {world} processes' own data (by design where each evaluates data of its own)")
             if why is not None:
                 result.world_only.append({"line": a.index, "original": a.text, "migrated": b.text,
                                           "values": [x.value, y.value], "why": why})
@@ -130,6 +151,53 @@ def compare(original: list[Line], migrated: list[Line], noisy: set[tuple[int, in
             result.divergence = PrintedDivergence(a.index, a.text, b.text, x.value, y.value)
             return result
     return result
+
+
+def reduced(original: list[Line], values: list[float]) -> set[tuple[int, int]]:
+    """(line, position) of each number the original printed that a reduction returned (to its
+    printed digits)."""
+    out = set()
+    for line in original:
+        for x in line.numbers:
+            if not x.timing and any(math.isclose(x.value, v, rel_tol=1e-9, abs_tol=x.quantum * (1 + 1e-9))
+                                    for v in values):
+                out.add((line.index, x.position))
+    return out
+
+
+def across_ranks(original: list[Line], once: set[int], reduced_numbers: set[tuple[int, int]],
+                 ranks: list[tuple[int, bool, list[Line]]], rtol: float, atol: float
+                 ) -> tuple[PrintedDivergence | None, set[tuple[int, int]]]:
+    """What every rank printed, against the original (see the module's text): the first line
+    printed by too many processes or holding a reduced number the ranks disagree on, and the
+    reduced numbers they agree on."""
+    printers: dict[int, list[tuple[int, bool, Line, Line]]] = {}
+    for rank, first, lines in ranks:
+        for a, b in _pairs(original, lines):
+            printers.setdefault(a.index, []).append((rank, first, a, b))
+    agreed = set()
+    for index, printed in sorted(printers.items()):
+        extra = [(rank, a, b) for rank, first, a, b in printed if not first]
+        if index in once and extra:
+            rank, a, b = extra[0]
+            return PrintedDivergence(a.index, a.text, b.text, 1, len(printed), "extra", rank), set()
+        # Each rank's number at each of the original's positions (a line alike, not the same, is cut
+        # to the numbers at the same words: _aligned).
+        by_position: dict[int, list[tuple[int, Number, Line]]] = {}
+        for rank, _, a, b in printed:
+            for x, y in zip(a.numbers, b.numbers):
+                if (index, x.position) in reduced_numbers:
+                    by_position.setdefault(x.position, []).append((rank, y, b))
+        for position, seen in sorted(by_position.items()):
+            if len(seen) < 2:
+                continue
+            _, y0, b0 = seen[0]
+            for rank, y, b in seen[1:]:
+                if not _close(y0, y, rtol, atol):
+                    return PrintedDivergence(index, printed[0][2].text, b.text, y0.value, y.value, "ranks",
+                                             rank), set()
+            agreed.add((index, position))
+    return None, agreed
 
 
 def _pairs(first: list[Line], second: list[Line]) -> list[tuple[Line, Line]]:

@@ -55,6 +55,8 @@ def install() -> None:
 
         rank = os.environ.get("RANK", "-")  # a launcher's worker; "-": no launcher (or the launcher)
         sys.stdout = _Tee(sys.stdout, os.path.join(directory, f"stdout-{time.time_ns()}-{os.getpid()}-{rank}.txt"))
+        after_import("torch_xla.core.xla_model", lambda: _record_reductions(
+            os.path.join(directory, f"reduced-{os.getpid()}.jsonl")))
         import random
 
         random.seed(0)
@@ -63,18 +65,33 @@ def install() -> None:
 
 class _Tee:
     """sys.stdout, also written to a file as it is printed (unbuffered: a process that dies
-    keeps what it printed). A forked child (a DataLoader worker) prints to the terminal only."""
+    keeps what it printed). A forked child (a DataLoader worker) prints to the terminal only.
+    Beside it (`.once`), a character per line: "1" where the code that printed it did so for one
+    process of the world only (guards.py), else "0"."""
 
     def __init__(self, stream, path: str):
         self._stream = stream
         self._pid = os.getpid()
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._once_fd = os.open(path[:-len(".txt")] + ".once", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._once = None  # the line being printed: whether it is printed once (at its first write)
 
     def write(self, text):
         written = self._stream.write(text)
         if os.getpid() == self._pid and isinstance(text, str):
             os.write(self._fd, text.encode("utf-8", "replace"))
+            if text:
+                self._note_lines(text)
         return written
+
+    def _note_lines(self, text: str) -> None:
+        if self._once is None:
+            self._once = _printed_once(sys._getframe(2))
+        ends = text.count("\n")
+        if ends:
+            os.write(self._once_fd, (("1" if self._once else "0") * ends).encode())
+            # What follows the last newline starts a line printed by the same code.
+            self._once = self._once if not text.endswith("\n") else None
 
     def writelines(self, texts):
         for text in texts:
@@ -82,6 +99,57 @@ class _Tee:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+def _printed_once(frame) -> bool:
+    try:
+        from tpu_migrate.diagnose.recording import is_library
+        from tpu_migrate.verify.guards import printed_once
+
+        return printed_once(frame, is_library)
+    except Exception:  # noqa: BLE001 (never the program's failure: counted as every process's)
+        return False
+
+
+def _record_reductions(path: str) -> None:
+    """xm.mesh_reduce and xm.all_reduce, their results noted (the scalar ones), in the original: a
+    number it prints that one of them returned was reduced over the processes (printed.py). A
+    tensor's value is read at exit, never when the program did not read it."""
+    import functools
+
+    xm = sys.modules.get("torch_xla.core.xla_model")
+    kept: list = []
+
+    def noting(function):
+        if function is None or getattr(function, "_tpu_migrate_verify", False):
+            return function
+
+        @functools.wraps(function)
+        def reduction(*args, **kwargs):
+            result = function(*args, **kwargs)
+            if len(kept) < 10000:
+                if isinstance(result, (int, float)) or type(result).__module__ == "numpy":
+                    kept.append(result)
+                elif getattr(result, "numel", None) is not None and result.numel() == 1:
+                    kept.append(result.detach())
+            return result
+
+        reduction._tpu_migrate_verify = True
+        return reduction
+
+    def write():
+        values = []
+        for value in kept:
+            try:
+                values.append(float(value.float().cpu()) if hasattr(value, "cpu") else float(value))
+            except Exception:  # noqa: BLE001 (a value that cannot be read: left out)
+                continue
+        if values:
+            _write(path, {"reduced": values})
+
+    xm.mesh_reduce = noting(getattr(xm, "mesh_reduce", None))
+    xm.all_reduce = noting(getattr(xm, "all_reduce", None))
+    atexit.register(write)
 
 
 def _hook(path: str) -> None:

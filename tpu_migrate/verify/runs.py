@@ -19,10 +19,12 @@ import socket
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpu_migrate import standin
+from tpu_migrate.standin import launcher as standin_launcher
 from tpu_migrate.diagnose.runner import sitecustomize
 from tpu_migrate.verify import processes
 from tpu_migrate.verify.recorder import ENV_DIR
@@ -51,6 +53,11 @@ class Run:
     left: list[str] = field(default_factory=list)  # processes it left running when it exited (stopped)
     processes: int = 1   # the Python processes that recorded (the program's own children too)
     group: bool = False  # whether a process made a process group (init_process_group)
+    nodes: int = 1       # torchruns of `world // nodes` processes each, at once (--nnodes)
+    once: set[int] = field(default_factory=set)  # lines of `printed` (1-based) printed by one process only
+    ranks: list[tuple[int, bool, str]] = field(default_factory=list)  # every launcher rank's printing:
+    #   (rank, whether it is the first of its node, what it printed); empty without a launcher
+    reduced: list[float] = field(default_factory=list)  # what xm.mesh_reduce / xm.all_reduce returned
 
     @property
     def single_process(self) -> bool:
@@ -65,24 +72,46 @@ class Target:
     """What a run runs: a script, or a module of a tree (`python -m`)."""
     path: Path          # the script; for a module, the tree it imports from
     module: str | None  # for `python -m`
-    is_copy: bool       # the migrated copy: for a module, its tree must come first on the path
+    is_copy: bool       # a migrated copy: its `imports` come before anything else on the path
+    imports: tuple[Path, ...] = ()  # the folders its imports resolve in: a module's tree (or its
+    #                                 src/), a copied script's tree and its src/ (a src layout)
 
     @classmethod
     def find(cls, name: str, module: bool, root: str | None) -> Target:
-        """The user's SCRIPT (or -m MODULE under --root, default the working directory)."""
+        """The user's SCRIPT (or -m MODULE under --root, default the working directory, or the
+        src/ folder of either: a src layout)."""
         if module:
             tree = Path(root or ".").resolve()
-            relative = Path(*name.split("."))
-            if not all(part.isidentifier() for part in name.split(".")) or not (
-                    (tree / relative).with_suffix(".py").is_file() or (tree / relative / "__main__.py").is_file()):
-                raise VerifyError(f"no module {name} under {tree} (its .py file or its package's __main__.py)")
-            return cls(tree, name, False)
+            return cls(tree, name, False, (_module_folder(name, tree),))
         path = Path(name)
         if not path.is_file():
             raise VerifyError(f"no such script: {name}")
         if root and not path.resolve().is_relative_to(Path(root).resolve()):
             raise VerifyError(f"{name} is not under --root {root}")
         return cls(path, None, False)
+
+    @classmethod
+    def against(cls, copy: str, original: Target, root: str | None) -> Target:
+        """The user's own migrated copy (`--against`) of `original`: a script, or for a module the
+        copied tree (or the module's file in it). Its tree comes first on the path, so that it
+        imports its own package, never the original's that the working directory or an editable
+        install also offers."""
+        path = Path(copy).resolve()
+        if original.module:
+            parts = original.module.split(".")
+            if path.is_file():  # .../pkg/train.py or .../pkg/train/__main__.py: the folder above pkg
+                module = path.parent if path.name == "__main__.py" else path.with_suffix("")
+                if module.parts[-len(parts):] != tuple(parts):
+                    raise VerifyError(f"--against {copy}: not the file of module {original.module} (give the "
+                                      "migrated tree, or the module's file in it)")
+                path = module.parents[len(parts) - 1]
+            elif not path.is_dir():
+                raise VerifyError(f"no such migrated tree: {copy}")
+            folder = _module_folder(original.module, path, f"--against {copy}: ")
+            return cls(path, original.module, True, (folder,))
+        if not path.is_file():
+            raise VerifyError(f"no such script: {copy}")
+        return cls(path, None, True, _copied_tree(path, original, root))
 
     def tree(self, root: str | None) -> Path:
         """The tree a migration copies: --root, else the script's folder (a module's tree)."""
@@ -92,6 +121,47 @@ class Target:
 
     def command(self) -> list[str]:
         return ["-m", self.module] if self.module else [str(self.path)]
+
+
+def _module_folder(name: str, tree: Path, what: str = "") -> Path:
+    """Where module `name` imports from in `tree`: the tree, or its src/ (a src layout)."""
+    relative = Path(*name.split("."))
+    if not all(part.isidentifier() for part in name.split(".")):
+        raise VerifyError(f"{what}{name} is not a module name")
+    for folder in (tree, tree / "src"):
+        if (folder / relative).with_suffix(".py").is_file() or (folder / relative / "__main__.py").is_file():
+            return folder
+    raise VerifyError(f"{what}no module {name} under {tree} or its src/ (its .py file or its package's __main__.py)")
+
+
+def _imports(tree: Path) -> tuple[Path, ...]:
+    """A copied tree's folders to import from: the tree, and its src/ where it has one."""
+    return (tree, tree / "src") if (tree / "src").is_dir() else (tree,)
+
+
+def _copied_tree(copy: Path, original: Target, root: str | None) -> tuple[Path, ...]:
+    """The tree of a user's copy of a script: where the copy sits as the script sits in its tree
+    (`migrated/scripts/train.py` for `scripts/train.py` under the tree); else its own folder."""
+    relative = original.path.resolve().relative_to(original.tree(root))
+    if copy.parts[-len(relative.parts):] == relative.parts:
+        return _imports(copy.parents[len(relative.parts) - 1])
+    return _imports(copy.parent)
+
+
+def project_root(script: Path) -> Path | None:
+    """The nearest folder above the script's, up to the working directory, that holds a
+    pyproject.toml, setup.py or setup.cfg (the project the script belongs to, whose package it
+    may import); None for a script outside the working directory, or where there is none above
+    the script's own folder."""
+    folder, stop = script.resolve().parent, Path.cwd().resolve()
+    if not folder.is_relative_to(stop):
+        return None
+    for candidate in (folder, *folder.parents):
+        if any((candidate / marker).is_file() for marker in ("pyproject.toml", "setup.py", "setup.cfg")):
+            return None if candidate == folder else candidate
+        if candidate == stop:
+            return None
+    return None
 
 
 class Workspace:
@@ -137,18 +207,22 @@ class Workspace:
             raise VerifyError(f"{target.module or target.path}: the rewrite of its copy failed: "
                               f"{(proc.stderr or proc.stdout).strip()}")
         if target.module:
-            return Target(copy, target.module, True)
-        return Target(copy / target.path.resolve().relative_to(tree), None, True)
+            return Target(copy, target.module, True, tuple(copy / folder.relative_to(tree) for folder in target.imports))
+        return Target(copy / target.path.resolve().relative_to(tree), None, True, _imports(copy))
 
-    def run(self, name: str, side: str, target: Target, args: list[str], nproc: int, timeout: float) -> Run:
-        records_dir = Path(tempfile.mkdtemp(prefix="records-", dir=self.path))
+    def run(self, name: str, side: str, target: Target, args: list[str], nproc: int, timeout: float,
+            nnodes: int = 1) -> Run:
+        """`nproc` processes (under torchrun above 1); with `nnodes` above 1, that many torchruns of
+        `nproc` at once, one per node (`--node_rank K`, one rendezvous on 127.0.0.1), as on the
+        hosts of a pod: a world of nproc * nnodes."""
         env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
         path = [str(self.site), str(self.tool)]
-        if target.module:
-            # The module's tree first; for the copy, not the working directory's original tree
-            # that `python -m` would put first (PYTHONSAFEPATH: its workers inherit it too).
-            path.insert(0, str(target.path))
-            if target.is_copy:
+        if target.module or target.is_copy:
+            # The module's tree first; for a copy, its own tree, not the original's that the
+            # working directory (`python -m` puts it first: PYTHONSAFEPATH, which its workers
+            # inherit too), $PYTHONPATH or an editable install offers.
+            path[:0] = map(str, target.imports)
+            if target.module and target.is_copy:
                 env["PYTHONSAFEPATH"] = "1"
         if side == "original":
             env.setdefault("PJRT_DEVICE", "CPU")
@@ -164,31 +238,55 @@ class Workspace:
                 # (torch.accelerator.device_count()) starts one under python, as its original did.
                 env["TORCH_TPU_DEVICES_PER_HOST"] = str(nproc)
         env["PYTHONPATH"] = os.pathsep.join([*path, *filter(None, [os.environ.get("PYTHONPATH")])])
-        env[ENV_DIR] = str(records_dir)
         env.setdefault("OMP_NUM_THREADS", "1")  # the same reduction order in every run
         env.setdefault("PYTHONHASHSEED", "0")   # the same set and dict orders in every run
         # A port of its own for each run's rendezvous (a program's own process group, torch_xla's
         # xla:// one, torchrun's): never a default another run or program may hold.
         env["MASTER_PORT"] = str(_free_port())
-        command = [(self.interpreter if side == "original" else self.migrated_interpreter)(env)]
-        if nproc > 1:
-            env["PYTHON_EXEC"] = command[0]
-            command += ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-                        env["MASTER_PORT"], "--monitor_interval", "0.1"]
-        command += [*target.command(), *args]
-        # In a session of its own: at the timeout, or when the program exits, what is left of it
-        # is stopped, however it was started (processes.py).
-        finished = processes.run(command, env, timeout)
-        output, returncode = finished.stdout + finished.stderr, finished.returncode
-        if finished.timed_out:
-            returncode = 124
-            output += f"\n[verify] stopped after {timeout:.0f} s, with every process it had started"
-        elif finished.left:
-            output += (f"\n[verify] the program exited and left {len(finished.left)} process(es) running, "
-                       "stopped: " + "; ".join(finished.left[:5]))
-        return Run(name, side, nproc, returncode, output[-20000:], _read_records(records_dir),
-                   _read_printed(records_dir), finished.left, len(list(records_dir.glob("stdout-*.txt"))),
-                   any(records_dir.glob("group-*")))
+        python = (self.interpreter if side == "original" else self.migrated_interpreter)(env)
+
+        def node(rank: int) -> tuple[Path, processes.Finished]:
+            records = Path(tempfile.mkdtemp(prefix="records-", dir=self.path))
+            node_env = {**env, ENV_DIR: str(records)}
+            command = [python]
+            if nproc > 1 or nnodes > 1:
+                node_env["PYTHON_EXEC"] = python
+                command += ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
+                            env["MASTER_PORT"], "--monitor_interval", "0.1"]
+                if nnodes > 1:
+                    command += ["--nnodes", str(nnodes), "--node_rank", str(rank), "--master_addr", "127.0.0.1",
+                                "--rdzv-backend", "static"]
+                    if side == "migrated" and self.target == "tpu":  # the stand-in's host of a pod
+                        node_env = standin_launcher.pod_host_environment(node_env, nnodes, rank)
+            command += [*target.command(), *args]
+            # In a session of its own: at the timeout, or when the program exits, what is left of
+            # it is stopped, however it was started (processes.py).
+            return records, processes.run(command, node_env, timeout)
+
+        if nnodes == 1:
+            nodes = [node(0)]
+        else:
+            with ThreadPoolExecutor(nnodes) as pool:
+                nodes = list(pool.map(node, range(nnodes)))
+        outputs, returncode, left = [], 0, []
+        for rank, (_, finished) in enumerate(nodes):
+            output = finished.stdout + finished.stderr
+            if finished.timed_out:
+                output += f"\n[verify] stopped after {timeout:.0f} s, with every process it had started"
+            elif finished.left:
+                output += (f"\n[verify] the program exited and left {len(finished.left)} process(es) running, "
+                           "stopped: " + "; ".join(finished.left[:5]))
+            outputs.append(output if nnodes == 1 else f"===== node {rank} =====\n{output[-20000 // nnodes:]}")
+            returncode = returncode or (124 if finished.timed_out else finished.returncode)
+            left += finished.left
+        directories = [records for records, _ in nodes]
+        printed, once = _read_printed(directories[0])
+        return Run(name, side, nproc * nnodes, returncode, "\n".join(outputs)[-20000:],
+                   [record for d in directories for record in _read_records(d)], printed, left,
+                   sum(len(list(d.glob("stdout-*.txt"))) for d in directories),
+                   any(any(d.glob("group-*")) for d in directories), nnodes, once,
+                   [rank for d in directories for rank in _read_ranks(d)],
+                   [value for d in directories for value in _read_reduced(d)])
 
 
 def _read_records(directory: Path) -> list[dict]:
@@ -202,16 +300,45 @@ def _read_records(directory: Path) -> list[dict]:
     return records
 
 
-def _read_printed(directory: Path) -> str:
-    """What rank 0 printed: the processes of a launcher's rank 0, or where no launcher gave
-    ranks, every process (a program and the children it spawned), in the order they started."""
+def _stdout_files(directory: Path) -> list[tuple[int, str, Path]]:
+    """(start time, launcher rank or "-", path) of each process's stdout, in the order they started."""
     files = []
     for path in directory.glob("stdout-*.txt"):
         _, started, pid, rank = path.stem.split("-", 3)
         files.append((int(started), rank, path))
+    return sorted(files)
+
+
+def _read_printed(directory: Path) -> tuple[str, set[int]]:
+    """What rank 0 printed: the processes of a launcher's rank 0, or where no launcher gave
+    ranks, every process (a program and the children it spawned), in the order they started;
+    and which of its lines (1-based) were printed by one process of the world only."""
+    files = _stdout_files(directory)
     ranked = any(rank != "-" for _, rank, _ in files)
-    return "".join(path.read_text(encoding="utf-8", errors="replace")
-                   for _, rank, path in sorted(files) if rank == "0" or not ranked)
+    texts, once = [], set()
+    for _, rank, path in files:
+        if rank == "0" or not ranked:
+            text = path.read_text(encoding="utf-8", errors="replace")
+            flags = path.with_suffix(".once").read_text() if path.with_suffix(".once").exists() else ""
+            start = sum(t.count("\n") for t in texts)
+            once |= {start + k + 1 for k, flag in enumerate(flags) if flag == "1"}
+            texts.append(text)
+    return "".join(texts), once
+
+
+def _read_ranks(directory: Path) -> list[tuple[int, bool, str]]:
+    """(rank, first of its node, what it printed) of each launcher rank of one node's torchrun."""
+    texts: dict[int, list[str]] = {}
+    for _, rank, path in _stdout_files(directory):
+        if rank.isdigit():
+            texts.setdefault(int(rank), []).append(path.read_text(encoding="utf-8", errors="replace"))
+    first = min(texts, default=None)
+    return [(rank, rank == first, "".join(parts)) for rank, parts in sorted(texts.items())]
+
+
+def _read_reduced(directory: Path) -> list[float]:
+    return [value for path in directory.glob("reduced-*.jsonl") for line in path.read_text().splitlines()
+            for value in json.loads(line).get("reduced", [])]
 
 
 def _not_copied(directory: str, names: list[str], workspace: Path) -> set[str]:
