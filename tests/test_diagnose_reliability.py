@@ -58,7 +58,8 @@ def test_debug_files_that_never_end_or_never_open(tmp_path, kind, explain):
     """PT_XLA_DEBUG_FILE (and with --explain XLA_FNTRACKER_FILE, XLA_SAVE_TENSORS_FILE) at
     /dev/zero, /dev/urandom or a FIFO: not read, and said; a regular file the run grew by 8 GB:
     read up to the bound, and said. The exit status is the program's (3), within seconds (before:
-    the tool grew without bound, or blocked on the FIFO after the program ended)."""
+    the tool grew without bound, or blocked on the FIFO after the program ended). Backend xla: only
+    where torch_xla may run does diagnose set or read its files."""
     program = tmp_path / "program.py"
     program.write_text(GROWS if kind == "sparse" else EXITS_3)
     if kind == "fifo":
@@ -72,7 +73,7 @@ def test_debug_files_that_never_end_or_never_open(tmp_path, kind, explain):
     names = ["PT_XLA_DEBUG_FILE"] + (["XLA_FNTRACKER_FILE", "XLA_SAVE_TENSORS_FILE"] if explain else [])
     env = environment(tmp_path, PT_XLA_DEBUG_LEVEL="1", **{name: str(path) for name in names})
     started = time.monotonic()
-    result = subprocess.run(command("--backend", "native", "--format", "json", *(["--explain"] if explain else []),
+    result = subprocess.run(command("--backend", "xla", "--format", "json", *(["--explain"] if explain else []),
                                     str(program)),
                             env=env, capture_output=True, timeout=60, preexec_fn=capped)
     elapsed = time.monotonic() - started

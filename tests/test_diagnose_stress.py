@@ -359,12 +359,15 @@ def test_only_dead_and_quiet_run_directories_are_removed(tmp_path, monkeypatch):
         names[k] for k in ("dead-new", "live-old", "other"))
 
 
-PROBE = '''import json, os, sys
+PROBE = '''import inspect, json, os, sys
 import helper
+limit: int = 3
 print("PROBE " + json.dumps({
     "argv0": sys.argv[0], "file": __file__, "path0": sys.path[0], "helper": helper.VALUE,
     "loader": [type(__loader__).__name__, getattr(__loader__, "name", None)], "package": __package__,
     "spec": repr(__spec__), "cached": globals().get("__cached__"), "site": os.environ.get("USER_SITE_RAN"),
+    "path": sys.path, "orig_argv": sys.orig_argv[1:], "annotations": sorted(globals().get("__annotations__", {"missing": 0})),
+    "xla_env": sorted(k for k in os.environ if k.startswith(("PT_XLA", "XLA_"))), "frames": len(inspect.stack()),
 }), flush=True)
 if len(sys.argv) > 1:
     sys.excepthook = lambda kind, value, tb: print("HOOKED", kind.__name__, value, flush=True)
@@ -398,7 +401,11 @@ def test_the_program_cannot_tell_it_is_traced(tmp_path, ending):
                             timeout=300)
     expected = _probe(plain.stdout)
     assert expected["helper"] == 7 and expected["site"] == "1" and expected["argv0"] == "links/probe.py"
-    assert _probe(traced.stdout + traced.stderr) == expected
+    assert expected["orig_argv"] == ["links/probe.py", *args] and expected["annotations"] == ["limit"]
+    seen = _probe(traced.stdout + traced.stderr)
+    # The frames above the program's are the one difference docs/commands/diagnose.md lists here.
+    assert seen.pop("frames") == expected.pop("frames") + 6
+    assert seen == expected
     if ending:
         hooked = "HOOKED KeyboardInterrupt stop" if ending == "interrupt" else "HOOKED ValueError bad"
         assert hooked in plain.stdout and hooked in traced.stdout + traced.stderr

@@ -7,7 +7,8 @@ plain process that creates an xla:// group itself, SyncBatchNorm with a batch sl
 index and count, broadcast_master_param of a BatchNorm's buffers, a library-shaped computation
 model whose collectives relied on the runtime, torch_xla's FSDP wrapped by explicit nested calls
 and by an auto-wrap policy, each with gradient checkpointing, a sharded checkpoint consolidated,
-SPMD in FSDP style with the wrapper and with each parameter marked, and ZeRO-1).
+SPMD in FSDP style with the wrapper and with each parameter marked (its labels unmarked), and
+ZeRO-1).
 
 The original runs at world size 1 on XLA:CPU (torch_xla runs only one CPU process here; an SPMD
 original drives 4 virtual CPU devices from that process); its
@@ -125,8 +126,9 @@ CASES = [
     # The batch marked in the loop (xs.mark_sharding of the loop's batch, TPU184), and a model
     # with BatchNorm, whose statistics SPMD took over the global batch.
     Case("m18_spmd_fsdp_v2_marked_batch_norm.py", original_devices=4, extra_modes=(POD,)),
-    # SPMD in FSDP style without the wrapper: each parameter marked in a loop (TPU185). At 1 and
-    # 2 processes (4 matched by hand; m15-m18 keep the 4-process runs of the FSDP2 helper).
+    # SPMD in FSDP style without the wrapper: each parameter marked in a loop (TPU185), and only
+    # the inputs marked in the training loop: the unmarked labels are sliced with them (TPU184).
+    # At 1 and 2 processes (4 matched by hand; m15-m18 keep the 4-process runs of the FSDP2 helper).
     Case("m20_spmd_marked_parameters.py", original_devices=4),
     # ZeRO-1: torch's optimizer shards the state; the helper's step averages and clips (4 by hand).
     Case("m19_zero_redundancy_optimizer.py"),

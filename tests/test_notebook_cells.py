@@ -149,3 +149,18 @@ def test_a_notebook_not_written_by_jupyter_keeps_its_key_order():
     assert len(before) == len(after)
     assert [i for i, (a, b) in enumerate(zip(before, after)) if a != b] == [before.index(
         next(line for line in before if "xla_device" in line))]
+
+
+def test_a_cell_the_rewrite_empties_goes_and_an_empty_cell_of_the_user_stays():
+    """A cell that only printed torch_xla's metrics (or a flag that only guarded that print)
+    has nothing left: it is deleted, with its outputs, as a reviewer would; the findings still
+    name the cells of the notebook as it was."""
+    result, sources = convert(
+        "import torch\nimport torch_xla.debug.metrics as met\ncfg = {'metrics': True}",
+        "if cfg.get('metrics'):\n    print(met.metrics_report())",
+        "",
+        "print(met.metrics_report())",
+        "print(torch.ones(2).sum())",
+    )
+    assert sources == ["import torch\ncfg = {'metrics': True}", "", "print(torch.ones(2).sum())"]
+    assert sorted(f.cell for f in result.fixes if f.code == "TPU157") == [2, 4]

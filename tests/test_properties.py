@@ -221,10 +221,16 @@ def import_lines(text: str, helpers: set[str] = frozenset()) -> set[int]:
     """Lines of import statements, of the `if not <TPU>: raise ImportError(...)` guards that
     replace a guarded import, and of the module-level helpers named in `helpers` (import
     management and the functions and classes fixes add once, like TPU050's `_cpu_copies`: not a
-    rule's change of a statement)."""
+    rule's change of a statement), and of a `try:` of imports whose handlers only pass or bind
+    a fallback (`except ImportError: xm = None`): a guarded import, which goes whole."""
     lines: set[int] = set()
     tree = ast.parse(text)
     for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and not node.orelse and not node.finalbody and all(
+                isinstance(s, (ast.Import, ast.ImportFrom)) for s in node.body) and all(
+                isinstance(s, (ast.Pass, ast.Assign, ast.Import, ast.ImportFrom, ast.Raise)) for h in node.handlers
+            for s in h.body):
+            lines.update(range(node.lineno, node.end_lineno + 1))
         guard = (isinstance(node, ast.If) and len(node.body) == 1 and isinstance(node.body[0], ast.Raise)
                  and "ImportError" in ast.unparse(node.body[0]))
         helper = node in tree.body and getattr(node, "name", None) in helpers
@@ -234,11 +240,13 @@ def import_lines(text: str, helpers: set[str] = frozenset()) -> set[int]:
 
 
 def emptied_if_headers(text: str, touched: list[tuple[int, int]]) -> set[int]:
-    """Header lines of the `if`s without `else` whose whole body is reported: a removed
-    statement can take its emptied `if` with it (TPU010)."""
+    """Header lines of the `if`s without `else` (and `for _ in range(...)` loops) whose whole
+    body is reported: a removed statement can take its emptied `if` or loop with it (TPU010)."""
     lines: set[int] = set()
     for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.If) and not node.orelse and all(
+        counted = isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and \
+            getattr(node.iter.func, "id", None) == "range"
+        if (isinstance(node, ast.If) or counted) and not node.orelse and all(
             any(start <= stmt.lineno and stmt.end_lineno <= end for start, end in touched) for stmt in node.body
         ):
             lines.update(range(node.lineno, node.body[0].lineno))

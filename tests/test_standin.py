@@ -81,7 +81,8 @@ def test_the_legacy_apis_warn_instead_with_torchtpu_s_escape_hatch(tmp_path):
 
 
 def test_tpu_dist_carries_tpu_tensors_across_processes_and_hosts(tmp_path):
-    """Two hosts of two chips: each host's torchrun on this machine, one world of 4."""
+    """Two hosts of two chips: each host's torchrun on this machine, one world of 4; a group made
+    with backend gloo refuses tpu tensors."""
     proc = run_cli("run", "--nproc", "2", "--nnodes", "2", str(PROGRAMS / "torchtpu_distributed.py"), cwd=tmp_path)
     stdout = proc.stdout.decode()
     assert proc.returncode == 0, stdout + proc.stderr.decode()[-3000:]
@@ -94,6 +95,9 @@ def test_tpu_dist_carries_tpu_tensors_across_processes_and_hosts(tmp_path):
     assert all(r["all_gather"] == [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0] for r in records)
     # DDP averaged the gradients of inputs 1..4: (1 + 2 + 3 + 4) * 2 rows / 4 ranks = 5.
     assert all(r["ddp_grad"] == [[5.0, 5.0, 5.0]] for r in records)
+    # A gloo group carries CPU tensors; c10d finds no backend of it for a tpu tensor, as with TorchTPU.
+    assert all(r["gloo_cpu"] == 4.0 for r in records)
+    assert all(r["gloo_tpu"] == "No backend type associated with device type tpu" for r in records)
 
 
 def test_run_is_python_with_the_tpu_device(tmp_path):

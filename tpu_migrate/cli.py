@@ -77,6 +77,15 @@ def _spmd_modules(paths, files: list[str]) -> tuple[tuple[str, str], ...]:
     return spmd_modules(files, None if root == Path(root.anchor) else root)
 
 
+def _xla_parameters(paths, files: list[str]) -> tuple:
+    """The functions each file imports from the project that pass a parameter to torch_xla
+    (rewrite/parameter_flows.py), read over the project root as _spmd_modules reads it."""
+    from tpu_migrate.rewrite.parameter_flows import project_parameters
+
+    root = project_root(list(paths))
+    return project_parameters(files, None if root == Path(root.anchor) else root)
+
+
 def _configuration_error(exc: Exception) -> None:
     """One line naming the file and the problem, exit 2: the command line was fine, so click's
     `Usage:` text would only hide the message."""
@@ -237,6 +246,7 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
             files.append(path)
 
     settings["spmd_modules"] = _spmd_modules(paths, files)
+    settings["xla_parameters"] = _xla_parameters(paths, files)
     show_progress = output_format == "text" and stderr.is_terminal and len(files) > PROGRESS_THRESHOLD
     with Progress(
         TextColumn("rewriting"), BarColumn(), MofNCompleteColumn(), console=stderr,

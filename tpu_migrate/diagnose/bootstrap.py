@@ -60,6 +60,7 @@ def main() -> None:
     _end_with_the_tool()
     tracer.install()
     sys.argv = [target, *args]
+    _as_python_was_started(mode, target, args)
     if mode == "script":
         if not sys.flags.safe_path:  # python puts the script's real directory first
             sys.path[0] = os.path.dirname(os.path.realpath(target))
@@ -91,6 +92,22 @@ def main() -> None:
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
         sys.exit(1)
+
+
+def _as_python_was_started(mode: str, target: str, args: list[str]) -> None:
+    """`sys.orig_argv` as `python [OPTIONS] SCRIPT ARGS` (or `-m MODULE`) gives it, not this
+    bootstrap's command line; and the run's site directory (its sitecustomize starts the tracer
+    in every Python process, and is done) leaves `sys.path`. Under the stand-in backend it stays:
+    the tracer imports itself from there in that interpreter."""
+    original = list(getattr(sys, "orig_argv", []))
+    if "tpu_migrate.diagnose.bootstrap" in original:
+        at = original.index("tpu_migrate.diagnose.bootstrap") - 1  # its `-m`
+        sys.orig_argv = [*original[:at], *(["-m"] if mode == "module" else []), target, *args]
+    if tracer.keeps_site_on_path():
+        return
+    site = tracer.site_directory()
+    if site:
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != site]
 
 
 # How much deeper than its caller the program's module code starts counting towards the

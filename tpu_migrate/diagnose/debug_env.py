@@ -98,8 +98,12 @@ def _off(value: str) -> bool:
     return value.strip().lower() in ("", "0", "false", "no", "off")
 
 
-def plan(environ: dict[str, str], workdir: str, explain: bool) -> DebugOutputs:
+def plan(environ: dict[str, str], workdir: str, explain: bool, torch_xla: bool = True) -> DebugOutputs:
+    """`torch_xla`: whether the program may run torch_xla (backends xla and auto); a native or
+    stand-in program gets none of its variables."""
     outputs = DebugOutputs()
+    if not torch_xla:
+        return outputs
     _plan_compiles(environ, workdir, outputs)
     if explain:
         _plan_explain(environ, workdir, outputs)

@@ -135,7 +135,8 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
                        os.path.join(site, "tpu_migrate"), target_is_directory=True)
             base = standin.environment(os.environ)
         python_path = os.pathsep.join(p for p in (site, base.get("PYTHONPATH")) if p)
-        debug = debug_env.plan(os.environ, workdir, explain)  # the user's own settings win
+        # torch_xla's debug variables only where torch_xla may run (the user's own settings win).
+        debug = debug_env.plan(os.environ, workdir, explain, torch_xla=backend in ("xla", "auto"))
         env = {
             **base,
             ENV_DIR: workdir,

@@ -107,12 +107,29 @@ def install_backend(backend: str) -> None:
         after_import("torch._dynamo", dynamo_imported)
 
 
+# The run's site directory (runner.run: its sitecustomize) and backend, kept by install():
+# the program's environment loses the tool's variables then.
+_RUN: dict[str, str] = {}
+
+
+def site_directory() -> str | None:
+    directory = _RUN.get("dir")
+    return os.path.join(os.path.abspath(directory), "site") if directory else None
+
+
+def keeps_site_on_path() -> bool:
+    """Under the stand-in backend the tool is imported from the site directory (another Python,
+    without the tool installed): it stays on sys.path."""
+    return _RUN.get("backend") == "standin"
+
+
 def install() -> bool:
     """Start recording in this process when the diagnose environment is set."""
     directory = os.environ.get(ENV_DIR)
     if not directory or recording.RECORDER is not None:
         return False
     recording.RECORDER = recording.Recorder(directory)
+    _RUN.update(dir=directory, backend=os.environ.get(ENV_BACKEND, "xla"))
     atexit.register(recording.RECORDER.finish)
     recording.install_exit_hooks()
     install_backend(os.environ.get(ENV_BACKEND, "xla"))

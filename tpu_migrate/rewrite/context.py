@@ -34,6 +34,9 @@ class Options:
     max_file_size: int | None = DEFAULT_MAX_FILE_SIZE
     # (a module's real path, why it runs SPMD though it does not name it): spmd_programs.py.
     spmd_modules: tuple[tuple[str, str], ...] = ()
+    # (a file's real path, the functions it imports from the project whose parameters reach
+    # torch_xla): parameter_flows.project_parameters.
+    xla_parameters: tuple = ()
 
     def enabled(self, code: str) -> bool:
         if code in self.ignore:
@@ -181,6 +184,10 @@ class FileContext:
     # goes into a call left to torch_xla, kept as they are (flows.py; the engine fills this and
     # rewrites again).
     held: dict[int, tuple[str, bool]] = field(default_factory=dict)
+    # id(statement) -> (line, col, code, message) of each converted value it passes to a function
+    # of the user's whose parameter reaches torch_xla (flows.passed_to_functions): a TODO each.
+    flow_marks: dict[int, list[tuple[int, int, str, str]]] = field(default_factory=dict)
+    flow_marks_placed: set[int] = field(default_factory=set)  # the statements the walk reached
     # (code, line) of an unsafe fix `--fix-level safe` holds back in this file: the file keeps
     # torch_xla's runtime until it converts, so every conversion that assumes TorchTPU's runtime
     # waits with it (the engine fills this and rewrites again; Rule.also_on_torch_xla).

@@ -20,15 +20,16 @@ from tpu_migrate.rewrite import imports, registry, todos, transforms
 from tpu_migrate.rewrite import skeleton as skeletons
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
 from tpu_migrate.rewrite.except_colons import restore_except_colons
-from tpu_migrate.rewrite.flows import held_assignments
+from tpu_migrate.rewrite.flows import held_assignments, passed_to_functions
 from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter
-from tpu_migrate.rewrite.names import analyze, is_xla_name
+from tpu_migrate.rewrite.names import analyze, is_xla_name, mark_subtrees
 from tpu_migrate.rewrite.plans import make_plans
 from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rewrite.transforms.amp_compile import found_inf_steps
 from tpu_migrate.rewrite.transforms.spmd import mesh_attribute_reads
 from tpu_migrate.rewrite.transforms.fsdp_checkpoints import XLA_FSDP_NAMES, shard_metadata_reads
+from tpu_migrate.rewrite.transforms.fsdp_models import wrapped_model_reads
 from tpu_migrate.rewrite.transforms.spmd_parameters import parameter_marking_loops
 from tpu_migrate.rules import Catalog, RuleError, load_catalog
 
@@ -174,9 +175,10 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
         file = _file_context(text, options, catalog, result, True, fresh, waiting_for)
         new_module = _rewrite_module(module, tree, file)
-    if file.plans.shard_metadata_reads and _xla_fsdp_kept(file):
+    if (file.plans.shard_metadata_reads or file.plans.wrapped_model_reads) and _xla_fsdp_kept(file):
         # A wrap by torch_xla's FSDP is left for a human: its model is torch_xla's, whose
-        # get_shard_metadata() the FSDP2 helper must not answer (it has no torch_xla shards).
+        # get_shard_metadata() the FSDP2 helper must not answer (it has no torch_xla shards),
+        # and whose `.module` is still its wrapper's.
         result.fixes.clear()
         result.manual.clear()
         fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
@@ -193,10 +195,15 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         file = _file_context(text, options, catalog, result, False, fresh, file.waiting_for,
                              xla_fsdp_kept=file.xla_fsdp_kept)
         new_module = _rewrite_module(module, tree, file)
+    imported = dict(options.xla_parameters).get(os.path.realpath(path), ()) if options.xla_parameters else ()
     for _ in range(3):
-        # Assignments whose converted value would go to a call left to torch_xla: kept (flows.py).
+        # Assignments whose converted value would go to a call left to torch_xla: kept (flows.py);
+        # through the user's functions too, and marked at the call where it cannot be kept.
         held = held_assignments(file.analysis, result.fixes, result.manual, _holds(catalog))
-        if held.keys() <= file.held.keys():
+        through, marks = passed_to_functions(file.analysis, result.fixes, result.manual, _holds(catalog),
+                                             _changes(catalog), imported, _left_elsewhere(catalog))
+        held = {**through, **held}
+        if held.keys() <= file.held.keys() and marks.keys() <= file.flow_marks.keys():
             break
         result.fixes.clear()
         result.manual.clear()
@@ -204,8 +211,17 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         again = _file_context(text, options, catalog, result, file.convert_guards, fresh, file.waiting_for,
                               xla_fsdp_kept=file.xla_fsdp_kept)
         again.held = {**file.held, **held}  # keyed by the statements of `tree`, which both walk
+        again.flow_marks = {**file.flow_marks, **marks}
+        for statement in again.flow_marks:
+            fresh.infos[statement].forced = True
+        mark_subtrees(tree.body, fresh.infos)
         file = again
         new_module = _rewrite_module(module, tree, file)
+    if skeleton is not None and file.flow_marks.keys() - file.flow_marks_placed:
+        # A call to mark stands in a definition the skeleton left out: anew, whole.
+        result.fixes.clear()
+        result.manual.clear()
+        return rewrite_text(text, path, options, catalog, result, whole=True)
     if waiting_for is not None:
         _report_waiting(result, wanted, waiting_for)
     _check_declared(result, catalog)
@@ -407,6 +423,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
 
     file.plans = make_plans(analysis, catalog.canonical, fix_allowed)
     file.plans.shard_metadata_reads = {} if xla_fsdp_kept else shard_metadata_reads(analysis)
+    file.plans.wrapped_model_reads = {} if xla_fsdp_kept else wrapped_model_reads(analysis)
     file.plans.found_inf_steps = found_inf_steps(analysis)
     file.plans.mesh_attribute_reads = mesh_attribute_reads(analysis)
     file.plans.sharded_parameter_loops, file.plans.parameter_mark_refusals = parameter_marking_loops(
@@ -471,6 +488,27 @@ def _holds(catalog: Catalog):
             return False
         return not (called and rule.transform in transforms.STATEMENT)
     return holds
+
+
+def _changes(catalog: Catalog):
+    """flows.passed_to_functions' `changes`: the code of the rule converting a reference to a
+    value of another type (a DeviceMesh, a device), None for a plain value or one torch_xla's
+    calls take too."""
+    def changes(qualname: str) -> str | None:
+        rule = catalog.lookup(qualname)
+        if rule is None or rule.plain_value or rule.also_on_torch_xla:
+            return None
+        return rule.code
+    return changes
+
+
+def _left_elsewhere(catalog: Catalog):
+    """Whether no rule converts a call of `qualname` in the module that makes it (another file
+    of the project, whose rewrite this one does not see): no rule, or a manual one."""
+    def left(qualname: str) -> bool:
+        rule = catalog.lookup(catalog.canonical(qualname))
+        return rule is None or rule.safety == "manual"
+    return left
 
 
 def _rewrite_module(module: cst.Module, tree: ast.Module, file: FileContext) -> cst.Module:

@@ -18,6 +18,7 @@ import ast
 
 from tpu_migrate.findings import Fix, Manual
 from tpu_migrate.rewrite.names import Analysis, Scope, StmtInfo, dotted_name, finding_position, is_xla_name
+from tpu_migrate.rewrite.parameter_flows import arguments, parameter_for, reaching_parameters
 
 
 def held_assignments(analysis: Analysis, fixes: list[Fix], manual: list[Manual],
@@ -127,3 +128,97 @@ def _binding_scope(scope: Scope | None, name: str) -> Scope | None:
             return scope
         scope, innermost = scope.parent, False
     return None
+
+
+def passed_to_functions(analysis: Analysis, fixes: list[Fix], manual: list[Manual], holds, changes,
+                        imported: tuple, left_elsewhere) -> tuple[dict[int, tuple[str, bool]], dict[int, list]]:
+    """The same for a converted value passed to one of the user's own functions, whose parameter
+    reaches a torch_xla call (parameter_flows.py): (held, marks). In the file's own functions a
+    call no fix converted holds the assignment as `held_assignments` does (`holds`); a value it
+    cannot hold (`changes(qualname)`: the code of a rule whose conversion gives another type, a
+    DeviceMesh for torch_xla's Mesh) is marked at the call that passes it: id(statement) ->
+    [(line, col, code, message)]. `imported`: this file's functions from other modules of the
+    project (project_parameters); their calls count where `left_elsewhere(qualname)`: no rule
+    converts them there."""
+    own, orders = reaching_parameters(analysis.tree)
+    callees = {name: (orders[name], {param: [(q, c, line, col, None) for q, c, line, col in sinks]
+                                     for param, sinks in params.items()})
+               for name, params in own.items() if name not in analysis.module_scope.imports}
+    for local, module, function, params in imported:
+        order = [None] * (max(position for _, position, _ in params) + 1)
+        for param, position, _ in params:
+            order[position] = param
+        callees.setdefault(local, (order, {param: [(q, c, line, None, module) for q, c, line in sinks]
+                                           for param, _, sinks in params}))
+    if not callees:
+        return {}, {}
+    fixed = {(f.line, f.col) for f in fixes}
+    findings = {(m.line, m.col): m for m in manual}
+    held_values = _converted(analysis, fixed, lambda ref, called: holds(ref.qualname, called))
+    changed_values = _converted(analysis, fixed, lambda ref, called: changes(ref.qualname) is not None)
+    loads = {(line, col + 1): (scope, dotted, info) for scope, dotted, info, line, col in analysis.loads
+             if "." not in dotted}
+    held: dict[int, tuple[str, bool]] = {}
+    marks: dict[int, list] = {}
+    for call in (n for n in analysis.nodes if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
+        entry = callees.get(call.func.id)
+        if entry is None:
+            continue
+        order, params = entry
+        for position, keyword, value in arguments(call):
+            param = parameter_for(order, position, keyword)
+            if param is None or not isinstance(value, ast.Name) or param not in params:
+                continue
+            load = loads.get(finding_position(value))
+            if load is None:
+                continue
+            scope, name, info = load
+            owner = _binding_scope(scope, name)
+            if owner is None:
+                continue
+            for qualname, callee, line, col, module in params[param]:
+                if module is None and (line, col) in fixed or module is not None and not left_elsewhere(qualname):
+                    continue
+                # No line numbers: a TODO above a line moves them, and the text must stay the same.
+                function = f"`{call.func.id}`" if module is None else f"`{call.func.id}` ({module})"
+                assignments = held_values.get((id(owner), name), []) if module is None else []
+                if assignments:
+                    blocker = findings.get((line, col))
+                    left = blocker is not None and blocker.todo
+                    message = (f"`{name}` goes to {function}, which passes it to `{callee}`, which "
+                               + ("stays torch_xla: kept as torch_xla's value; convert both together" if left else
+                                  "this run does not convert: kept as torch_xla's value until a run converts both"))
+                    for assignment, _ in assignments:
+                        held.setdefault(id(assignment.node), (message, left))
+                    break
+                for _, ref in changed_values.get((id(owner), name), [])[:1]:
+                    code = changes(ref.qualname)
+                    message = (f"`{name}` holds the conversion of `{ref.dotted}`, no longer torch_xla's value; "
+                               f"{function} passes it to `{callee}`, which takes torch_xla's: port "
+                               "that call with this one")
+                    mark = (*finding_position(value), code, message)
+                    if mark not in marks.get(id(info.node), []):
+                        marks.setdefault(id(info.node), []).append(mark)
+                break
+    return held, marks
+
+
+def _converted(analysis: Analysis, fixed: set, keep) -> dict[tuple[int, str], list]:
+    """(binding scope id, name) -> [(statement, ref)] of `name = <torch_xla value>` that a rule
+    converted and `keep(ref, called)` accepts."""
+    found: dict[tuple[int, str], list] = {}
+    for info in analysis.infos.values():
+        target, value = _simple_assignment(info.node)
+        if target is None:
+            continue
+        heads = [(value.func, True), *((arg, False) for arg in value.args[:1]
+                                       if isinstance(arg, (ast.Name, ast.Attribute)))] \
+            if isinstance(value, ast.Call) else [(value, False)]
+        for head, called in heads:
+            ref = next((r for r in info.refs if (r.line, r.col) == finding_position(head)
+                        and is_xla_name(r.qualname)), None)
+            if ref is not None:
+                if (ref.line, ref.col) in fixed and keep(ref, called):
+                    found.setdefault((id(info.scope), target), []).append((info, ref))
+                break
+    return found

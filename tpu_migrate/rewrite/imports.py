@@ -394,6 +394,7 @@ class _ImportRemover:
         self.backend_removed = 0
         self.availability_check = availability_check
         self.removed_any = False
+        self.removed_names: set[str] = set()  # what the removed imports bound, in the current `try:`
         self.first_removed: RemovedImports | None = None  # module level, for add_needed
 
     def block(self, stmts, top: bool = False):
@@ -462,7 +463,9 @@ class _ImportRemover:
                 changes[field] = self.statement(child)
         if isinstance(stmt, (cst.Try, cst.TryStar)):
             changes["handlers"] = [h.with_changes(body=self.suite(h.body)) for h in stmt.handlers]
-            changes["body"] = self.guarded_body(stmt)
+            changes["body"], nothing_left = self.guarded_body(stmt)
+            if nothing_left and stmt.finalbody is None:
+                return None  # a guarded import of torch_xla and nothing else: it goes whole
         if isinstance(stmt, cst.Match):
             changes["cases"] = [c.with_changes(body=self.suite(c.body)) for c in stmt.cases]
         return stmt.with_changes(**changes) if changes else stmt
@@ -470,18 +473,22 @@ class _ImportRemover:
     def guarded_body(self, stmt):
         """A `try:` whose torch_xla import goes: if the try also sets flags (or has an else),
         the import becomes a TPU check that raises ImportError, so the flags keep meaning
-        "the accelerator is here" (TPU190)."""
-        before = self.removed_any
-        self.removed_any = False
+        "the accelerator is here" (TPU190). (The new body, whether the `try` has nothing left
+        to do: its imports went and its handlers only pass or rebind their names.)"""
+        before, names_before = self.removed_any, self.removed_names
+        self.removed_any, self.removed_names = False, set()
         body = self.suite(stmt.body)
         removed, self.removed_any = self.removed_any, before or self.removed_any
+        names, self.removed_names = self.removed_names, names_before | self.removed_names
         if not removed or not _catches_import_error(stmt) or isinstance(body, cst.SimpleStatementSuite):
-            return body
+            return body, False
         rest = [s for s in body.body if not _is_pass(s)]
-        if not rest and stmt.orelse is None:
-            return body
+        if not rest and stmt.orelse is None and all(_does_nothing(h.body, names) for h in stmt.handlers):
+            return body, True  # `try: import torch_xla / except ImportError: xm = None`
+        # Otherwise a handler answers "no torch_xla" (`return 1`, a message, a flag): it keeps
+        # meaning "no TPU" where the import stood.
         check = self.availability_check()
-        return body.with_changes(body=[check, *rest])
+        return body.with_changes(body=[check, *rest]), False
 
     def small(self, small):
         if isinstance(small, cst.Import):
@@ -494,6 +501,7 @@ class _ImportRemover:
                     if dotted == SIDE_EFFECT_BACKEND:
                         self.backend_removed += 1
                     self.removed_any = True
+                    self.removed_names.add(bound)
                     continue
                 if (self.path, bound, target) in self.orphaned:
                     continue
@@ -510,6 +518,7 @@ class _ImportRemover:
                 target = f"{module}.{name}"
                 if self.removable(target) and (self.path, bound, target) in self.unused:
                     self.removed_any = True
+                    self.removed_names.add(bound)
                     continue
                 if (self.path, bound, target) in self.orphaned:
                     continue
@@ -531,6 +540,38 @@ def _with_aliases(small, keep):
 
 def _is_type_checking(test: cst.BaseExpression) -> bool:
     return cst.helpers.get_full_name_for_node(test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+
+
+def _does_nothing(suite, fallbacks: set[str] = frozenset()) -> bool:
+    """A block of `pass` (or `...`, or a bare `raise`) only, or of fallbacks for a removed
+    import: `xm = None`, `import my_runtime as xm` where the removed import bound `xm`, which
+    nothing uses now."""
+    if isinstance(suite, cst.SimpleStatementSuite):
+        smalls = list(suite.body)
+    else:
+        if not all(isinstance(s, cst.SimpleStatementLine) for s in suite.body):
+            return False
+        smalls = [small for line in suite.body for small in line.body]
+    return all(_inert_small(small, fallbacks) for small in smalls)
+
+
+def _inert_small(small, fallbacks: set[str]) -> bool:
+    if isinstance(small, cst.Pass) or (isinstance(small, cst.Expr) and isinstance(small.value, cst.Ellipsis)):
+        return True
+    if isinstance(small, cst.Raise) and small.exc is None:  # the import's error, as without the `try`
+        return True
+    if isinstance(small, cst.Assign):
+        return all(isinstance(t.target, cst.Name) and t.target.value in fallbacks for t in small.targets) and \
+            isinstance(small.value, (cst.Name, cst.SimpleString, cst.Integer))  # `xm = None`
+    if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(small.names, cst.ImportStar):
+        return all(_bound_name(alias) in fallbacks for alias in small.names)
+    return False
+
+
+def _bound_name(alias: cst.ImportAlias) -> str:
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    return (cst.helpers.get_full_name_for_node(alias.name) or "").partition(".")[0]
 
 
 def _is_pass(stmt) -> bool:

@@ -148,6 +148,11 @@ def _write(result: FileResult, notebook, data: bytes, new_sources: dict[int, str
     if diffs:
         result.changed = True
         result.original = data
+        # A code cell the rewrite emptied (it only printed the metrics) goes, outputs and all,
+        # as a reviewer would delete it; a cell the user left empty stays.
+        emptied = {i for i, (old, new) in diffs.items() if old.strip() and not new.strip()}
+        if emptied:
+            notebook.cells = [cell for i, cell in enumerate(notebook.cells) if i not in emptied]
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             result.output = _in_input_order(nbformat.writes(notebook), data).encode("utf-8")

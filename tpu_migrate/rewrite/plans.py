@@ -50,6 +50,11 @@ class Plans:
     # The backends (source text; None: the default) of the file's `init_process_group` calls
     # other than "xla" ones, which TPU070 converts: the groups the program makes itself.
     group_backends: list[str | None] = field(default_factory=list)
+    # What shows that the file's library makes process groups of its own, maybe with a backend
+    # other than TorchTPU's, for the default group its collectives run on: `new_group` calls
+    # with another backend, process groups handed in (`cpu_group`, `group: ProcessGroup`).
+    # None until a converted collective asks (`library_groups`).
+    library_groups: list[str] | None = None
     # Workers that only the converted launch runs, always in its process group: private
     # module-level functions the file names nowhere but at the launch (named_expressions.py).
     joined_workers: set[str] = field(default_factory=set)
@@ -57,6 +62,10 @@ class Plans:
     # `model.clip_grad_norm_(...)` in it, in a file that
     # wraps a model with torch_xla's FSDP (transforms/fsdp_checkpoints.py).
     shard_metadata_reads: dict[int, list[tuple[int, int, str]]] = field(default_factory=dict)
+    # id(statement) -> (line, col, wrapped, attribute, unwraps) of each read of torch_xla's FSDP
+    # wrapper's surface (`.module.module`, `no_sync`) on the model TPU173 converts
+    # (transforms/fsdp_models.py).
+    wrapped_model_reads: dict[int, list[tuple[int, int, str, str, int]]] = field(default_factory=dict)
     # id(statement) -> (line, col) of each `optimizer.step(found_inf=...)` in it, in a file that
     # uses torch_xla's sync-free optimizers (transforms/amp_compile.py).
     found_inf_steps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
@@ -251,6 +260,36 @@ def init_process_group_calls(nodes) -> list[ast.Call]:
             if name == "init_process_group":
                 calls.append(node)
     return calls
+
+
+# Backends that carry tpu tensors (TorchTPU's), and parameter names that libraries give the
+# process groups they make and hand to their communicators (vLLM, SGLang: `cpu_group` is gloo).
+TPU_BACKENDS = frozenset({"tpu_dist", "tpu"})
+_GROUP_PARAMETERS = frozenset({"cpu_group", "device_group", "process_group"})
+
+
+def library_groups(nodes) -> list[str]:
+    """What among `nodes` (an ast.walk) shows process groups that the file's library makes with
+    a backend of its choosing: `new_group(..., backend="gloo")` (any literal backend but
+    TorchTPU's), and function parameters that hand in a group (named `cpu_group`,
+    `device_group`, `process_group`, or annotated `ProcessGroup`), each with its line."""
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            backend = node.args[2] if name == "new_group" and len(node.args) > 2 else next(
+                (k.value for k in node.keywords if k.arg == "backend"), None) if name == "new_group" else None
+            if isinstance(backend, ast.Constant) and isinstance(backend.value, str) \
+                    and backend.value not in TPU_BACKENDS:
+                found.append(f'`{ast.unparse(node.func)}(..., backend="{backend.value}")` (line {node.lineno})')
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            arguments = node.args
+            for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+                annotated = arg.annotation is not None and "ProcessGroup" in ast.unparse(arg.annotation)
+                if arg.arg in _GROUP_PARAMETERS or annotated:
+                    found.append(f"the process group `{arg.arg}` handed in (line {arg.lineno})")
+    return found
 
 
 def _starts_xla_group(stmt: ast.stmt) -> bool:

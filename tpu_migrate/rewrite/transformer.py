@@ -198,6 +198,7 @@ class ModuleRewriter:
         return rebuild_line(line, pieces, todos, present)
 
     def small_statement(self, small: cst.BaseSmallStatement, sc: StatementContext):
+        self.flow_marks(sc)
         held = self.file.held.get(id(sc.info.node))
         if held is not None:
             return self.held(small, sc, held)
@@ -239,6 +240,16 @@ class ModuleRewriter:
                 orelse = cst.Else(body=_block_of(value.orelse))
             return [cst.If(test=value.test.with_changes(lpar=[], rpar=[]), body=_block_of(value.body), orelse=orelse)]
         return result
+
+    def flow_marks(self, sc: StatementContext) -> None:
+        """A TODO on each converted value the statement passes to a function of the user's that
+        hands it to torch_xla (flows.passed_to_functions; the code is the converting rule's)."""
+        node = id(sc.info.node)
+        if node in self.file.flow_marks and node not in self.file.flow_marks_placed:
+            self.file.flow_marks_placed.add(node)
+            for line, col, code, message in self.file.flow_marks[node]:
+                if sc.enabled(code):
+                    sc.needs_manual(code, message, where=(line, col))
 
     @emits("TPU099")  # a held reference no rule matches (and every rule's code it matches)
     def held(self, small: cst.BaseSmallStatement, sc: StatementContext, why: tuple[str, bool]):
@@ -332,8 +343,10 @@ class ModuleRewriter:
             todos = sc.todos_to_write()
             if todos:
                 stmt = add_todos(stmt, todos, self.comments_above(info))
-        if not elif_ and self._emptied_if(stmt, sc):
+        if not elif_ and (self._emptied_if(stmt, sc) or self._emptied_range_loop(stmt, sc)):
             return [], comments_of_removed_if(stmt)
+        if not elif_:
+            stmt = self._say_emptied(stmt, node)
         folded = None if elif_ or sc is None else self._folded_if(stmt, node, sc)
         if folded is not None:
             return folded
@@ -349,6 +362,48 @@ class ModuleRewriter:
             and (sc is None or not (sc.todos or sc.leftover_refs()))
             and _inert(stmt.test)
         )
+
+    def _emptied_range_loop(self, stmt, sc) -> bool:
+        """`for _ in range(n): xm.mark_step()`: a counted loop whose body the rules removed
+        goes too, unless its variable is read anywhere else in the file (it stays bound after
+        the loop)."""
+        if not (
+            isinstance(stmt, cst.For) and stmt.orelse is None and stmt.asynchronous is None
+            and self.file.generated_role(stmt.body)[0] == "pass"
+            and (sc is None or not (sc.todos or sc.leftover_refs()))
+            and isinstance(stmt.target, cst.Name)
+            and isinstance(stmt.iter, cst.Call) and _is_name(stmt.iter.func, "range")
+            and all(_inert(arg.value) and arg.star == "" for arg in stmt.iter.args)
+        ):
+            return False
+        return stmt.target.value not in self._loaded_names()
+
+    def _loaded_names(self) -> frozenset[str]:
+        names = self.file.memo.get("loaded_names")
+        if names is None:
+            names = frozenset(n.id for n in ast.walk(self.analysis.tree)
+                              if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
+            self.file.memo["loaded_names"] = names
+        return names
+
+    def _say_emptied(self, stmt, node: ast.stmt):
+        """A block the rules emptied that cannot go (its test or loop calls something): its
+        `pass` says what it held, so a flag that no longer does anything does not pass for one
+        that does (`if cfg.get_metrics(): pass`)."""
+        body = getattr(stmt, "body", None)
+        if not isinstance(stmt, (cst.If, cst.For, cst.While)) or getattr(stmt, "orelse", None) is not None \
+                or not isinstance(body, cst.IndentedBlock) or self.file.generated_role(body)[0] != "pass":
+            return stmt
+        line = body.body[0]
+        if not isinstance(line, cst.SimpleStatementLine) or line.trailing_whitespace.comment is not None:
+            return stmt
+        removed = _first_line(ast.unparse(node.body[0])) if node.body else ""
+        note = cst.Comment(f"# tpu-migrate: removed `{removed}`; this block does nothing now")
+        line = line.with_changes(trailing_whitespace=cst.TrailingWhitespace(
+            whitespace=cst.SimpleWhitespace("  "), comment=note))
+        new_body = body.with_changes(body=[line, *body.body[1:]])
+        self.file.mark(new_body, "pass")
+        return stmt.with_changes(body=new_body)
 
     def _folded_if(self, stmt, node: ast.stmt, sc):
         """An `if` whose test a conversion made constant (target `tpu`: `xm.xla_device_hw(d) in
@@ -462,6 +517,11 @@ _INERT = (
 
 
 def _inert(node: cst.CSTNode) -> bool:
+    if isinstance(node, cst.Call):
+        return _lookup_call(node)
+    if isinstance(node, cst.Subscript):  # `cfg["metrics"]`
+        return _inert(node.value) and all(
+            isinstance(e.slice, cst.Index) and _inert(e.slice.value) for e in node.slice)
     if not isinstance(node, _INERT):
         return False
     if isinstance(node, cst.Attribute):
@@ -470,6 +530,30 @@ def _inert(node: cst.CSTNode) -> bool:
         return True
     children = [c for c in node.children if not isinstance(c, _SYNTAX)]
     return all(_inert(child) for child in children)
+
+
+# Calls that by convention only look a value up: a flag read as `cfg.get("metrics")`,
+# `getattr(args, "debug", False)` or `os.environ.get(...)` is as inert as `cfg.metrics`.
+_LOOKUP_FUNCTIONS = frozenset({"getattr", "hasattr", "isinstance", "len", "bool", "getenv"})
+_LOOKUP_METHODS = frozenset({"get", "getenv"})
+
+
+def _lookup_call(call: cst.Call) -> bool:
+    func = call.func
+    known = (
+        (isinstance(func, cst.Name) and func.value in _LOOKUP_FUNCTIONS)
+        or (isinstance(func, cst.Attribute) and func.attr.value in _LOOKUP_METHODS and _inert(func.value))
+    )
+    return known and all(arg.star == "" and arg.keyword is None and _inert(arg.value) for arg in call.args)
+
+
+def _is_name(node: cst.CSTNode, name: str) -> bool:
+    return isinstance(node, cst.Name) and node.value == name
+
+
+def _first_line(code: str, limit: int = 60) -> str:
+    first = code.splitlines()[0] if code else ""
+    return first if len(first) <= limit and "\n" not in code else first[: limit - 3].rstrip() + "..."
 
 
 _SYNTAX = (

@@ -20,6 +20,7 @@ from tpu_migrate.rewrite.transforms import (
     environment,
     fsdp,
     fsdp_checkpoints,
+    fsdp_models,
     guards,
     launch,
     loaders,
@@ -27,6 +28,7 @@ from tpu_migrate.rewrite.transforms import (
     ranks,
     reporting,
     spmd,
+    spmd_batch,
     spmd_parameters,
     steps,
     utilities,
@@ -35,8 +37,9 @@ from tpu_migrate.rewrite.transforms import (
 from tpu_migrate.rewrite.transforms.common import atom, bind, code, spmd_reason
 
 # Imported for their registrations.
-FAMILIES = (amp_compile, collectives, device, environment, fsdp, fsdp_checkpoints, guards, launch, loaders,
-            optimum, ranks, reporting, spmd, spmd_parameters, steps, utilities, zero_redundancy)
+FAMILIES = (amp_compile, collectives, device, environment, fsdp, fsdp_checkpoints, fsdp_models, guards, launch,
+            loaders, optimum, ranks, reporting, spmd, spmd_batch, spmd_parameters, steps, utilities,
+            zero_redundancy)
 
 # The registry's tables (tests patch a transform through CALL).
 CALL = REGISTRY.call

@@ -8,7 +8,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_expr
 from tpu_migrate.rewrite.helper_code import CPU_COPIES
-from tpu_migrate.rewrite.plans import own_nodes
+from tpu_migrate.rewrite.plans import TPU_BACKENDS, library_groups, own_nodes
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, STATEMENT, transform
 from tpu_migrate.rewrite.transforms.common import (
     ALL_GATHER,
@@ -45,7 +45,6 @@ PROCESS_GROUP = '''def {name}():
         {dist}.init_process_group({backend})
     return {dist}.is_initialized() and {dist}.get_world_size() > 1
 '''
-_TPU_BACKENDS = ("tpu_dist", "tpu")
 
 
 def world_guard(sc: StatementContext, code_: str, where: tuple[int, int] | None, short: bool = False) -> str:
@@ -80,13 +79,27 @@ def _mark_group(sc: StatementContext, code_: str, where: tuple[int, int] | None)
     if sc.file.target != "tpu":
         return
     others = sorted({b for b in plans.group_backends
-                     if b is not None and b.strip("\"'") not in _TPU_BACKENDS})
+                     if b is not None and b.strip("\"'") not in TPU_BACKENDS})
     literal = [b for b in others if b[:1] in "\"'"]
     if literal:  # (an expression is marked once, on its init_process_group line: TPU070)
         sc.needs_manual(code_, f"this file makes its process group with backend {', '.join(literal)}, "
                         "which cannot carry tpu tensors (gloo: CPU only); torch_xla's collectives needed "
                         "no group, and this one runs on the default group: make it with \"tpu_dist\", or "
                         "pass a group that can carry tpu tensors", where=where)
+        return
+    if plans.library_groups is None:  # looked for once per file, where a collective converts
+        plans.library_groups = library_groups(sc.file.analysis.nodes)
+    if plans.library_groups:
+        sc.needs_manual(code_, LIBRARY_GROUPS.format(evidence="; ".join(plans.library_groups)), where=where)
+
+
+# A library that makes its own process groups (vLLM: a gloo `cpu_group` beside each device group,
+# and on TPU a gloo default group) chose their backends where this file cannot see.
+LIBRARY_GROUPS = ("this file's library makes process groups of its own ({evidence}), with backends it chooses; "
+                  "this collective runs on the default group, and where the library made that one, this file "
+                  "does not show its backend. torch_xla's collectives needed no group; a gloo group (CPU only) "
+                  "cannot carry tpu tensors: pass group= a group made with backend \"tpu_dist\", or make the "
+                  "default group with it")
 
 
 def _reduce_op(node: cst.BaseExpression, sc: StatementContext) -> str | None:

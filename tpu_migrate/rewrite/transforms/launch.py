@@ -232,7 +232,8 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
             rule.code,
             "the program creates its own process group (another backend, or one not known "
             "here), so the worker gets none from the launcher: where it creates none, rank and "
-            "world size now answer 0 and 1; create it on every path of the worker",
+            "world size come from the environment (each worker's RANK; WORLD_SIZE where torchrun "
+            "sets it, else 1) and collectives fail; create it on every path of the worker",
             where=where,
         )
     if not launch:

@@ -30,6 +30,7 @@ from tpu_migrate.rewrite.helper_code import BATCH_SLICE
 from tpu_migrate.rewrite.registry import CALL, STATEMENT, rule_code, transform
 from tpu_migrate.rewrite.transforms.common import bind, code, given, helper, parse_block
 from tpu_migrate.rewrite.transforms.fsdp import SPMD_FSDP, for_target, fully_shard_call, join_world
+from tpu_migrate.rewrite.transforms.spmd_batch import marks_in, per_sample_values
 
 USE_SPMD = "torch_xla.runtime.use_spmd"
 IS_SPMD = "torch_xla.runtime.is_spmd"
@@ -369,45 +370,88 @@ def spmd_batch_sharding(call, qualname, sc: StatementContext, rule, plans):
     """`xs.mark_sharding(batch, mesh, (axis, None, ...))` as a statement, on a batch the training
     loop reads, in a file whose model SpmdFullyShardedDataParallel wraps (converted to FSDP2,
     which averages the processes' gradients) -> `batch = _batch_slice(batch, mesh, axis)`: each
-    process keeps its slice, as the sharded loader does. Anything else (a parameter, an
+    process keeps its slice, as the sharded loader does, and with it its slice of every other
+    value the step reads per sample (`x, y = _batch_slice((x, y), mesh, axis)`: spmd_batch.py);
+    where those cannot be told, a TODO says what to slice. Anything else (a parameter, an
     activation in the model's code, another spec) stays, with what to write (TPU172)."""
     bound = bind(call, ["t", "mesh", "partition_spec"])
     axis = batch_axis(bound["partition_spec"].value) if bound and set(bound) == {"t", "mesh", "partition_spec"} else None
     batch = bound["t"].value if axis is not None else None
-    if (batch is None or not isinstance(batch, (cst.Name, cst.Attribute, cst.Subscript))
-            or not gradients_averaged(sc) or not sc.fix_allowed(BATCH_SLICE_CODE)
-            or not _read_by_the_training_loop(batch, sc)):
+    chain = _training_loop(batch, sc) if isinstance(batch, (cst.Name, cst.Attribute, cst.Subscript)) else None
+    if chain is None or not gradients_averaged(sc) or not sc.fix_allowed(BATCH_SLICE_CODE):
         spmd_sharding(call, qualname, sc, rule)
         return None
-    sc.fixed(BATCH_SLICE_CODE, qualname)
+    where = sc.fixed(BATCH_SLICE_CODE, qualname)
     name = helper(sc, "_batch_slice", BATCH_SLICE)
-    return parse_block([f"{code(batch)} = {name}({code(batch)}, {code(bound['mesh'].value)}, {code(axis)})"])
+    mark = sc.info.node
+    marked = mark.value.args[0] if mark.value.args else next(k.value for k in mark.value.keywords if k.arg == "t")
+    values = per_sample_values(marked, mark, chain, marks_in(chain[0], mark, lambda other: _slices_itself(other, sc)))
+    mesh = code(bound["mesh"].value)
+    if values.unknown:
+        sc.needs_manual(BATCH_SLICE_CODE, _unknown_values(values, name, mesh, code(axis)), where=where)
+    if len(values.together) == 1:
+        return parse_block([f"{values.together[0]} = {name}({values.together[0]}, {mesh}, {code(axis)})"])
+    together = ", ".join(values.together)
+    return parse_block([f"{together} = {name}(({together}), {mesh}, {code(axis)})"])
 
 
-def _read_by_the_training_loop(batch: cst.BaseExpression, sc: StatementContext) -> bool:
-    """Whether `batch` (its root name) is what a `for` loop around the statement reads each
-    iteration, bound by the loop's target or assigned in its body, outside any class: the
-    training loop's batch, not an activation of the model's code (which runs inside the
-    process's slice already, and would be sliced twice)."""
+def _unknown_values(values, name: str, mesh: str, axis: str) -> str:
+    """The TODO where the marked batch comes from nothing that shows its per-sample partners."""
+    marked, first = values.together[0], values.unknown[0]
+    read = ", ".join(f"`{text}`" for text in values.unknown)
+    held = first if first.isidentifier() else "part"
+    example = f"`{marked}, {held} = {name}(({marked}, {first}), {mesh}, {axis})`" + (
+        "" if held == first else f", then read `{held}` in its place")
+    return (f"only `{marked}` is now this process's slice of the global batch: tpu-migrate cannot tell whether "
+            f"the other values this step reads from the loop ({read}) hold one row per sample of it; slice each "
+            f"that does with it, in one call ({example}), or the step pairs this slice with the whole batch's")
+
+
+def _slices_itself(statement: ast.Expr, sc: StatementContext) -> ast.expr | None:
+    """The tensor that another marking statement of the loop slices itself (TPU184 converts it
+    too: the file's conditions are the same), else None."""
+    call = statement.value
+    info = sc.file.analysis.infos.get(id(statement))
+    if info is None or not any(ref.qualname == MARK_SHARDING and (ref.line, ref.col) == finding_position(call.func)
+                               for ref in info.refs):
+        return None
+    arguments = dict(zip(("t", "mesh", "partition_spec"), call.args)) | {k.arg: k.value for k in call.keywords}
+    spec, tensor = arguments.get("partition_spec"), arguments.get("t")
+    if not isinstance(spec, (ast.Tuple, ast.List)) or not spec.elts or len(arguments) != 3:
+        return None
+    first, *rest = spec.elts
+    if not (isinstance(first, ast.Constant) and type(first.value) in (str, int)) or any(
+            not (isinstance(value, ast.Constant) and value.value is None) for value in rest):
+        return None
+    return tensor if isinstance(tensor, (ast.Name, ast.Attribute, ast.Subscript)) else None
+
+
+def _training_loop(batch: cst.BaseExpression, sc: StatementContext) -> list[ast.AST] | None:
+    """The statements from the `for` loop around the statement down to its parent, where
+    `batch` (its root name) is what the loop reads each iteration, bound by the loop's target
+    or assigned in its body, outside any class: the training loop's batch, not an activation
+    of the model's code (which runs inside the process's slice already, and would be sliced
+    twice). Else None."""
     root = batch
     while isinstance(root, (cst.Attribute, cst.Subscript)):
         root = root.value
     if not isinstance(root, cst.Name):
-        return False
+        return None
     chain = sc.ancestors
     if chain is None or any(isinstance(node, ast.ClassDef) for node in chain):
-        return False
-    for node in reversed(chain):
+        return None
+    for at in range(len(chain) - 1, -1, -1):
+        node = chain[at]
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
-            return False  # no loop of this function holds it
+            return None  # no loop of this function holds it
         if isinstance(node, (ast.For, ast.AsyncFor)):
             if any(isinstance(n, ast.Attribute) and n.attr in _MODULE_WALKS for n in ast.walk(node.iter)):
-                return False  # `for param in model.parameters()`: a parameter, not a batch
+                return None  # `for param in model.parameters()`: a parameter, not a batch
             bound = {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
             assigned = {n.id for stmt in node.body for n in ast.walk(stmt)
                         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-            return root.value in bound | assigned
-    return False
+            return chain[at:] if root.value in bound | assigned else None
+    return None
 
 
 # nn.Module's walks over its own tensors and submodules: a loop over one marks the model.

@@ -132,6 +132,8 @@ class TpuTensor(torch.Tensor):
         cpu_kwargs = {name: seen.unwrap(value) for name, value in kwargs.items()}
         if seen.tpu_inputs and seen.host_tensors and func not in _CROSS_DEVICE_OPS:
             _refuse_mixed_devices(func)
+        if seen.tpu_inputs and func.namespace == "c10d":
+            _check_group_serves_tpu(args)
         if func is aten._to_copy.default and "device" in kwargs:
             return _to_copy(func, args[0], cpu_args, cpu_kwargs, kwargs["device"])
         if func is aten._local_scalar_dense.default:
@@ -214,6 +216,16 @@ def _refuse_mixed_devices(func):
         "Expected all tensors to be on the same device, but found at least two devices, "
         f"tpu:0 and cpu! (when running {func.__name__} on the tpu-migrate TorchTPU stand-in)"
     )
+
+
+def _check_group_serves_tpu(args):
+    """A collective on tpu tensors needs a group with a backend for the `tpu` device (tpu_dist):
+    c10d asks the group for it and raises, as it does for TorchTPU's tensors, where the group was
+    made with another backend only (`new_group(backend="gloo")`). Here gloo would carry them."""
+    for value in args:
+        if isinstance(value, torch.ScriptObject) and value._type().qualified_name().endswith(".ProcessGroup"):
+            group = torch.distributed.ProcessGroup.unbox(value)
+            group._get_backend(torch.device("tpu"))  # "No backend type associated with device type tpu"
 
 
 def _factory_fallback(op, *args, **kwargs):

@@ -1,0 +1,219 @@
+"""Which parameters of a module's functions reach torch_xla calls: where a converted value that a
+caller passes in would meet code still written for torch_xla.
+
+`mesh = xs.Mesh(...)` becomes a DeviceMesh (TPU171); a project's own `partition_module(model,
+mesh)` (HeegyuKim's torch-xla-SPMD, spmd_util.py) then calls `xs.mark_sharding(w, mesh, spec)`,
+which takes torch_xla's Mesh only (AttributeError: get_op_sharding). flows.py keeps or marks a
+converted value passed to a torch_xla call that stays; this module gives it the user's functions
+as well: for each module-level function, the parameters it passes, as they are, to a torch_xla
+call, directly or through another function of the same module.
+
+`reaching_parameters` reads one parsed module (the file being rewritten, for its own functions);
+`project_parameters` reads the project's modules once before the rewrite, for the functions a
+file imports from another module of the project (the result is part of the rewrite's settings,
+as spmd_programs.py's, so a file's cached result is redone when a module it calls changes).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from tpu_migrate.rewrite.names import dotted_name, finding_position, is_xla_name
+
+# A parameter -> the torch_xla calls it reaches: (qualified name, as written, line, col of the callee).
+Sink = tuple[str, str, int, int]
+Parameters = dict[str, dict[str, list[Sink]]]  # function -> parameter -> sinks
+
+
+def reaching_parameters(tree: ast.Module, wanted: Iterable[str] | None = None) -> tuple[Parameters, dict[str, list[str]]]:
+    """(function -> parameter -> the torch_xla calls it is passed to, function -> its parameter
+    names in order) for the module-level functions of `tree` (`wanted`: those and the functions
+    of the module they call only). A parameter the function assigns is not followed (it may hold
+    something else by then)."""
+    functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if wanted is not None:
+        queue, read = [name for name in wanted if name in functions], set()
+        while queue:
+            name = queue.pop()
+            if name not in read:
+                read.add(name)
+                queue.extend(n.func.id for n in ast.walk(functions[name]) if isinstance(n, ast.Call)
+                             and isinstance(n.func, ast.Name) and n.func.id in functions)
+        functions = {name: node for name, node in functions.items() if name in read}
+    imports = _imports([*(node for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                                ast.ClassDef))),
+                        *functions.values()])
+    orders = {name: _parameter_names(node) for name, node in functions.items()}
+    direct: Parameters = {}
+    through: dict[str, list[tuple[str, str, str]]] = {}  # f -> (param, callee function, its param)
+    for name, node in functions.items():
+        params = set(orders[name]) - _assigned(node)
+        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+            callee = dotted_name(call.func)
+            if callee is None:
+                continue
+            qualname = _qualname(callee, imports)
+            for position, keyword, value in arguments(call):
+                if not (isinstance(value, ast.Name) and value.id in params):
+                    continue
+                if qualname is not None and is_xla_name(qualname):
+                    line, col = finding_position(call.func)
+                    direct.setdefault(name, {}).setdefault(value.id, []).append((qualname, callee, line, col))
+                elif callee in functions:
+                    target = parameter_for(orders[callee], position, keyword)
+                    if target is not None:
+                        through.setdefault(name, []).append((value.id, callee, target))
+    for _ in range(len(functions)):  # to a fixed point: each pass follows one more call
+        grew = False
+        for name, edges in through.items():
+            for param, callee, target in edges:
+                for sink in direct.get(callee, {}).get(target, []):
+                    sinks = direct.setdefault(name, {}).setdefault(param, [])
+                    if sink not in sinks:
+                        sinks.append(sink)
+                        grew = True
+        if not grew:
+            break
+    return direct, orders
+
+
+def parameter_for(order: list[str], position: int | None, keyword: str | None) -> str | None:
+    if keyword is not None:
+        return keyword if keyword in order else None
+    return order[position] if position is not None and position < len(order) else None
+
+
+def arguments(call: ast.Call):
+    """(position, keyword, value) of each argument passed one by one (no *args / **kwargs, and no
+    position after a starred one)."""
+    for position, arg in enumerate(call.args):
+        if isinstance(arg, ast.Starred):
+            break
+        yield position, None, arg
+    for keyword in call.keywords:
+        if keyword.arg is not None:
+            yield None, keyword.arg, keyword.value
+
+
+def _parameter_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    args = node.args
+    return [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+
+
+def _assigned(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _imports(statements: list[ast.stmt]) -> dict[str, str]:
+    """Name bound by an import in the statements -> what it imports (a function's own
+    `import torch_xla.distributed.spmd as xs` counts: the summary is a bound, not a resolution)."""
+    bound = {}
+    for node in (n for statement in statements for n in ast.walk(statement)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                bound[alias.asname or alias.name.partition(".")[0]] = alias.name if alias.asname else \
+                    alias.name.partition(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                bound[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return bound
+
+
+def _qualname(dotted: str, imports: dict[str, str]) -> str | None:
+    head, _, rest = dotted.partition(".")
+    if head not in imports:
+        return None
+    return f"{imports[head]}.{rest}" if rest else imports[head]
+
+
+# -- the project ------------------------------------------------------------------------------
+
+
+def project_parameters(run_files: Iterable[str], root: Path | None) -> tuple:
+    """For each file of the project that imports a function of another module of the project
+    whose parameters reach torch_xla calls: (its real path, ((name bound in the file, module's
+    path relative to the project, function, ((parameter, position, ((qualname, callee, line),
+    ...)), ...)), ...)), sorted. Only the files that name torch_xla are read, their `from ...
+    import` lines found by a byte search; only the modules they import that name torch_xla are
+    parsed."""
+    from tpu_migrate.rewrite import spmd_programs as project
+
+    root = Path(os.path.realpath(root)) if root is not None else None
+    candidates = list(project._source_files(root)) if root is not None else None
+    if candidates is None or len(candidates) > project.MAX_FILES:
+        candidates = [os.path.realpath(f) for f in run_files if f.endswith(".py")]
+    bases = [str(root), str(root / "src")] if root is not None else []
+    texts = {}
+    for path in candidates:
+        if path.endswith(".py"):
+            data = project._read(path)
+            if data is not None and b"torch_xla" in data:
+                texts[path] = data
+    if len(texts) < 2:
+        return ()
+    # Which module each file imports functions from (defined there: `def name(` in its bytes).
+    resolved: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {}
+    wanted: dict[str, set[str]] = {}
+    for path, data in sorted(texts.items()):
+        for level, module_name, names in _from_imports(data):
+            here = os.path.dirname(path)
+            for _ in range(max(level - 1, 0)):
+                here = os.path.dirname(here)
+            stem = module_name.replace(".", os.sep)
+            module = next((m for m in project._module_files(module_name, [here] if level else [here, *bases])
+                           if m.endswith((stem + ".py", os.path.join(stem, "__init__.py")))), None)
+            names = [(name, bound) for name, bound in names if module in texts and module != path
+                     and b"def " + name.encode() + b"(" in texts[module]]
+            if names:
+                resolved.setdefault(path, []).append((module, names))
+                wanted.setdefault(module, set()).update(name for name, _ in names)
+    summaries = {}
+    for module, names in wanted.items():
+        tree = project._parse(module, texts[module])
+        if tree is not None:
+            summaries[module] = reaching_parameters(tree, names)
+    found = []
+    for path, modules in sorted(resolved.items()):
+        imported = []
+        for module, names in modules:
+            if module not in summaries:
+                continue
+            reached, orders = summaries[module]
+            shown = os.path.relpath(module, root) if root is not None else os.path.basename(module)
+            for name, bound in names:
+                params = reached.get(name)
+                if params:
+                    imported.append((bound, shown, name, tuple(
+                        (param, orders[name].index(param), tuple((q, c, line) for q, c, line, _ in sinks))
+                        for param, sinks in sorted(params.items()))))
+        if imported:
+            found.append((path, tuple(sorted(imported))))
+    return tuple(found)
+
+
+# `from module import a, b as c` / `from . import (a,\n b)`, at any indentation.
+_FROM_IMPORT = re.compile(rb"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.MULTILINE)
+
+
+def _from_imports(data: bytes):
+    """(level, module, [(name, bound name)]) of each `from ... import ...` line in the bytes (a
+    byte search, no parse; a line in a string counts too, which at worst reads one more module)."""
+    for match in _FROM_IMPORT.finditer(data):
+        level, module, names = len(match[1]), match[2].decode("ascii", "replace"), match[3]
+        if not module:
+            continue  # `from . import x`: x is a module, not a function
+        pairs = []
+        for part in names.strip(b"()").replace(b"\\\n", b" ").split(b","):
+            words = part.split()
+            if len(words) == 1:
+                pairs.append((words[0].decode(), words[0].decode()))
+            elif len(words) == 3 and words[1] == b"as":
+                pairs.append((words[0].decode(), words[2].decode()))
+        yield level, module, pairs
+
+
+__all__ = ["reaching_parameters", "project_parameters", "parameter_for", "arguments", "Sink", "Parameters"]
