@@ -190,6 +190,13 @@ def test_one_mesh_reduce_call_is_one_finding_whatever_methods_it_reads_through()
     [finding] = summary.findings
     assert finding.op == "mesh_reduce (item, cpu, int)" and finding.count == 3  # 3 calls, 3 reads each
     assert "exchange Python values" in finding.explanation
+    # One call after training, whose own sync ends a step between its reads: one call, a note.
+    events = events[:1] + [{"kind": "step", "op": "mark_step", "file": __file__, "line": 8, "step": s, "time": s}
+                           for s in (0, 1, 2)]
+    events += [{"kind": "sync", "op": op, "file": __file__, "line": 7, "step": step, "via": via, "wait": 0.01}
+               for op, step in (("item", 3), ("cpu", 3), ("__int__", 4))]
+    summary = analysis.summarize(Evidence(0, {1: events}), 2)
+    assert summary.findings == [] and "7 mesh_reduce (item, cpu, int) x1" in summary.notes[-1]
 
 
 def test_a_second_graph_of_a_called_module_names_the_code_not_a_placeholder():

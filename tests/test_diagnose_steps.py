@@ -160,7 +160,9 @@ def test_real_mnist_script_unchanged_and_findings_match_its_metrics(tmp_path):
     # 9 host reads = 4 in the closure + correct.item() (180) + 4 in mesh_reduce (181), the
     # last two once per evaluation (a note, not a finding).
     assert metrics["aten::_local_scalar_dense"] == 9
-    assert "test_train_mp_mnist.py:180 item x1" in notes and "test_train_mp_mnist.py:181 item x3" in notes
+    assert "test_train_mp_mnist.py:180 item x1" in notes
+    # One mesh_reduce call, whose reads its own syncs spread over two steps: one entry, still a note.
+    assert re.search(r"test_train_mp_mnist.py:181 mesh_reduce \([a-z, ]+\) x3", notes), notes
 
 
 # Expected findings (kind, line, op) -> count, as a TPU engineer reads each script; every one

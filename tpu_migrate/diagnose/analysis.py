@@ -376,14 +376,14 @@ def _merge_exchange_reads(findings: dict[tuple, Finding]) -> None:
     for (_, _, _, exchange), keys in groups.items():
         if len(keys) < 2:
             continue
-        merged = findings[keys[0]]
         ops = [findings[k].op.strip("_") for k in keys]
+        # The method read most often is read once per call, in the step the call began: the
+        # exchange's own syncs end steps between its reads, which are still one call.
+        keys.sort(key=lambda k: (-findings[k].count, findings[k].step_count))
+        merged = findings[keys[0]]
         for key in keys[1:]:
             other = findings.pop(key)
-            merged.count = max(merged.count, other.count)  # each call reads through each method
             merged.first_step = min(merged.first_step, other.first_step)
-            merged.steps |= other.steps
-            merged.counted_steps = max(merged.counted_steps, other.counted_steps)
             for inner, count in other.library_reads.items():
                 merged.library_reads[inner] = merged.library_reads.get(inner, 0) + count
             merged.waited = None if merged.waited is None and other.waited is None else (
