@@ -228,7 +228,7 @@ def import_lines(text: str, helpers: set[str] = frozenset()) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Try) and not node.orelse and not node.finalbody and all(
                 isinstance(s, (ast.Import, ast.ImportFrom)) for s in node.body) and all(
-                isinstance(s, (ast.Pass, ast.Assign, ast.Import, ast.ImportFrom, ast.Raise)) for h in node.handlers
+                isinstance(s, (ast.Pass, ast.Assign, ast.Import, ast.ImportFrom, ast.Raise, ast.Assert)) for h in node.handlers
             for s in h.body):
             lines.update(range(node.lineno, node.end_lineno + 1))
         guard = (isinstance(node, ast.If) and len(node.body) == 1 and isinstance(node.body[0], ast.Raise)

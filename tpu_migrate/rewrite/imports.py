@@ -23,6 +23,7 @@ import libcst as cst
 
 from tpu_migrate.findings import Fix
 from tpu_migrate.rewrite.context import FileContext, parse_stmt
+from tpu_migrate.rewrite.inert import is_inert
 from tpu_migrate.rewrite.layout import merge_leading_lines
 from tpu_migrate.rewrite.names import XLA_OPS, finding_position, is_xla_name
 from tpu_migrate.rewrite.registry import emits
@@ -449,6 +450,8 @@ class _ImportRemover:
                 return stmt.with_changes(body=self.suite(stmt.body))
             finally:
                 self.path = outer
+        if isinstance(stmt, cst.If):
+            return self.version_branches(stmt)
         changes = {}
         is_try = isinstance(stmt, (cst.Try, cst.TryStar))
         for field in ("body", "orelse", "finalbody"):
@@ -469,6 +472,25 @@ class _ImportRemover:
         if isinstance(stmt, cst.Match):
             changes["cases"] = [c.with_changes(body=self.suite(c.body)) for c in stmt.cases]
         return stmt.with_changes(**changes) if changes else stmt
+
+    def version_branches(self, stmt: cst.If):
+        """`if _XLA_GREATER_EQUAL_2_1: from torch_xla... import f / else: from torch_xla... import
+        f`: once every branch's imports went, an `if` whose test only reads values goes whole
+        (not `if ...: pass / else: pass`)."""
+        before, self.removed_any = self.removed_any, False
+        changes = {"body": self.suite(stmt.body)}
+        if isinstance(stmt.orelse, cst.Else):
+            changes["orelse"] = stmt.orelse.with_changes(body=self.suite(stmt.orelse.body))
+        elif isinstance(stmt.orelse, cst.If):
+            changes["orelse"] = self.statement(stmt.orelse)  # None: the `elif` went whole
+        removed, self.removed_any = self.removed_any, before or self.removed_any
+        orelse = changes.get("orelse")
+        if removed and is_inert(stmt.test) and _does_nothing(changes["body"]) and (
+                orelse is None or (isinstance(orelse, cst.Else) and _does_nothing(orelse.body))):
+            return None
+        if stmt.orelse is not None and orelse is None:  # a dead `elif` chain: the `if` keeps its body
+            changes["orelse"] = None
+        return stmt.with_changes(**changes)
 
     def guarded_body(self, stmt):
         """A `try:` whose torch_xla import goes: if the try also sets flags (or has an else),
@@ -543,9 +565,9 @@ def _is_type_checking(test: cst.BaseExpression) -> bool:
 
 
 def _does_nothing(suite, fallbacks: set[str] = frozenset()) -> bool:
-    """A block of `pass` (or `...`, or a bare `raise`) only, or of fallbacks for a removed
-    import: `xm = None`, `import my_runtime as xm` where the removed import bound `xm`, which
-    nothing uses now."""
+    """A block of `pass` (or `...`, or a `raise` / `assert` about the failed import) only, or of
+    fallbacks for a removed import: `xm = None`, `import my_runtime as xm` where the removed
+    import bound `xm`, which nothing uses now."""
     if isinstance(suite, cst.SimpleStatementSuite):
         smalls = list(suite.body)
     else:
@@ -558,7 +580,9 @@ def _does_nothing(suite, fallbacks: set[str] = frozenset()) -> bool:
 def _inert_small(small, fallbacks: set[str]) -> bool:
     if isinstance(small, cst.Pass) or (isinstance(small, cst.Expr) and isinstance(small.value, cst.Ellipsis)):
         return True
-    if isinstance(small, cst.Raise) and small.exc is None:  # the import's error, as without the `try`
+    if isinstance(small, (cst.Raise, cst.Assert)):
+        # Failing loudly where the import failed (`raise ModuleNotFoundError("install torch_xla")`,
+        # `assert False, "missing syncfree"`) guards the import itself: nothing left to guard.
         return True
     if isinstance(small, cst.Assign):
         return all(isinstance(t.target, cst.Name) and t.target.value in fallbacks for t in small.targets) and \

@@ -52,6 +52,27 @@ def _about_xla(comment: str) -> bool:
     return bool(_XLA_WORDS.search(comment))
 
 
+# What a comment right above a removed step marker says when it describes that statement: how
+# torch_xla ran lazy graphs (not what the code around it is for, which a comment naming torch_xla
+# or SPMD may well say).
+_LAZY_WORDS = re.compile(r"mark_step|\bsync|\blazy\b|step marker|\bgraph|\bflush", re.IGNORECASE)
+
+
+def _leading_of_removed(lines) -> list[cst.EmptyLine]:
+    """The lines above a removed statement, less the comment right above it (no blank line
+    between) where every line of it is about torch_xla's lazy execution (`# sync any pending
+    lazy tensors`): it described the statement that went, as a trailing comment would."""
+    lines = list(lines)
+    start = len(lines)
+    while start and lines[start - 1].comment is not None:
+        start -= 1
+    block = lines[start:]
+    if block and all(_LAZY_WORDS.search(line.comment.value) and "TODO(tpu-migrate)" not in line.comment.value
+                     for line in block):
+        return lines[:start]
+    return lines
+
+
 def _comment_of(ws: cst.TrailingWhitespace, removed: bool = False) -> list[cst.EmptyLine]:
     """A trailing comment as a line of its own. `removed`: its statement is gone, and a comment
     about torch_xla (`# sync the graph`) would then describe the next statement: dropped."""
@@ -133,7 +154,8 @@ def rebuild_line(line: cst.SimpleStatementLine, pieces, todos, present=frozenset
     if not out:
         # The line's comments, and the TODOs of a statement that went (`xr.use_spmd()`), stay
         # where it was: above the next statement.
-        removed_comments = [*line.leading_lines, *_comment_of(line.trailing_whitespace, removed=True),
+        removed_comments = [*_leading_of_removed(line.leading_lines),
+                            *_comment_of(line.trailing_whitespace, removed=True),
                             *_todo_lines(todos, present)]
         return [], removed_comments
     if len(out) == 1 and isinstance(out[0], cst.SimpleStatementLine) and all(

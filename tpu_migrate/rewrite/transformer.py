@@ -18,6 +18,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite import dependencies, named_expressions, transforms
 from tpu_migrate.rewrite.constant_tests import constant_truth
+from tpu_migrate.rewrite.inert import is_inert
 from tpu_migrate.rewrite.context import FileContext, StatementContext
 from tpu_migrate.rewrite.expressions import ExprRewriter
 from tpu_migrate.rewrite.names import is_xla_name
@@ -360,7 +361,7 @@ class ModuleRewriter:
             and stmt.orelse is None
             and self.file.generated_role(stmt.body)[0] == "pass"
             and (sc is None or not (sc.todos or sc.leftover_refs()))
-            and _inert(stmt.test)
+            and is_inert(stmt.test)
         )
 
     def _emptied_range_loop(self, stmt, sc) -> bool:
@@ -373,7 +374,7 @@ class ModuleRewriter:
             and (sc is None or not (sc.todos or sc.leftover_refs()))
             and isinstance(stmt.target, cst.Name)
             and isinstance(stmt.iter, cst.Call) and _is_name(stmt.iter.func, "range")
-            and all(_inert(arg.value) and arg.star == "" for arg in stmt.iter.args)
+            and all(is_inert(arg.value) and arg.star == "" for arg in stmt.iter.args)
         ):
             return False
         return stmt.target.value not in self._loaded_names()
@@ -507,44 +508,6 @@ class ModuleRewriter:
 # -- helpers ----------------------------------------------------------------------------------
 
 
-# Expressions that compute without calling anything the program defines (comparisons and
-# arithmetic on names and attributes): an `if` with such a test and nothing in it can go.
-_INERT = (
-    cst.Name, cst.Attribute, cst.Integer, cst.Float, cst.Imaginary, cst.SimpleString,
-    cst.ConcatenatedString, cst.Comparison, cst.ComparisonTarget, cst.BinaryOperation,
-    cst.UnaryOperation, cst.BooleanOperation,
-)
-
-
-def _inert(node: cst.CSTNode) -> bool:
-    if isinstance(node, cst.Call):
-        return _lookup_call(node)
-    if isinstance(node, cst.Subscript):  # `cfg["metrics"]`
-        return _inert(node.value) and all(
-            isinstance(e.slice, cst.Index) and _inert(e.slice.value) for e in node.slice)
-    if not isinstance(node, _INERT):
-        return False
-    if isinstance(node, cst.Attribute):
-        return _inert(node.value)
-    if isinstance(node, cst.Name):
-        return True
-    children = [c for c in node.children if not isinstance(c, _SYNTAX)]
-    return all(_inert(child) for child in children)
-
-
-# Calls that by convention only look a value up: a flag read as `cfg.get("metrics")`,
-# `getattr(args, "debug", False)` or `os.environ.get(...)` is as inert as `cfg.metrics`.
-_LOOKUP_FUNCTIONS = frozenset({"getattr", "hasattr", "isinstance", "len", "bool", "getenv"})
-_LOOKUP_METHODS = frozenset({"get", "getenv"})
-
-
-def _lookup_call(call: cst.Call) -> bool:
-    func = call.func
-    known = (
-        (isinstance(func, cst.Name) and func.value in _LOOKUP_FUNCTIONS)
-        or (isinstance(func, cst.Attribute) and func.attr.value in _LOOKUP_METHODS and _inert(func.value))
-    )
-    return known and all(arg.star == "" and arg.keyword is None and _inert(arg.value) for arg in call.args)
 
 
 def _is_name(node: cst.CSTNode, name: str) -> bool:
@@ -556,10 +519,6 @@ def _first_line(code: str, limit: int = 60) -> str:
     return first if len(first) <= limit and "\n" not in code else first[: limit - 3].rstrip() + "..."
 
 
-_SYNTAX = (
-    cst.BaseParenthesizableWhitespace, cst.LeftParen, cst.RightParen, cst.BaseBinaryOp,
-    cst.BaseBooleanOp, cst.BaseCompOp, cst.BaseUnaryOp,
-)
 
 
 def _is_conditional_call(node: cst.BaseExpression) -> bool:

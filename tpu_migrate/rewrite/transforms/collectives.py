@@ -35,12 +35,13 @@ REDUCE_OPS = {
 # torchrun, a pod) from its runtime, with or without a process group. Where no launcher
 # conversion of this file makes the default group, the converted collectives make it the first
 # time they run, from the launch environment; a process no launcher started (no WORLD_SIZE) is
-# a world of one, as `python train.py` was under torch_xla.
+# a world of one, as `python train.py` was under torch_xla. (The helper explains itself in
+# comments, beside a one-line docstring: a multi-line string would not take the file's line endings.)
 PROCESS_GROUP = '''def {name}():
     """Whether this process shares a process group with others (added by tpu-migrate)."""
     # torch_xla's runtime knew without a group. If the program made none, the default group is
     # made from the launch environment (torchrun, TorchTPU's launcher); a process no launcher
-    # started is a world of one. (Comments, not a docstring: a file's own line endings.)
+    # started is a world of one.
     if not {dist}.is_initialized() and int({os}.environ.get("WORLD_SIZE", 1)) > 1:
         {dist}.init_process_group({backend})
     return {dist}.is_initialized() and {dist}.get_world_size() > 1
