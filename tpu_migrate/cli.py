@@ -541,7 +541,7 @@ def verify(target, against, root, nprocs, nnodes, rtol, atol, tolerances, timeou
     try:
         expected = parse_tolerances(list(tolerances))
     except VerifyError as exc:
-        raise click.BadParameter(str(exc).partition(": ")[2], param_hint="--tolerance") from None
+        raise click.BadParameter(str(exc).removeprefix("--tolerance "), param_hint="--tolerance") from None
     try:
         status, document = run_verify(module or script, list(args), against, root, nprocs, rtol, atol, timeout,
                                       echo, html_file, module=module is not None,
