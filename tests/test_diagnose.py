@@ -68,7 +68,8 @@ def test_json_schema():
     for finding in doc["findings"]:
         assert set(finding) == {"kind", "file", "line", "count", "first_step", "op", "rank",
                                 "message", "explanation", "source", "via", "cost"}
-        assert set(finding["cost"]) == {"seconds", "share", "how", "slow_steps", "estimate"}
+        assert set(finding["cost"]) == {"seconds", "share", "how", "slow_steps", "estimate", "waits_seconds",
+                                        "fails_on_tpu"}
         assert finding["cost"]["estimate"] is False  # measured: the xla backend times host reads
         assert isinstance(finding["line"], int) and isinstance(finding["count"], int)
 

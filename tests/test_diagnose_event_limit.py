@@ -29,7 +29,8 @@ def diagnose(*args: str, limit: int | None = None) -> subprocess.CompletedProces
 
 def _uncosted(findings: list[dict]) -> list[dict]:
     """Findings without their measured costs, in a fixed order (ranking is by cost)."""
-    plain = [{**f, "message": re.split("; (?:estimated )?cost ", f["message"])[0]} for f in findings]
+    plain = [{**f, "message": re.split("; (?:estimated )?cost |; estimated: waits for ", f["message"])[0]}
+             for f in findings]
     for f in plain:
         f.pop("cost", None)
     return sorted(plain, key=lambda f: (f["kind"], f["file"], f["line"], str(f["op"]), str(f["rank"])))

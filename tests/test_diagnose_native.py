@@ -165,6 +165,15 @@ def test_auto_backend_switches_to_xla_when_a_module_imports_torch_xla(tmp_path):
     assert ("sync", "main.py", 5, "item") in summary(document)
 
 
+def test_auto_backend_stays_native_when_only_a_library_imports_torch_xla():
+    """Diffusers imports torch_xla wherever it is installed: the program still computes with torch,
+    so auto stays native and finds its read (handed to xla, the run showed nothing)."""
+    name = "library_imports_torch_xla.py"
+    _, document = run(name)
+    assert document["backend"] == "native"
+    assert summary(document) == {("sync", name, line_of(name, "sync every step"), "item")}
+
+
 def test_explicit_native_backend_on_a_torch_xla_free_script():
     result, document = run("legacy_device_api.py", "--backend", "native")
     assert document["backend"] == "native"

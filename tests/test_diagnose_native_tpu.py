@@ -84,8 +84,10 @@ def test_reads_of_host_tensors_are_not_syncs():
     every, copy = by_place[line_of(name, "sync every step")], by_place[line_of(name, "copy to the host every step")]
     cannot_place, evaluation = by_place[line_of(name, "cannot place")], by_place[line_of(name, "sync in evaluation")]
     assert "every step" in every["message"] and "every step" in copy["message"]
-    # With the CPU standing in, each read's cost is estimated from the work queued before it.
-    assert every["cost"]["estimate"] and every["cost"]["seconds"] > 0 and "estimated cost" in every["message"]
+    # With the CPU standing in, each read waits for the work queued before it; removing it saves at
+    # most its overlap with the work after it.
+    assert every["cost"]["estimate"] and 0 < every["cost"]["seconds"] <= every["cost"]["waits_seconds"]
+    assert "estimated: waits for" in every["message"] and "removing it saves at most" in every["message"]
     assert "could not tell" in cannot_place["message"] and "could not tell" not in every["message"]
     assert evaluation["count"] == 18 and "in 3 of 6 steps (not every step)" in evaluation["message"]
 

@@ -122,10 +122,14 @@ def test_auto_diagnoses_the_tools_tpu_output_on_the_stand_in():
     assert document["backend"] == "standin"
     lines = text.splitlines()
     read = next(i for i, line in enumerate(lines, 1) if "round(loss.item(), 4)" in line)
-    assert {(f["kind"], f["line"], f["op"], f["count"]) for f in document["findings"]} == {("sync", read, "item", 9)}
-    # Read once or twice after the training loop: not repeated step after step, noted.
+    closure = next(i for i, line in enumerate(lines, 1) if '"doubled"' in line)
+    assert {(f["kind"], f["line"], f["op"], f["count"]) for f in document["findings"]} == {
+        ("sync", read, "item", 9), ("sync", closure, "item", 2)}
+    # The closure's read became a read in a loop after the training steps: a finding, as a loop is.
+    assert "in a loop after the last step" in next(f for f in document["findings"] if f["line"] == closure)["message"]
+    # Read once after the training loop: not repeated, noted.
     once = next(note for note in document["notes"] if note.startswith("host reads not repeated"))
-    assert " int x1" in once and " item x2" in once
+    assert " int x1" in once and " item" not in once
 
 
 @pytest.mark.slow  # a program on the stand-in that keeps every tensor on the host

@@ -1,6 +1,7 @@
-"""`diagnose` on real Hugging Face Transformers code (issue 27): `generate` on a tiny random-init
-Llama built from a config (nothing downloaded), eager, with the model's forward compiled, with a
-static cache, and through a text-generation pipeline, prompts whose lengths repeat and differ
+"""`diagnose` on real Hugging Face Transformers code (issues 27 and 50): a tiny random-init Llama
+built from a config (nothing downloaded), trained for six steps and then asked to `generate`,
+eager and with the model's forward compiled; `generate` alone with a static cache, and through a
+text-generation pipeline; prompts whose lengths repeat and differ
 (fixtures/diagnose/native/transformers_generate.py)."""
 
 from __future__ import annotations
@@ -18,23 +19,33 @@ PROGRAM = ROOT / "fixtures" / "diagnose" / "native" / "transformers_generate.py"
 LINES = PROGRAM.read_text().splitlines()
 GENERATE_LINE = next(number for number, text in enumerate(LINES, 1) if "model.generate(" in text)
 PIPELINE_LINE = next(number for number, text in enumerate(LINES, 1) if "expect: pipeline call" in text)
+
+
+def line_of(marker: str) -> int:
+    return next(number for number, text in enumerate(LINES, 1) if marker in text)
+
+
+TRAIN_LINE, LOG_LINE = line_of("expect: recompile (length 12)"), line_of("expect: sync every step")
+TOLIST_LINE, NANSUM_LINE = line_of("expect: tolist per prompt"), line_of("expect: unsupported on TorchTPU")
+COMPILE_LINE = line_of("expect: tpu-incompatible")
+STEPS = 6
 CALLS, NEW_TOKENS = 3, 6  # prompts of lengths 3, 3 and 5, six new tokens each
 
 
 def _run(*args: str) -> dict:
-    result = diagnose("--format", "json", str(PROGRAM), *args)
+    result = diagnose("--format", "json", str(PROGRAM), *args, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
 
 
 @pytest.fixture(scope="module")
 def eager() -> dict:
-    return _run()
+    return _run("--train")  # six training steps, then generate
 
 
 @pytest.fixture(scope="module")
 def compiled() -> dict:
-    return _run("--compiled")
+    return _run("--train", "--compiled")
 
 
 def test_generate_with_a_static_cache_would_compile_itself_as_torchtpu_refuses(eager):
@@ -60,8 +71,8 @@ def test_generates_stop_check_is_a_host_sync_at_the_users_generate_line(eager):
     assert CALLS * NEW_TOKENS in reads.values()
     assert sync["count"] == sum(reads.values())
     assert "max_new_tokens" in sync["explanation"] and "batch the prompts" in sync["explanation"]
-    # torch's own reads (none of them the user's) are not reported; nothing else is found.
-    assert {f["kind"] for f in eager["findings"]} == {"sync"}
+    # torch's own reads (none of them the user's) are not reported; the training's nansum is.
+    assert {f["kind"] for f in eager["findings"]} == {"sync", "unsupported-op"}
 
 
 def test_a_pipeline_call_reports_the_generate_it_makes(eager):
@@ -70,8 +81,10 @@ def test_a_pipeline_call_reports_the_generate_it_makes(eager):
     document = _run("--pipeline")
     [sync] = [f for f in document["findings"] if f["kind"] == "sync" and f["op"] == "__bool__"]
     assert sync["line"] == PIPELINE_LINE
-    [direct] = [f for f in eager["findings"] if f["kind"] == "sync"]
-    assert sync["library_reads"] == direct["library_reads"]
+    [direct] = [f for f in eager["findings"] if f["kind"] == "sync" and f["line"] == GENERATE_LINE]
+    # (the generate after training also checks its causal mask, which an untrained model's does not)
+    generates = {site: n for site, n in direct["library_reads"].items() if "generation/" in site}
+    assert sync["library_reads"] == generates and sync["via"][-1] == direct["via"][-1]
     # The pipeline copies its outputs to the host itself (device=torch.device("cpu")): that copy is
     # the sync, and its postprocessing's reads of the copies (.numpy()) wait for nothing.
     ops = {f["op"] for f in document["findings"] if f["kind"] == "sync"}
@@ -81,8 +94,8 @@ def test_a_pipeline_call_reports_the_generate_it_makes(eager):
 
 
 def test_compiled_forward_is_timed_at_the_generate_line_first_call_per_shape_apart(compiled):
-    [site] = compiled["costs"]["compiled_calls"]
-    assert site["line"] == GENERATE_LINE and site["function"].endswith("forward")
+    [site] = [s for s in compiled["costs"]["compiled_calls"] if s["line"] == GENERATE_LINE]
+    assert site["function"].endswith("forward")
     shapes = site["signatures"]
     # The prompt's prefill and each cache length are input shapes of their own, told apart by the
     # cache tensors the call got.
@@ -90,9 +103,13 @@ def test_compiled_forward_is_timed_at_the_generate_line_first_call_per_shape_apa
     assert any("cache" in s["inputs"] for s in shapes)
     assert site["first_calls"] == len(shapes) and site["later_calls"] > 0
     prefill = next(s for s in shapes if s["inputs"].startswith("input_ids (1, 3)"))
-    assert prefill["first_call_compiled"] and prefill["later_calls"] == 1  # the second prompt of 3
-    assert prefill["later_mean_seconds"] < prefill["first_call_seconds"]
-    assert compiled["costs"]["compile_seconds"] > 0  # no steps, yet it compiled
+    assert prefill["first_call_compiled"]
+    # Training's batches of 8 at the training line: one first call (compiled), then the steady state.
+    [train] = [s for s in compiled["costs"]["compiled_calls"] if s["line"] == TRAIN_LINE]
+    eight = train["signatures"][0]
+    assert eight["inputs"].startswith("input_ids (2, 8)") and eight["later_calls"] == STEPS - 2
+    assert eight["first_call_compiled"] and eight["later_mean_seconds"] < eight["first_call_seconds"]
+    assert compiled["costs"]["compile_seconds"] > 0
 
 
 def test_compiled_generate_recompiles_per_token_without_a_static_cache(compiled):
@@ -104,3 +121,73 @@ def test_compiled_generate_recompiles_per_token_without_a_static_cache(compiled)
     assert 'cache_implementation="static"' in recompile["message"]
     assert recompile["cost"]["seconds"] > 0 and "new input shape(s)" in recompile["cost"]["how"]
     assert any(f["kind"] == "recompile-limit" for f in compiled["findings"])
+
+
+def _ranked_by_what_fixing_saves(document: dict) -> None:
+    """What fails on TorchTPU first; then costliest first, every compile priced."""
+    findings = document["findings"]
+    fails = [f["cost"]["fails_on_tpu"] for f in findings]
+    assert fails == sorted(fails, reverse=True) and fails[0]
+    saved = [f["cost"]["seconds"] or 0.0 for f in findings if not f["cost"]["fails_on_tpu"]]
+    assert saved == sorted(saved, reverse=True)
+    for f in findings:
+        assert "not recorded one by one" not in f["message"]
+        if f["kind"] in ("recompile", "compile"):
+            assert f["cost"]["seconds"] > 0, f["message"]
+    assert document["costs"]["summary"].startswith("1 finding(s) fail on TorchTPU, fix them first")
+
+
+def _reads_after_training(document: dict) -> dict:
+    """Generate's reads after the last optimizer step: findings, a loop being a loop."""
+    reads = {(f["line"], f["op"]): f for f in document["findings"] if f["kind"] == "sync"}
+    assert set(reads) == {(LOG_LINE, "item"), (GENERATE_LINE, "__bool__"), (TOLIST_LINE, "tolist")}
+    assert reads[LOG_LINE, "item"]["count"] == STEPS and "every step" in reads[LOG_LINE, "item"]["message"]
+    assert reads[TOLIST_LINE, "tolist"]["count"] == CALLS
+    for key in ((GENERATE_LINE, "__bool__"), (TOLIST_LINE, "tolist")):
+        assert "in a loop after the last step" in reads[key]["message"]
+    stop = reads[GENERATE_LINE, "__bool__"]
+    per_token = max(stop["library_reads"], key=stop["library_reads"].get)
+    assert stop["library_reads"][per_token] == CALLS * NEW_TOKENS
+    assert stop["via"][-1] == per_token  # the per-token read's place, not the first one's
+    # A read waits for the work queued before it, but removing it saves at most the overlap it loses.
+    for read in reads.values():
+        cost = read["cost"]
+        assert cost["estimate"] and cost["seconds"] <= cost["waits_seconds"]
+        assert "removing it saves at most" in read["message"]
+    assert not any("host reads not repeated" in note for note in document.get("notes", []))
+    return reads
+
+
+def test_trained_then_generated_eager_ranks_the_op_torchtpu_lacks_first(eager):
+    """Eager training then generation: nansum (no TPU kernel) first, above any cost; then the
+    reads by what removing them saves; generate's stop checks and .tolist()s are findings."""
+    first = eager["findings"][0]
+    assert (first["kind"], first["line"], first["op"]) == ("unsupported-op", NANSUM_LINE, "aten::nansum")
+    assert "fails on TorchTPU, so it ranks first" in first["message"]
+    _ranked_by_what_fixing_saves(eager)
+    _reads_after_training(eager)
+    assert len(eager["findings"]) == 4
+    assert eager["steps"] == eager["optimizer_steps"] == STEPS
+
+
+def test_trained_then_generated_compiled_prices_every_recompile_from_its_first_calls(compiled):
+    """Compiled: dynamic=True (which TorchTPU refuses) first; the longer batch's recompile (in a
+    training step) and generate's recompiles (after the last step) are priced from the first calls
+    the compiled-calls table timed, and rank above the reads."""
+    first = compiled["findings"][0]
+    assert (first["kind"], first["line"], first["op"]) == ("tpu-incompatible", COMPILE_LINE, "torch.compile(dynamic=True)")
+    _ranked_by_what_fixing_saves(compiled)
+    compiles = {(f["kind"], f["line"]): f for f in compiled["findings"] if f["kind"] in ("recompile", "compile")}
+    assert set(compiles) == {("recompile", TRAIN_LINE), ("recompile", GENERATE_LINE), ("compile", GENERATE_LINE)}
+    for f in compiles.values():
+        assert "first calls at" in f["cost"]["how"] and "compiled-calls table" in f["cost"]["how"]
+    train = compiles["recompile", TRAIN_LINE]
+    assert train["count"] == 1 and train["first_step"] == 3
+    # The line that made the batch and the one that gave it its length, relative to the working directory.
+    shape = f"the new shape comes from {PROGRAM.relative_to(ROOT)}:{TRAIN_LINE - 1} (fed by line {TRAIN_LINE - 2})"
+    assert shape in train["message"], train["message"]
+    second = compiles["compile", GENERATE_LINE]["message"]
+    assert "a second graph of the compiled code called here" in second and "(called here)" not in second
+    _reads_after_training(compiled)
+    kinds = [f["kind"] for f in compiled["findings"]]
+    assert kinds.count("sync") == 3 and kinds.count("recompile-limit") == 1 and len(kinds) == 8

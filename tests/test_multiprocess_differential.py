@@ -1,5 +1,6 @@
 """Multi-process differential tests: each torch_xla program in fixtures/programs/multiprocess/
-covers one launch or rank idiom (xmp.spawn, torch_xla.launch, a conditional process group,
+covers one launch or rank idiom (xmp.spawn, its arguments evaluated once per host,
+torch_xla.launch, a conditional process group,
 xm.optimizer_step, xm.save, rank-gated logging, DistributedSampler, rendezvous / mesh_reduce,
 a `def main(*args)` worker passed through a variable with collectives inside expressions, a
 plain process that creates an xla:// group itself, SyncBatchNorm with a batch sliced by process
@@ -99,6 +100,8 @@ CASES = [
         # --num_cores 8: debug_single_process=False, one process per device.
         Mode("fake2-all-devices", args=("--num_cores", "8"), fake_accelerators=2, processes=2),
     )),
+    # m04 and m10 hand the worker a scratch directory made in xmp.spawn's args (`tempfile.mkdtemp()`,
+    # and a name bound to it): one per host, as xmp.spawn's parent made it, also under torchrun.
     Case("m04_conditional_process_group.py"),
     Case("m04_conditional_process_group.py", args=("--ddp",)),
     Case("m05_optimizer_step_no_ddp.py"),

@@ -33,7 +33,8 @@ pytestmark = pytest.mark.slow  # torch_xla originals and 4-process pods
 DIRECT = pod.POD_PROGRAMS / "d01_worker_called_directly.py"
 VARARGS = harness.MP_PROGRAMS / "m10_varargs_worker_in_variable.py"
 # m10: xmp.spawn of a `def main(*args)` worker passed through a variable, with collectives inside
-# expressions, started on every device (one process per chip). d01 (the same launch, plainer)
+# expressions, started on every device (one process per chip), handed a scratch directory made
+# before the launch (under torchrun, each host's first process makes it for the host). d01 (the same launch, plainer)
 # runs on the pod only broken, below: each pod costs 6 processes that import torch, and the
 # module must stay short on two cores.
 TPU_POD = [VARARGS]           # the migrated xmp.spawn on both hosts (--target tpu)

@@ -78,6 +78,35 @@ def test_the_html_page_marks_the_first_divergence():
     assert page.count("<tr><td") == 2  # a row per step, the original's second step shown too
 
 
+def test_the_html_page_shows_the_run_that_differs_first_with_each_rank_and_the_printed_lines():
+    """Issue 48, item 7: the differing run's section comes before the one that agrees; at its
+    divergent step each rank's own figures (rank 1's gradient norm 4, rank 0's 5); and the
+    printed lines of both sides, every rank's, side by side, the line a verdict names marked."""
+    from tpu_migrate.verify import html
+
+    same = compare.verdict(ORIGINAL, _run(ORIGINAL_RECORDS), 1e-4, 1e-5)
+    apart_run = _run([_record(0, 0, 2, 2.0, grad_sq=25.0, param_sum=10.0),
+                      _record(0, 1, 2, 2.0, grad_sq=16.0, param_sum=10.0)], world=2)
+    apart_run.name = "migrated, torchrun, 2 processes"
+    apart_run.ranks = [(0, True, "loss 2.0000\n"), (1, False, "loss 2.5000\n")]
+    apart = compare.verdict(ORIGINAL, apart_run, 1e-4, 1e-5)
+    page = html.render("train.py", "its portable migration (the CPU, gloo)", ORIGINAL, [same, apart])
+    assert page.index("migrated, torchrun, 2 processes: <span") < page.index("run: <span class=\"same\">")
+    ranks = page[page.index("<h3>each rank at step 0</h3>"):]
+    assert '<tr class="rank"><td class="number">0</td><td class="number">2</td><td class="number">5</td>' in ranks
+    assert '<tr class="rank"><td class="number">1</td><td class="number">2</td><td class="number">4</td>' in ranks
+    assert "<th>migrated, rank 0</th><th>migrated, rank 1</th>" in page
+    assert '<td class="line">loss 2.0000</td><td class="line">loss 2.5000</td>' in page
+
+    printed_reference = _original(ORIGINAL_RECORDS, printed="epoch 1\nloss 0.5000\n")
+    late = compare.verdict(printed_reference, _run(ORIGINAL_RECORDS, printed="epoch 1\nloss 0.7000\n"), 1e-4, 1e-5)
+    assert late.divergence.unit == "printed line" and late.divergence.step == 2
+    page = html.render("train.py", "its portable migration", printed_reference, [late])
+    assert '<details open>' in page
+    assert ('<tr class="printed diverged"><td class="number">2</td><td class="line">loss 0.5000</td>'
+            '<td class="line">loss 0.7000</td></tr>') in page
+
+
 def _backward(losses, rank=0, world=1):
     return {"backward": losses, "rank": rank, "world": world}
 

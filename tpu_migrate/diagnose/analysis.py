@@ -19,7 +19,7 @@ from tpu_migrate.diagnose.finding import Finding
 from tpu_migrate.diagnose.graph_change import graph_change
 from tpu_migrate.diagnose.kinds import KINDS
 from tpu_migrate.diagnose.messages import describe
-from tpu_migrate.diagnose.locations import library_location, relative
+from tpu_migrate.diagnose.locations import exchange_of, library_location, relative
 from tpu_migrate.diagnose.recording import is_shown_library
 from tpu_migrate.diagnose.runner import Evidence
 from tpu_migrate.diagnose.xla_logs import FRAME, Compile, parse_compiles, parse_fallbacks, parse_graphs
@@ -240,6 +240,8 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
         if any(b.get("debug_offset") for b in boundaries) and compile_process is None:
             compile_process = (rank, boundaries, steps, causes.expected_changes(events), end)
             warmup = end
+        _mark_overlaps(events)
+        _mark_compile_times(events)
         for event in events:
             _merge_event(findings, event, rank, exact_fallbacks)
     stepless = main_steps == 0
@@ -252,6 +254,12 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
     for finding in findings.values():
         if finding.kind == "sync":
             finding.counted_steps += causes.steps_of_one_call(finding.steps, step_sites, (finding.file, finding.line)) - len(finding.steps)
+            finding.via = _busiest_via(finding) or finding.via
+    _merge_exchange_reads(findings)
+    for finding in findings.values():
+        if finding.kind == "sync" and not stepless and finding.step_count == 1 and _repeats(finding):
+            finding.loop = "after the last" if main_steps in finding.steps else (
+                "before the first" if 0 in finding.steps else "within one")
     result = [f for f in findings.values() if _reportable(f, stepless)]
     notes = _notes(findings.values(), result, stepless, warmup, warmup_steps, processes)
     backend_name = backend(evidence)[0]
@@ -287,13 +295,16 @@ def _merge_event(findings: dict[tuple, Finding], event: Event, rank: int | None,
     finding.changed = finding.changed or event.get("reason") or event.get("gb") or event.get("closure")
     if event.get("reason") and kind == "recompile":
         finding.reasons.append(event["reason"])
-        if event.get("caller"):
-            finding.callers.append(event["caller"])
+    if event.get("reason") and kind in ("recompile", "compile") and event.get("caller"):
+        finding.callers.append(event["caller"])
+    if "compile_seconds" in event:
+        finding.compile_seconds = (finding.compile_seconds or 0.0) + event["compile_seconds"]
     finding.hint = finding.hint or event.get("hint")
     finding.via = finding.via or event.get("via", [])
     if kind == "sync" and event.get("via"):
         inner = event["via"][-1]
         finding.library_reads[inner] = finding.library_reads.get(inner, 0) + event.get("count", 1)
+        finding.library_vias.setdefault(inner, event["via"])
     finding.placement_unknown |= event.get("placement") == "unknown"
     finding.exact = finding.exact or bool(event.get("exact"))
     finding.traced |= bool(event.get("traced"))
@@ -302,6 +313,86 @@ def _merge_event(findings: dict[tuple, Finding], event: Event, rank: int | None,
         finding.waited = (finding.waited or 0.0) + event["wait"]
     if "queued" in event:
         finding.queued = (finding.queued or 0.0) + event["queued"]
+    if "overlap" in event:
+        finding.overlap = (finding.overlap or 0.0) + event["overlap"]
+
+
+READ_KINDS = (Kind.SYNC, Kind.DYNAMIC)
+
+
+def _mark_overlaps(events: list[Event]) -> None:
+    """With the CPU standing in, each read's `overlap`: what removing it could save at most. A
+    read makes the host wait for the work queued before it (`queued`, up to the previous read);
+    without it, the host would go on to queue the work after it (up to the next read) while the
+    device computed, so the two overlap by at most the shorter of them. The last read of a
+    process has nothing measured after it: it could save nothing."""
+    reads = [e for e in events if e["kind"] in READ_KINDS and "wait" in e]  # each moved the previous-read mark
+    for read, following in zip(reads, reads[1:] + [None]):
+        if "queued" in read:
+            after = following.get("queued", 0.0) if following is not None else 0.0
+            read["overlap"] = max(min(read["queued"], after), 0.0)
+
+
+def _mark_compile_times(events: list[Event]) -> None:
+    """Native: each recompile's own compile time (`compile_seconds`), from the compile Dynamo
+    timed right after the guard failure that caused it, in whichever step it came (step 0, after
+    the last step)."""
+    pending = None
+    for event in events:
+        if event["kind"] == Kind.RECOMPILE:
+            pending = event
+        elif event["kind"] == Kind.COMPILE_TIME and pending is not None:
+            pending["compile_seconds"] = event.get("seconds", 0.0)
+            pending = None
+
+
+def _repeats(finding: Finding) -> bool:
+    """A read repeated at one line within one stretch between steps (before the first, after the
+    last, or in one): a loop, when the user's line itself read more than once, or one library line
+    did (generate's per-token stop check), never an exchange of values through the host."""
+    if exchange_of(finding.via):
+        return False
+    if finding.library_reads:
+        return max(finding.library_reads.values()) >= 2
+    return finding.count >= 2
+
+
+def _busiest_via(finding: Finding) -> list[str]:
+    """The `via` of the library line that read most often (generate's per-token stop check, not
+    the read that prepared it once)."""
+    if not finding.library_reads:
+        return []
+    inner = max(finding.library_reads, key=finding.library_reads.get)
+    return finding.library_vias.get(inner, [])
+
+
+def _merge_exchange_reads(findings: dict[tuple, Finding]) -> None:
+    """One xm.mesh_reduce call reads its value through several tensor methods (item, cpu, int):
+    one finding per call line, not one per method."""
+    groups: dict[tuple, list[tuple]] = {}
+    for key, f in findings.items():
+        if f.kind == "sync" and exchange_of(f.via):
+            groups.setdefault((f.file, f.line, f.rank, exchange_of(f.via)), []).append(key)
+    for (_, _, _, exchange), keys in groups.items():
+        if len(keys) < 2:
+            continue
+        ops = [findings[k].op.strip("_") for k in keys]
+        # The method read most often is read once per call, in the step the call began: the
+        # exchange's own syncs end steps between its reads, which are still one call.
+        keys.sort(key=lambda k: (-findings[k].count, findings[k].step_count))
+        merged = findings[keys[0]]
+        for key in keys[1:]:
+            other = findings.pop(key)
+            merged.first_step = min(merged.first_step, other.first_step)
+            for inner, count in other.library_reads.items():
+                merged.library_reads[inner] = merged.library_reads.get(inner, 0) + count
+            merged.waited = None if merged.waited is None and other.waited is None else (
+                (merged.waited or 0.0) + (other.waited or 0.0))
+            for measured in ("queued", "overlap"):
+                mine, theirs = getattr(merged, measured), getattr(other, measured)
+                if theirs is not None:
+                    setattr(merged, measured, (mine or 0.0) + theirs)
+        merged.op = f"{exchange} ({', '.join(ops)})"
 
 
 def _add_logged_compiles(findings, evidence: Evidence, compile_process, warmup_steps: int, multi: bool,
@@ -431,5 +522,7 @@ def _reportable(finding: Finding, stepless: bool = False) -> bool:
     if finding.kind in ("sync", "dynamic-shape", "fallback") and stepless:
         return finding.count >= 2  # no steps: repeated at one line, in a loop
     if finding.kind == "sync":
-        return finding.step_count >= 2  # inside the step loop: it recurs step after step
+        # Inside the step loop it recurs step after step; outside it (generate after training),
+        # a loop of its own.
+        return finding.step_count >= 2 or finding.loop is not None
     return True

@@ -107,7 +107,8 @@ class CallTimer:
         return ", ".join(parts) or "no tensors"
 
     def report(self) -> None:
-        """One event per call site and signature (at the process's end)."""
+        """One event per call site and signature (at the process's end), in the order of their
+        first calls (costs.py tells the warm-up compile from the recompiles by it)."""
         for (file, line, name, signature), (first, compiled, later, total, fastest, recompiled) in self.stats.items():
             event: CallTimeEvent = {
                 "kind": Kind.CALL_TIME, "op": name, "file": file, "line": line, "inputs": signature,

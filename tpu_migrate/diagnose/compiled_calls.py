@@ -27,6 +27,15 @@ class SignatureTiming:
     later_min_seconds: float | None = None
     later_compiled: int = 0
     processes: int = 1
+    order: int = 0  # when its first call came, among the process's first calls (costs.py attributes them)
+
+    def steady_seconds(self, site: "CallSite") -> float:
+        """What a call at this shape costs once compiled: its fastest later call, or without one
+        the fastest later call at the site's other shapes (0 without any)."""
+        if self.later_min_seconds is not None:
+            return self.later_min_seconds
+        later = [t.later_min_seconds for t in site.signatures if t.later_min_seconds is not None]
+        return min(later) if later else 0.0
 
     @property
     def later_mean(self) -> float | None:
@@ -92,7 +101,7 @@ def collect(events_by_process: dict[int, list[Event]]) -> list[CallSite]:
     sites: dict[tuple, CallSite] = {}
     timings: dict[tuple, SignatureTiming] = {}
     for events in events_by_process.values():
-        for event in events:
+        for order, event in enumerate(events):
             if event["kind"] != Kind.CALL_TIME or event.get("file") is None:
                 continue
             site_key = (event["file"], event["line"], event["op"])
@@ -103,7 +112,7 @@ def collect(events_by_process: dict[int, list[Event]]) -> list[CallSite]:
             timing = timings.get(key)
             if timing is None:
                 timing = timings[key] = SignatureTiming(event["inputs"], event["first_seconds"],
-                                                        event["first_compiled"], processes=0)
+                                                        event["first_compiled"], processes=0, order=order)
                 site.signatures.append(timing)
             elif event["first_seconds"] > timing.first_seconds:
                 timing.first_seconds, timing.first_compiled = event["first_seconds"], event["first_compiled"]

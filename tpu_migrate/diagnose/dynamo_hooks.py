@@ -19,6 +19,7 @@ import time
 
 from tpu_migrate.diagnose import guards, placement, recording
 from tpu_migrate.diagnose.events import DynamoEvent, Kind, ReadEvent
+from tpu_migrate.diagnose.locations import relative
 
 GRAPH_BREAK_ID = re.compile(r"/gb/(gb\d+)\.html")
 GRAPH_BREAK_HINT = re.compile(r"^\s*Hint: (.*)$", re.MULTILINE)
@@ -235,7 +236,10 @@ class DynamoHooks:
 
 def _shape_origin(reason: str, frame) -> str | None:
     """`file:line` of the user's statement that made the input whose shape failed the guard: the
-    assignment, in the calling function, of the variable passed in (or the call itself)."""
+    assignment, in the calling function, of the variable passed in (or the call itself), and the
+    lines that assigned the sizes and tensors it was made from ("train.py:28 (fed by line 27)":
+    `for length in ...` feeding `batch = torch.randint(0, 64, (2, length))`), relative to the
+    working directory."""
     guard = guards.shape_guard(reason)
     if guard is None:
         return None
@@ -248,12 +252,35 @@ def _shape_origin(reason: str, frame) -> str | None:
         caller = caller.f_back
     if caller is None or tensor is None:
         return None
-    filename = os.path.abspath(caller.f_code.co_filename)
+    filename = relative(os.path.abspath(caller.f_code.co_filename))
     names = [n for n, v in caller.f_locals.items() if v is tensor]
     parsed = placement.module(caller.f_code.co_filename)
     line = next((found for found in (parsed.assignment_line(n, caller.f_lineno) if parsed else None
                                      for n in names) if found), None)
-    return f"{filename}:{line or caller.f_lineno}"
+    if line is None or parsed is None:
+        return f"{filename}:{line or caller.f_lineno}"
+    fed = _feeding_lines(parsed, line, caller.f_locals, tensor)
+    return f"{filename}:{line}" + (f" (fed by line{'s' if len(fed) > 1 else ''} {', '.join(map(str, fed))})"
+                                   if fed else "")
+
+
+def _feeding_lines(parsed, line: int, local_values: dict, tensor) -> list[int]:
+    """The lines that assigned the sizes, sequences and tensors the statement at `line` reads (a
+    module, a function or a device does not feed a shape)."""
+    import torch
+
+    fed = set()
+    for name in parsed.names_read_at(line):
+        value = local_values.get(name)
+        if value is tensor or not isinstance(value, (int, float, list, tuple, range, torch.Tensor)) \
+                or isinstance(value, bool):
+            continue
+        found = parsed.assignment_line(name, line)
+        if found == line:  # `x = x[:n]`: the assignment before this one
+            found = parsed.assignment_line(name, line - 1)
+        if found is not None and found != line:
+            fed.add(found)
+    return sorted(fed)
 
 
 class _RecompileLimitHandler(logging.Handler):

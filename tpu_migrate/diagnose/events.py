@@ -126,6 +126,7 @@ class RankEvent(Event):
 
     rank: int | None
     time: NotRequired[float]
+    compile_time: NotRequired[float]  # `end`, xla: torch_xla's CompileTime at the end (compiles after the last step)
 
 
 class DynamoEvent(Event):

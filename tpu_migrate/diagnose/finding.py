@@ -35,11 +35,19 @@ class Finding:
     waited: float | None = field(default=None, repr=False)  # seconds the host waited in its calls
     # The CPU standing in: seconds of work before its reads that a TPU would have queued.
     queued: float | None = field(default=None, repr=False)
+    # Native: Dynamo's compile time of its recompiles (analysis._mark_compile_times).
+    compile_seconds: float | None = field(default=None, repr=False)
+    # The CPU standing in: seconds removing its reads could save at most (analysis._mark_overlaps).
+    overlap: float | None = field(default=None, repr=False)
+    # A read repeated at one line outside the step loop: "after the last", "before the first" or
+    # "within one" (optimizer step); None for a read step after step.
+    loop: str | None = field(default=None, repr=False)
     cost: object = field(default=None, repr=False)  # costs.Cost, once measured
     # Inside a library: the call the user's line made and the library line it happened at.
     via: list = field(default_factory=list, repr=False)
     # A read made inside library code: its count per library line ("path:line in function").
     library_reads: dict = field(default_factory=dict, repr=False)
+    library_vias: dict = field(default_factory=dict, repr=False)  # library line -> its `via`
 
     @property
     def step_count(self) -> int:

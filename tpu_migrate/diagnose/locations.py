@@ -35,3 +35,16 @@ def library_location(filename: str, line: int, function: str) -> str:
 def via_text(via: list[str]) -> str:
     """How the user's line reached the library line where it happened."""
     return "via " + " -> ".join(via)
+
+
+EXCHANGES = ("mesh_reduce", "rendezvous")
+
+
+def exchange_of(via: list[str] | None) -> str | None:
+    """The torch_xla call that exchanges Python values through the host (xm.mesh_reduce,
+    xm.rendezvous) a read happened in, from its `via`, or None."""
+    for place in via or ():
+        for name in EXCHANGES:
+            if place.endswith(f" in {name}"):
+                return name
+    return None

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections import Counter
 
 from tpu_migrate.diagnose import guards
+from tpu_migrate.diagnose.dynamo_hooks import CALLED_HERE
 from tpu_migrate.diagnose.finding import Finding
-from tpu_migrate.diagnose.locations import relative
+from tpu_migrate.diagnose.locations import exchange_of, relative
 
 
 def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
@@ -26,12 +27,12 @@ def describe(f: Finding, backend_name: str = "xla") -> tuple[str, str]:
 
 
 def _dynamo_recompile(f: Finding, where: str) -> tuple[str, str]:
-    what = "the compiled code called here" if f.op == "(called here)" else f"`{f.op}`"
+    what = _compiled_what(f)
     guard = guards.shape_guard(f.changed)
     if guard is not None:
         shapes = [g for g in map(guards.shape_guard, f.reasons) if g is not None]
         seen = guards.pattern(shapes) if len(shapes) > 1 else None
-        origin = f.changed.partition("; ")[2]  # "the new shape comes from train.py:12"
+        origin = f.changed.partition("; ")[2]  # "the new shape comes from train.py:12 (fed by line 11)"
         return (f"torch.compile recompiled {what} {f.count} time(s) for a new input shape at "
                 f"{where}{_when(f)}: {guard.describe()}" + (f"; {origin}" if origin else "")
                 + (f"; {seen}" if seen else "") + _callers(f),
@@ -61,8 +62,12 @@ def _xla_recompile(f: Finding, where: str) -> tuple[str, str]:
                      "changes every step and is baked into the graph (pass it as a tensor).")
 
 
+def _compiled_what(f: Finding) -> str:
+    return "the compiled code called here" if f.op == CALLED_HERE else f"`{f.op}`"
+
+
 def _native_second_graph(f: Finding, where: str) -> tuple[str, str]:
-    return (f"torch.compile compiled a second graph of `{f.op}` at {where} (step {f.first_step}): "
+    return (f"torch.compile compiled a second graph of {_compiled_what(f)} at {where} (step {f.first_step}): "
             f"{f.changed}",
             "Information: the function was called with the grad mode changed (evaluation under "
             "torch.no_grad()), which Dynamo compiles as a graph of its own, once; a TPU does the "
@@ -151,6 +156,10 @@ def _sync_when(f: Finding) -> tuple[bool, str]:
     """(whether a sync was read in every step, when it was, as measured)."""
     if f.per_call:
         return False, "at this line, in a loop (no steps found)"
+    if f.loop == "after the last":
+        return False, "in a loop after the last step (generation or evaluation after training)"
+    if f.loop is not None:
+        return False, f"in a loop within step {f.first_step} (not step after step)"
     every = f.step_count >= f.total_steps - 1  # the first step's read may come before its end
     return every, (f"in {f.step_count} steps" if not f.total_steps else "every step" if every
                    else f"in {f.step_count} of {f.total_steps} steps (not every step)")
@@ -158,7 +167,7 @@ def _sync_when(f: Finding) -> tuple[bool, str]:
 
 def _in_exchange(f: Finding) -> bool:
     """A read inside xm.mesh_reduce / xm.rendezvous (their value goes through the host)."""
-    return any(f" in {name}" in via for via in f.via or () for name in ("mesh_reduce", "rendezvous"))
+    return exchange_of(f.via) is not None
 
 
 def _native_sync(f: Finding, where: str) -> tuple[str, str]:
@@ -180,8 +189,10 @@ def _native_sync(f: Finding, where: str) -> tuple[str, str]:
             f"{'every step' if every else 'each time'} (and in TorchTPU's fused eager mode it also "
             "cuts the fused graph). Log less often: accumulate on the device and read every N "
             "steps, or copy with .to('cpu', non_blocking=True) and read it a step later."
-            + ("" if every else " A read in evaluation or logging steps only costs less than one in "
+            + ("" if every or f.loop else " A read in evaluation or logging steps only costs less than one in "
                "every step.")
+            + (" Outside the training steps a loop reads as often: read once after it (collect the "
+               "values on the device, then one .tolist())." if f.loop else "")
             + (" With the CPU standing in, the source did not show whether this tensor is moved "
                "to the device (.to(device), device=) or made on the host: a host tensor's read "
                "waits for nothing." if f.placement_unknown else ""))

@@ -285,6 +285,20 @@ class Module:
                  and node.lineno <= line and name in _assigned_names(node)]
         return max(lines, default=None)
 
+    def names_read_at(self, line: int) -> list[str]:
+        """The names the statement at `line` reads (an assignment's value, a header's expression)."""
+        _, statement = self.statement_at(line)
+        if statement is None:
+            return []
+        if isinstance(statement, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            parts = [statement.value] if statement.value is not None else []
+        elif isinstance(statement, (ast.For, ast.AsyncFor)):
+            parts = [statement.iter]
+        else:
+            parts = [c for c in ast.iter_child_nodes(statement) if isinstance(c, ast.expr)]
+        names = [n.id for p in parts for n in ast.walk(p) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)]
+        return list(dict.fromkeys(names))
+
     def read_at(self, line: int) -> str:
         """Where the tensors a statement reads would live."""
         function, statement = self.statement_at(line)

@@ -332,7 +332,7 @@ class Recorder:
         rank = os.environ.get("RANK") or os.environ.get("PJRT_LOCAL_PROCESS_RANK")
         self.emit(RankEvent(kind=Kind.END, op=None, file=None, line=None,
                             rank=int(rank) if rank is not None and rank.isdigit() else self.rank,
-                            time=time.perf_counter()))
+                            time=time.perf_counter(), compile_time=self.compile_seconds()))
         self.flush()
 
 

@@ -41,6 +41,30 @@ def install_xla() -> None:
     emit_xla_backend(recording.RECORDER)
 
 
+def _install_xla_if_the_program_imports_it() -> None:
+    """auto: torch_xla imported by the program's own code hands over to the xla backend; imported
+    by a library because it is installed (Diffusers imports it and calls xm.mark_step wherever it
+    can), the program still computes with torch: it stays native."""
+    if _importer_is_library():
+        return
+    install_xla()
+
+
+def _importer_is_library() -> bool:
+    """Whether the frame that ran the `import` under way is a library's (site-packages, torch, the
+    standard library), past the import machinery and the tool's own frames."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not (filename.startswith("<frozen importlib") or _TOOL_DIR in filename):
+            return recording.is_library(filename)
+        frame = frame.f_back
+    return False
+
+
+_TOOL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "")
+
+
 def emit_xla_backend(recorder: recording.Recorder) -> None:
     recorder.emit(BackendEvent(kind=Kind.BACKEND, op="xla", file=None, line=None, started=recorder.started))
 
@@ -95,13 +119,15 @@ def _spawn_rank_hook() -> None:
 
 def install_backend(backend: str) -> None:
     """xla: hooks when torch_xla is imported; native: hooks when torch is imported; auto:
-    native, replaced by xla if the program imports torch_xla; standin: the stand-in, then the
+    native, replaced by xla if the program's own code imports torch_xla; standin: the stand-in, then the
     native hooks with the stand-in's reports of its transfers, when torch is imported."""
     if backend == "standin":
         after_import("torch", _install_standin)
         after_import("torch._dynamo", dynamo_imported)
-    if backend in ("xla", "auto"):
+    if backend == "xla":
         after_import("torch_xla", install_xla)
+    if backend == "auto":
+        after_import("torch_xla", _install_xla_if_the_program_imports_it)
     if backend in ("native", "auto"):
         after_import("torch", _install_native)
         after_import("torch._dynamo", dynamo_imported)

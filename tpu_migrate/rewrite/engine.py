@@ -100,7 +100,7 @@ def _report_open_work(text: str, result: FileResult, catalog: Catalog) -> None:
     (open manual work from an earlier run), and warn about ignore comments naming no rule.
     Lines are the input's, like every finding's."""
     fresh = list(result.manual)
-    result.manual.extend(todos.unaccounted(fresh, todos.open_todos(text)))
+    result.manual.extend(todos.unaccounted(fresh, todos.open_todos(text), text))
     result.manual.sort(key=lambda m: (m.line, m.col, m.code))
     known = {rule.code for rule in catalog.rules}
     for line, code in unknown_codes(text, known):

@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+import ast
+
+# Every helper's docstring says so: a later run tells the tool's code from the program's by it.
+ADDED_BY = "(added by tpu-migrate)"
+
+
+def is_added_helper(node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
+    """A function (or class) an earlier run of the tool added to the file."""
+    docstring = ast.get_docstring(node, clean=False)
+    return docstring is not None and ADDED_BY in " ".join(docstring.split())
+
 
 def _through_containers(params: str, leaf: str, doc: str, objects: bool = False) -> str:
     """A helper's code that rebuilds `obj` through dicts (their type and attributes kept: a state

@@ -11,10 +11,11 @@ rewrite/todos.py reads them back.
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import libcst as cst
 
-from tpu_migrate.rewrite.todos import TEXT_MARKER
+from tpu_migrate.rewrite.todos import TEXT_MARKER, todo_comment
 
 TODO_PREFIX = f"# {TEXT_MARKER}: "
 
@@ -83,14 +84,23 @@ def add_todos(stmt: cst.BaseStatement, todos, present: frozenset[str] = frozense
 
 
 def _todo_lines(todos, existing: set[str]) -> list[cst.EmptyLine]:
-    """A comment line per TODO whose text is not in `existing` (nor said twice)."""
+    """A comment line per TODO not already in `existing` (nor said twice). A TODO of the same
+    rule there stands for it whatever its wording: a rule's message may depend on the target (a
+    portable tree checked again with the tpu target) or on what the file holds after a first run,
+    and the statement still needs one note of that rule, not two."""
+    texts = [f"{TODO_PREFIX}{todo.code} {todo.message}" for todo in todos]
+    # The rule codes of the TODOs already there that none of these says word for word.
+    other_wording = Counter(match[1] for match in map(todo_comment, set(existing) - set(texts)) if match)
     existing = set(existing)
     lines = []
-    for todo in todos:
-        text = f"{TODO_PREFIX}{todo.code} {todo.message}"
-        if text not in existing:
-            existing.add(text)
-            lines.append(cst.EmptyLine(indent=True, comment=cst.Comment(text)))
+    for todo, text in zip(todos, texts):
+        if text in existing:
+            continue
+        existing.add(text)
+        if other_wording[todo.code]:
+            other_wording[todo.code] -= 1
+            continue
+        lines.append(cst.EmptyLine(indent=True, comment=cst.Comment(text)))
     return lines
 
 

@@ -11,6 +11,7 @@ counted twice.
 
 from __future__ import annotations
 
+import ast
 import re
 import tokenize
 from collections import Counter
@@ -20,6 +21,11 @@ from tpu_migrate.findings import Manual
 TEXT_MARKER = "TODO(tpu-migrate)"
 _TODO = re.compile(r"#\s*TODO\(tpu-migrate\):\s*(TPU\d+)\b\s*(.*?)\s*$")
 LINE_BREAK = re.compile(r"\r\n|\r|\n")  # Python's line breaks (as ast numbers lines)
+
+
+def todo_comment(comment: str) -> re.Match | None:
+    """`# TODO(tpu-migrate): CODE message` parsed (the code is group 1, the message group 2)."""
+    return _TODO.match(comment)
 
 
 def line_starts(text: str) -> list[int]:
@@ -33,7 +39,7 @@ def open_todos(text: str) -> list[Manual]:
         return []
     found = []
     for line, col, comment in _comments(text):
-        match = _TODO.match(comment)
+        match = todo_comment(comment)
         if match:
             found.append(Manual(match[1], line, col + 1, match[2]))
     return found
@@ -58,9 +64,11 @@ def _key(finding: Manual) -> tuple[str, str]:
     return finding.code, " ".join(finding.message.split())
 
 
-def unaccounted(fresh: list[Manual], todos: list[Manual]) -> list[Manual]:
-    """The TODOs that no fresh finding stands for (one comment per finding with its code and
-    message; the rewriter writes exactly `code message`)."""
+def unaccounted(fresh: list[Manual], todos: list[Manual], text: str = "") -> list[Manual]:
+    """The TODOs that no fresh finding stands for: one comment per finding with its code and
+    message (the rewriter writes exactly `code message`), or else with its code, above the
+    statement the finding is in (the rewriter adds no second TODO of a rule there, whatever
+    the wording: layout.py). `text` is the file's, for the statements' lines."""
     pending = Counter(_key(finding) for finding in fresh)
     extra = []
     for todo in todos:
@@ -69,8 +77,52 @@ def unaccounted(fresh: list[Manual], todos: list[Manual]) -> list[Manual]:
             pending[key] -= 1
         else:
             extra.append(todo)
-    return extra
+    if not extra:
+        return extra
+    worded_otherwise = []  # the fresh findings that no comment says word for word
+    for finding in fresh:
+        key = _key(finding)
+        if pending[key]:
+            pending[key] -= 1
+            worded_otherwise.append(finding)
+    spans = _statement_lines(text) if worded_otherwise else {}
+    kept = []
+    for todo in extra:
+        start = _below_comments(text, todo.line)
+        end = spans.get(start, start)
+        match = next((f for f in worded_otherwise if f.code == todo.code and start <= f.line <= end), None)
+        if match is None:
+            kept.append(todo)
+        else:
+            worded_otherwise.remove(match)
+    return kept
 
 
-__all__ = ["open_todos", "unaccounted", "TEXT_MARKER"]
+def _below_comments(text: str, line: int) -> int:
+    """The first line after `line` that is neither blank nor only a comment: the start of the
+    statement a TODO comment at `line` sits above."""
+    lines = LINE_BREAK.split(text)
+    index = line  # the next line's 0-based index
+    while index < len(lines) and (not lines[index].strip() or lines[index].lstrip().startswith("#")):
+        index += 1
+    return index + 1
+
+
+def _statement_lines(text: str) -> dict[int, int]:
+    """First line -> last line of the statements starting there (a compound statement: its
+    header); {} where the text does not parse."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return {}
+    spans: dict[int, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt):
+            body = getattr(node, "body", None)
+            end = body[0].lineno - 1 if isinstance(body, list) and body else node.end_lineno
+            spans[node.lineno] = max(spans.get(node.lineno, node.lineno), end, node.lineno)
+    return spans
+
+
+__all__ = ["open_todos", "todo_comment", "unaccounted", "TEXT_MARKER"]
 

@@ -8,6 +8,7 @@ import re
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
+from tpu_migrate.rewrite.helper_code import is_added_helper
 from tpu_migrate.rewrite.registry import CALL, emits, transform
 from tpu_migrate.rewrite.transforms.common import (
     KEYWORD_EQUAL,
@@ -216,11 +217,19 @@ _GROUP_STARTS = frozenset({"torch.distributed.init_process_group", "torch.distri
 
 
 def starts_process_groups(sc: StatementContext) -> bool:
-    """Whether the file starts a process group (or registers torch_xla's backend for one)."""
+    """Whether the file starts a process group (or registers torch_xla's backend for one). The
+    helpers an earlier run added (`_xmp_worker`, `_join_world`) do not count: they would make a
+    second run word its TODOs otherwise than the first (`backend == "xla"` read as a process
+    group's backend only once the file holds the helper)."""
     analysis = sc.file.analysis
-    return bool(analysis.qualnames & _GROUP_STARTS) or any(
-        b.qualname == "torch_xla.distributed.xla_backend" for b in analysis.imports
-    )
+    found = sc.file.memo.get("starts_process_groups")
+    if found is None:
+        helpers = [(f.lineno, f.end_lineno) for f in analysis.functions.values() if is_added_helper(f)]
+        found = sc.file.memo["starts_process_groups"] = any(
+            ref.qualname in _GROUP_STARTS and not any(start <= ref.line <= end for start, end in helpers)
+            for info in analysis.infos.values() for ref in info.refs
+        ) or any(b.qualname == "torch_xla.distributed.xla_backend" for b in analysis.imports)
+    return found
 
 
 def _target_name(target: cst.BaseExpression) -> str | None:

@@ -8,6 +8,7 @@ import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.plans import init_process_group_calls, is_xla_backend_init, main_guard_only
+from tpu_migrate.rewrite.process_values import varying_parts
 from tpu_migrate.rewrite.registry import STATEMENT, emits, transform
 from tpu_migrate.rewrite.transforms.device import device_string_args
 from tpu_migrate.rewrite.transforms.common import (
@@ -249,8 +250,12 @@ def spawn_statement(call, qualname, sc: StatementContext, rule, plans):
             sc.needs_manual(rule.code, f"start_method='fork' became spawn: {problem}", where=where)
     # torchrun started this process as one of the workers (on one host or several): RANK,
     # WORLD_SIZE and LOCAL_RANK are its; torch_xla.launch called fn itself.
-    lines = [f"if {dist}.is_torchelastic_launched():",
-             f'    {wrapper}(int({os_name}.environ["LOCAL_RANK"]), {fn}, None{call_args})']
+    local_rank = f'int({os_name}.environ["LOCAL_RANK"])'
+    under_torchrun = f"{wrapper}({local_rank}, {fn}, None{call_args})"
+    shared = None if launch else _arguments_evaluated_once(fn, args, worker, sc, rule, where)
+    if shared is not None:
+        under_torchrun = f"{wrapper}({local_rank}, {shared}, None)"
+    lines = [f"if {dist}.is_torchelastic_launched():", f"    {under_torchrun}"]
     single = _single_process(bound, launch)
     if single is not None:
         # torch_xla ran fn(ordinal, *args) in this process (nprocs=1, debug_single_process=True):
@@ -352,6 +357,60 @@ RENDEZVOUS_PORT = '''def {name}():
     with {socket}.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return str(sock.getsockname()[1])
+'''
+
+
+@emits("TPU060")
+def _arguments_evaluated_once(fn: str, args: cst.BaseExpression | None, worker: str,
+                              sc: StatementContext, rule, where) -> str | None:
+    """The worker to start under torchrun with xmp.spawn's `args` evaluated once per host (code),
+    or None where fn and its arguments stay as they are. xmp.spawn
+    evaluated them in the launching process and handed the values to every worker; under
+    torchrun every worker runs this line, and a value that may differ between processes
+    (`tempfile.mkdtemp()`, the time, a random draw: process_values.py) would. Where the wrapper
+    makes the group, each host's first process evaluates them and the others receive its values
+    (`_host_arguments`); where the worker makes its own group, nothing can carry them before fn
+    runs: marked on the line. Arguments the same in every process stay as they are."""
+    call = sc.info.node.value if isinstance(sc.info.node, ast.Expr) else None
+    given = _ast_args(call) if isinstance(call, ast.Call) else None
+    varying = varying_parts(given, sc.info, sc.file.analysis) if given is not None else []
+    if not varying:
+        return None
+    shown = ", ".join(f"`{part}`" for part in varying)
+    if sc.file.plans.other_inits or worker in sc.file.plans.self_initializing:
+        sc.needs_manual(rule.code, f"under torchrun every process evaluates {shown}, which xmp.spawn "
+                        "evaluated once, in the launching process of each host: the workers get values of "
+                        "their own; compute them in one process and share them once the worker's group "
+                        "exists (dist.broadcast_object_list)", where=where, anchor='["LOCAL_RANK"]), ')
+        return None
+    if isinstance(args, cst.Tuple) and all(isinstance(e, cst.Element) for e in args.elements):
+        items = [code(e.value) for e in args.elements]
+    else:
+        items = [f"*{atom(args)}"]
+    values = "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    return f"{helper(sc, '_host_arguments', HOST_ARGUMENTS)}({fn}, lambda: {values})"
+
+
+def _ast_args(call: ast.Call) -> ast.expr | None:
+    """xmp.spawn's `args` (keyword or second positional), or None."""
+    keyword = next((k.value for k in call.keywords if k.arg == "args"), None)
+    return keyword if keyword is not None else (call.args[1] if len(call.args) > 1 else None)
+
+
+# xmp.spawn's arguments under torchrun, as the launching process of each host evaluated them:
+# its first process (LOCAL_RANK 0) evaluates them, once the wrapper made the group, and every
+# process takes its host's (torchrun numbers each host's processes after the previous host's).
+HOST_ARGUMENTS = '''def {name}(fn, arguments):
+    """fn with xmp.spawn's arguments as each host's launching process evaluated them (added by
+    tpu-migrate): under torchrun every process runs the launch, so the first process of each host
+    calls arguments() and the others receive its values (a temporary directory, a time, a random
+    draw: one per host, as xmp.spawn's workers got)."""
+    def launched(index):
+        local_rank = int({os}.environ["LOCAL_RANK"])
+        values = [None] * {dist}.get_world_size()
+        {dist}.all_gather_object(values, arguments() if local_rank == 0 else None)
+        return fn(index, *values[{dist}.get_rank() - local_rank])
+    return launched
 '''
 
 
