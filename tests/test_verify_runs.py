@@ -138,3 +138,58 @@ def test_the_tail_of_a_failed_torchrun_run_is_the_ranks_traceback_not_the_banner
     assert "ChildFailedError" not in tail and "=====" not in tail
     assert "rank      : 1 (local_rank: 1)" in tail
     assert error_tail("plain\nValueError: x\n") == "plain\nValueError: x\n"
+
+
+# Autocast in bfloat16, and a draw from torch_xla's device generator at the second step only.
+AUTOCAST_AND_DEVICE_RNG = """\
+import torch
+import torch_xla
+
+torch.manual_seed(0)
+device = torch_xla.device()
+model = torch.nn.Linear(4, 2).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(8, 4).to(device)
+for step in range(3):
+    optimizer.zero_grad()
+    noise = torch.randn(8, 4, device=device) if step == 1 else 0.0
+    with torch.autocast("xla", dtype=torch.bfloat16):
+        out = model(x + noise)
+    loss = out.float().pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    torch_xla.sync()
+    print(f"step {step} loss {loss.item():.5f}")
+"""
+
+
+@pytest.mark.slow
+def test_the_recorder_notes_the_autocast_dtype_and_the_line_that_draws_on_the_xla_device(tmp_path):
+    """The original under torch_xla and its portable migration, one process each: both record
+    autocast bfloat16 over float32 parameters (so the bfloat16 tolerance applies and the precision
+    agrees), and the original the line of its device draw, from the step it drew at; where the
+    runs differ from that step, the cause says that the generators cannot agree."""
+    from tpu_migrate.verify import compare
+    from tpu_migrate.verify.runs import Target, Workspace
+
+    (tmp_path / "train.py").write_text(AUTOCAST_AND_DEVICE_RNG)
+    workspace = Workspace(target="portable")
+    try:
+        original = workspace.run("original", "original", Target(tmp_path / "train.py", None, False), [], 1, 300)
+        migrated = workspace.run("migrated", "migrated", workspace.migrate(Target(tmp_path / "train.py", None, False)),
+                                 [], 1, 300)
+    finally:
+        workspace.close()
+    assert original.returncode == 0 and migrated.returncode == 0, original.output + migrated.output
+    steps = compare.steps(original)
+    assert [s.precision for s in compare.steps(migrated)] == [s.precision for s in steps] == [
+        "autocast bfloat16, parameters float32"] * 3
+    line = "train.py:11: noise = torch.randn(8, 4, device=device) if step == 1 else 0.0"
+    assert [s.device_rng for s in steps] == [[], [line], [line]]
+    assert not any(s.device_rng for s in compare.steps(migrated))
+    reference = compare.original(original, original)
+    result = compare.verdict(reference, migrated, 1e-4, 1e-5)
+    assert result.tolerance["loss"] == 4 * 2.0 ** -8
+    assert (result.divergence.step, result.divergence.quantity) == (1, "loss"), result.divergence
+    assert result.divergence.cause.startswith(f"not comparable: the original draws random numbers from torch_xla's "
+                                              f"device generator ({line})")

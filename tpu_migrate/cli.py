@@ -502,6 +502,11 @@ def _process_counts(ctx, param, value):
                    "as on the hosts of a pod, each of --nproc processes.")
 @click.option("--rtol", type=float, default=1e-4, show_default=True, help="Relative tolerance.")
 @click.option("--atol", type=float, default=1e-5, show_default=True, help="Absolute tolerance.")
+@click.option("--tolerance", "tolerances", metavar="NAME=RTOL", multiple=True,
+              help="The relative difference you expect of one quantity, in place of --rtol (repeatable): "
+                   "lr, loss, grad-norm, params, printed (every printed number) or printed:LINE (a line of the "
+                   "original's output, as the report numbers it), e.g. --tolerance loss=1e-3 --tolerance "
+                   "printed:12=1e-2.")
 @click.option("--timeout", type=float, default=1800, show_default=True, help="Seconds per run.")
 @click.option("--format", "output_format", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--html", "html_file", type=click.Path(dir_okay=False, writable=True),
@@ -519,14 +524,14 @@ def _process_counts(ctx, param, value):
                    "torch fits, else an environment tpu-migrate makes once and keeps in its cache).")
 @click.argument("script", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def verify(target, against, root, nprocs, nnodes, rtol, atol, timeout, output_format, html_file, module, python,
-           migrated_python, script, args) -> None:
+def verify(target, against, root, nprocs, nnodes, rtol, atol, tolerances, timeout, output_format, html_file, module,
+           python, migrated_python, script, args) -> None:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) under torch_xla on the CPU (one process, twice:
     its own noise), and its migration with torch_xla unimportable, at each --nproc: by default the
     tpu migration, on the TorchTPU stand-in; compare, per optimizer step, the loss, the gradient
     norm and the parameters, then the numbers it prints. Exit 0: the same; 1: they differ (the
     first divergence and its likely cause); 2: a program failed, or no Python for the stand-in."""
-    from tpu_migrate.verify.command import VerifyError, dumps, run_verify
+    from tpu_migrate.verify.command import VerifyError, dumps, parse_tolerances, run_verify
 
     if module is not None:  # `-m pkg.train ARGS`: SCRIPT took the first argument
         args = (script, *args) if script is not None else args
@@ -534,12 +539,16 @@ def verify(target, against, root, nprocs, nnodes, rtol, atol, timeout, output_fo
         raise click.UsageError("give a SCRIPT or -m MODULE")
     echo = (lambda line: click.echo(line, err=True)) if output_format == "json" else click.echo
     try:
+        expected = parse_tolerances(list(tolerances))
+    except VerifyError as exc:
+        raise click.BadParameter(str(exc).removeprefix("--tolerance "), param_hint="--tolerance") from None
+    try:
         status, document = run_verify(module or script, list(args), against, root, nprocs, rtol, atol, timeout,
                                       echo, html_file, module=module is not None,
                                       interpreter=(lambda env: os.path.abspath(python)) if python else None,
                                       target=target, migrated_python=migrated_python,
                                       nproc_default=click.get_current_context().get_parameter_source("nprocs")
-                                      == click.core.ParameterSource.DEFAULT, nnodes=nnodes)
+                                      == click.core.ParameterSource.DEFAULT, nnodes=nnodes, expected=expected)
     except VerifyError as exc:
         raise click.UsageError(str(exc)) from None
     if output_format == "json":

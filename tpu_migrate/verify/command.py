@@ -23,7 +23,7 @@ def run_verify(script: str, args: list[str], against: str | None, root: str | No
                rtol: float, atol: float, timeout: float, echo, html_file: str | None = None,
                module: bool = False, interpreter=None, target: str = "tpu",
                migrated_python: str | None = None, nproc_default: bool = False,
-               nnodes: int = 1) -> tuple[int, dict]:
+               nnodes: int = 1, expected: dict[str, float] | None = None) -> tuple[int, dict]:
     """Run everything and return (exit status, the JSON document); `echo(line)` says progress
     and the text report; `html_file` gets the page (verify/html.py). With `module`, `script` is
     a module name run as `python -m` (its tree: --root, default the current directory);
@@ -34,10 +34,11 @@ def run_verify(script: str, args: list[str], against: str | None, root: str | No
     divergence); an interrupt (Ctrl-C) 130, with every run's processes stopped. `nproc_default`:
     `nprocs` is the CLI's default, not the user's choice: against an original that made no process
     group and started no other process, its N-process runs do not apply and do not run. `nnodes`:
-    each migrated run at N processes is that many torchruns of N at once (the hosts of a pod)."""
+    each migrated run at N processes is that many torchruns of N at once (the hosts of a pod).
+    `expected`: the user's tolerance per quantity or printed line (parse_tolerances)."""
     try:
         return _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, html_file, module,
-                           interpreter, target, migrated_python, nproc_default, nnodes)
+                           interpreter, target, migrated_python, nproc_default, nnodes, expected or {})
     except VerifyError:
         raise
     except KeyboardInterrupt:
@@ -50,7 +51,7 @@ def run_verify(script: str, args: list[str], against: str | None, root: str | No
 
 
 def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, html_file, module, interpreter,
-                target, migrated_python, nproc_default=False, nnodes=1) -> tuple[int, dict]:
+                target, migrated_python, nproc_default=False, nnodes=1, expected=None) -> tuple[int, dict]:
     if target not in TARGETS:
         raise VerifyError(f"--target {target}: give one of {', '.join(TARGETS)}")
     if nnodes < 1:
@@ -106,7 +107,8 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
     verdicts = []
     for run in runs[2:]:  # the 1-process run first: the others' causes know whether it differs
         alone = next((v.divergence for v in verdicts if v.run.world == 1), None)
-        verdicts.append(compare.verdict(reference, run, rtol, atol, alone, any(r.world == 1 for r in runs[2:])))
+        verdicts.append(compare.verdict(reference, run, rtol, atol, alone, any(r.world == 1 for r in runs[2:]),
+                                        expected))
     document = _document(script, against, target, torch, reference, verdicts)
     if skipped:
         document["not_run"] = {"processes": skipped, "why": "single-process program: the original made no "
@@ -122,6 +124,33 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
         document["same"] = None
         return 2, document
     return (1 if any(v.divergence for v in verdicts) else 0), document
+
+
+# --tolerance's names of the step figures (compare.QUANTITIES), and of the printed numbers.
+TOLERANCE_NAMES = {"lr": "learning rate", "learning-rate": "learning rate", "loss": "loss",
+                   "grad-norm": "gradient norm", "gradient-norm": "gradient norm", "params": "parameters",
+                   "parameters": "parameters", "printed": "printed"}
+
+
+def parse_tolerances(items: list[str]) -> dict[str, float]:
+    """`--tolerance NAME=RTOL` (repeated): NAME one of TOLERANCE_NAMES, or `printed:LINE` (a line
+    of the original's output, as the report numbers it). VerifyError for anything else."""
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        name = name.strip().lower()
+        key = TOLERANCE_NAMES.get(name)
+        if name.startswith("printed:") and name[len("printed:"):].isdigit() and int(name[len("printed:"):]) > 0:
+            key = f"printed:{int(name[len('printed:'):])}"
+        try:
+            rtol = float(value)
+        except ValueError:
+            rtol = -1.0
+        if key is None or not rtol >= 0:
+            raise VerifyError(f"--tolerance {item}: give NAME=RTOL, NAME one of {', '.join(TOLERANCE_NAMES)} or "
+                              "printed:LINE (the original's printed line), RTOL a number >= 0, like loss=1e-3")
+        out[key] = rtol
+    return out
 
 
 def _project_root(script: str, against: str | None, echo) -> str | None:
@@ -195,8 +224,9 @@ def _text(script, side: str, reference: compare.Original, verdicts) -> list[str]
         divergence = verdict.divergence
         if divergence is None:
             figures = "learning rate, loss, gradient norm and parameters" if reference.unit == "step" else "loss"
-            lines.append(f"  {verdict.run.name}: same ({verdict.steps} {reference.unit}s: {figures} within rtol "
-                         f"{max(verdict.tolerance.values()):.0e}; {compare.printed_summary(verdict.printed)})")
+            lines.append(f"  {verdict.run.name}: same ({verdict.steps} {reference.unit}s: {figures} within "
+                         f"{compare.tolerance_text(verdict.tolerance, reference)}; "
+                         f"{compare.printed_summary(verdict.printed)})")
         elif divergence.step is None:
             lines.append(f"  {verdict.run.name}: differs: {divergence.original} {divergence.quantity} in the original, "
                          f"{divergence.migrated} in the migrated program (every common {divergence.unit} agreed)")
@@ -210,6 +240,8 @@ def _text(script, side: str, reference: compare.Original, verdicts) -> list[str]
             lines.append(f"    {compare.where_label(divergence)}: {divergence.where}")
         if divergence is not None:
             lines.append(f"    likely: {divergence.cause}")
+        if verdict.excursions:
+            lines.append(f"    {compare.excursions_text(verdict.excursions)}")
         for item in (verdict.printed.world_only if verdict.printed else [])[:5]:
             lines.append(f"    agrees at 1 process only (can be right by design): printed line {item['line']} "
                          f"`{item['migrated']}`: {compare.shown(item['values'][1])} for the original's "
@@ -223,6 +255,7 @@ def _document(script, against, target: str, torch: str | None, reference: compar
         "standin": None if torch is None else {"torch": torch}, "unit": reference.unit, "steps": len(reference.steps),
         "noise": reference.floor, "same": not any(v.divergence for v in verdicts),
         "runs": [{"run": v.run.name, "processes": v.run.world, "steps": v.steps, "tolerance": v.tolerance,
+                  "excursions": v.excursions,
                   "printed": None if v.printed is None else
                   {"same": v.printed.compared, "noisy": v.printed.noisy, "one_side": v.printed.one_side,
                    "world_only": v.printed.world_only},

@@ -15,6 +15,23 @@ step with different gradients have not averaged them.
 A program that never steps an optimizer but calls backward() (a hand-written update) is
 compared call by call on the loss alone. Then, where the steps agree, the numbers the program
 printed (printed.py).
+
+Rounding, told from a real change:
+- the tolerance of each figure is the largest of --rtol (or the user's own for that quantity),
+  ten times the original's run-to-run noise, and, where the original computed in a dtype of
+  fewer bits (an autocast region, parameters cast to it), that dtype's rounding (the loss, the
+  gradient norm and the parameters, which steps with gradients so rounded move apart). What the
+  steps computed in is compared first: an autocast or a parameter dtype the migration changed is
+  a divergence of its own;
+- one figure off at one step, the loss or the gradient norm (a sum over many rounded values),
+  is an excursion, not a divergence, where nothing it feeds moves: the step after agrees on it,
+  the loss agrees at every later step and the parameters at that step and every later one (they
+  do not drift). A real change (a dropped average, a scaled rate, another op) moves the loss or
+  the parameters, or persists. The excursions are said with the verdict.
+
+The original may draw random numbers from torch_xla's device generator (recorder.py notes the
+line): no other device's generator gives the same numbers, and where the runs differ from that
+step on, the cause says so.
 """
 
 from __future__ import annotations
@@ -26,6 +43,12 @@ from tpu_migrate.verify import printed
 from tpu_migrate.verify.runs import Run
 
 QUANTITIES = ("learning rate", "loss", "gradient norm", "parameters")
+# How far apart two correct computations in a dtype of fewer bits than float32 can be, relatively:
+# each rounds a value by up to its unit roundoff u (2^-8 for bfloat16, 2^-11 for float16), and a
+# square (a norm, a squared error) doubles that: 4u. A loss over 16 bfloat16 values, 1.3u apart.
+ROUNDING = {"bfloat16": 4 * 2.0 ** -8, "float16": 4 * 2.0 ** -11}
+EXCURSION = ("loss", "gradient norm")  # figures one rounded step can move alone
+EXCURSION_LIMIT = 100  # an excursion is within this many times its tolerance: rounding, not 10%
 
 
 @dataclass
@@ -37,6 +60,8 @@ class Step:
     where: str | None = None           # the program line that called optimizer.step()
     rank_mismatch: str | None = None   # a whole-tensor figure the ranks disagree on, and how
     unit: str = "step"                 # or "backward call", in a program without optimizer steps
+    precision: str | None = None       # what it computed in ("autocast bfloat16, parameters float32"); None: not recorded
+    device_rng: list[str] = field(default_factory=list)  # lines that drew from torch_xla's device generator so far
 
 
 @dataclass
@@ -66,6 +91,24 @@ class Original:
     def unit(self) -> str:
         return self.steps[0].unit if self.steps else "step"
 
+    @property
+    def device_rng(self) -> tuple[int, list[str]] | None:
+        """(the first step whose figures a draw from torch_xla's device generator can have changed,
+        the program's lines that drew), or None where it drew none."""
+        return next(((step.index, step.device_rng) for step in self.steps if step.device_rng), None)
+
+    def rounding(self) -> dict[str, float]:
+        """Per quantity, the rounding of the dtype of fewest bits the original computed in."""
+        autocast = params = 0.0
+        for step in self.steps:
+            regions, held = _dtypes(step.precision)
+            autocast = max([autocast, *(ROUNDING.get(dtype, 0.0) for dtype in regions)])
+            params = max([params, *(ROUNDING.get(dtype, 0.0) for dtype in held)])
+        # Float32 parameters updated from gradients rounded so move apart by that rounding too (their
+        # checksum, a sum of both signs, more than any one of them: 3.6e-4 under bfloat16 in p08).
+        low = max(autocast, params)
+        return {"learning rate": 0.0, "loss": low, "gradient norm": low, "parameters": low}
+
 
 @dataclass
 class Verdict:
@@ -74,6 +117,7 @@ class Verdict:
     divergence: Divergence | None
     tolerance: dict[str, float] = field(default_factory=dict)  # rtol per quantity, noise included
     printed: printed.Printed | None = None  # None: not compared (the steps differ first)
+    excursions: list[dict] = field(default_factory=list)  # one figure off at one step, nothing it feeds moved
 
 
 def original(first: Run, second: Run) -> Original:
@@ -101,7 +145,8 @@ def steps(run: Run) -> list[Step]:
             "loss": sum(losses) / len(losses) if len(losses) == len(records) else None,
             "gradient norm": math.sqrt(first["grad_sq"] + sum(r["grad_sq_sharded"] for r in records)),
             "parameters": first["param_sum"] + sum(r["param_sum_sharded"] for r in records),
-        }, where=first.get("where"))
+        }, where=first.get("where"), precision=_precision(first),
+                    device_rng=first.get("device_rng", []))
         for key, name, shown in (("grad_sq", "gradient norms", math.sqrt), ("param_sum", "parameters", float)):
             values = [r[key] for r in records]
             if not all(_close(values[0], v, 1e-6, 0.0) for v in values[1:]):
@@ -111,13 +156,30 @@ def steps(run: Run) -> list[Step]:
     return out
 
 
+def _precision(record: dict) -> str | None:
+    if "param_dtypes" not in record:
+        return None
+    autocast = ", ".join(record.get("autocast") or []) or "none"
+    return f"autocast {autocast}, parameters {', '.join(record['param_dtypes'])}"
+
+
+def _dtypes(precision: str | None) -> tuple[list[str], list[str]]:
+    """A Step's precision, back to (the autocast dtypes, the parameters' dtypes)."""
+    if not precision:
+        return [], []
+    regions, _, held = precision.removeprefix("autocast ").partition(", parameters ")
+    return [d for d in regions.split(", ") if d != "none"], held.split(", ")
+
+
 def _backward_calls(run: Run) -> list[Step]:
     """Per backward() call of a program that steps no optimizer: its loss, averaged over the ranks."""
     by_rank = {r["rank"]: r["backward"] for r in run.records if "backward" in r}
+    drew = next((r["device_rng"] for r in run.records if r.get("device_rng")), [])
     calls = min((len(losses) for losses in by_rank.values()), default=0)
     ranks = sorted(by_rank)
     return [Step(0, k, ranks, {"learning rate": None, "loss": sum(by_rank[r][k] for r in ranks) / len(ranks),
-                               "gradient norm": None, "parameters": None}, unit="backward call")
+                               "gradient norm": None, "parameters": None}, unit="backward call",
+                 device_rng=drew if k == 0 else [])
             for k in range(calls)]
 
 
@@ -133,23 +195,31 @@ def noise(first: list[Step], second: list[Step]) -> dict[str, float]:
 
 
 def verdict(reference: Original, run: Run, rtol: float, atol: float, alone: Divergence | None = None,
-            one_process_ran: bool = True) -> Verdict:
+            one_process_ran: bool = True, expected: dict[str, float] | None = None) -> Verdict:
     """`run` against the original: the first step and quantity that differ; where every step
     agrees, the first printed number. `alone`: the 1-process run's divergence, for a run of more
     processes (its cause must not say that one process agrees); `one_process_ran`: whether there
-    was a 1-process run (without one, nothing is said of it)."""
-    result = _steps_verdict(reference.steps, run, rtol, atol, reference.floor, alone, one_process_ran)
+    was a 1-process run (without one, nothing is said of it). `expected`: the user's own relative
+    tolerance per quantity (QUANTITIES, "printed", "printed:LINE": a line of the original's
+    output), in place of `rtol` (tolerances())."""
+    expected = expected or {}
+    result = _steps_verdict(reference, run, tolerances(reference, rtol, expected), atol, alone, one_process_ran)
     if result.divergence is None:
         across, agreed = None, set()
+        # Printed numbers come of the same computation: the rounding of its dtype applies to them too.
+        printed_rtol = expected.get("printed", max(rtol, reference.rounding()["loss"]))
+        lines_rtol = {int(key.partition(":")[2]): value for key, value in expected.items()
+                      if key.startswith("printed:")}
         if run.world > 1:  # every rank's lines: what rank 0's cannot show (printed.py)
             ranks = [(rank, first, printed.lines(text)) for rank, first, text in run.ranks]
             across, agreed = printed.across_ranks(reference.printed, reference.once, reference.reduced, ranks,
-                                                  rtol, atol)
+                                                  printed_rtol, atol)
         result.printed = printed.compare(reference.printed, printed.lines(run.printed), reference.printed_noise,
-                                         rtol, atol, run.world, agreed)
+                                         printed_rtol, atol, run.world, agreed, lines_rtol)
         mismatch = result.printed.divergence or across
         if mismatch is not None:
-            cause = _printed_cause(run.world, reference.unit if reference.steps else None, mismatch)
+            cause = _device_rng_cause(reference, None) or \
+                _printed_cause(run.world, reference.unit if reference.steps else None, mismatch)
             quantity = "processes that print it" if mismatch.kind == "extra" else "printed number"
             result.divergence = Divergence(run.name, mismatch.line, quantity, mismatch.original,
                                            mismatch.migrated, [mismatch.rank], cause,
@@ -157,12 +227,22 @@ def verdict(reference: Original, run: Run, rtol: float, atol: float, alone: Dive
     return result
 
 
-def _steps_verdict(original: list[Step], run: Run, rtol: float, atol: float, floor: dict[str, float],
+def tolerances(reference: Original, rtol: float, expected: dict[str, float] | None = None) -> dict[str, float]:
+    """The relative tolerance of each figure: the user's (`expected`), else the larger of `rtol`
+    and the rounding of the dtype the original computed in; never below ten times the original's
+    own run-to-run noise (a difference between two runs of the same program is no migration's)."""
+    expected, rounding = expected or {}, reference.rounding()
+    return {q: max(expected.get(q, max(rtol, rounding[q])), 10 * reference.floor.get(q, 0.0)) for q in QUANTITIES}
+
+
+def _steps_verdict(reference: Original, run: Run, tolerance: dict[str, float], atol: float,
                    alone: Divergence | None = None, one_process_ran: bool = True) -> Verdict:
-    tolerance = {q: max(rtol, 10 * floor.get(q, 0.0)) for q in QUANTITIES}
+    original = reference.steps
     migrated = steps(run)
     result = Verdict(run, len(migrated), None, tolerance)
-    for a, b in zip(original, migrated):
+    pairs = list(zip(original, migrated))
+    off = [[q for q in QUANTITIES if not _agrees(a, b, q, tolerance[q], atol)] for a, b in pairs]
+    for k, (a, b) in enumerate(pairs):
         if b.rank_mismatch:
             quantity = "gradient norm" if b.rank_mismatch.startswith("gradient") else "parameters"
             if quantity == "parameters":  # the same (averaged) gradients, other weights: other starts
@@ -178,21 +258,69 @@ def _steps_verdict(original: list[Step], run: Run, rtol: float, atol: float, flo
             result.divergence = Divergence(run.name, b.index, quantity, a.figures[quantity], b.figures[quantity],
                                            b.ranks, cause, b.where)
             return result
-        for quantity in QUANTITIES:
-            x, y = a.figures[quantity], b.figures[quantity]
-            if x is None or y is None:
-                continue
-            if not _close(x, y, tolerance[quantity], atol):
-                cause = _cause(quantity, x, y, run.world, b.index, (len(original), len(migrated)), alone,
-                               one_process_ran and alone is None)
-                result.divergence = Divergence(run.name, b.index, quantity, x, y, b.ranks, cause, b.where, a.unit)
-                return result
+        if a.precision and b.precision and a.precision != b.precision:
+            cause = (f"the original computed this step in {a.precision.replace('autocast none', 'no autocast')}, the "
+                     f"migrated program in {b.precision.replace('autocast none', 'no autocast')}: the conversion "
+                     "changed the autocast region (dropped, another dtype, another device type that does not "
+                     "autocast) or the parameters' dtype")
+            result.divergence = Divergence(run.name, b.index, "precision", a.precision, b.precision, b.ranks, cause,
+                                           b.where, a.unit)
+            return result
+        if not off[k]:
+            continue
+        if _excursion(k, pairs, off, tolerance, run.world):
+            quantity = off[k][0]
+            result.excursions.append({"step": a.index, "quantity": quantity, "original": a.figures[quantity],
+                                      "migrated": b.figures[quantity]})
+            continue
+        quantity = off[k][0]
+        x, y = a.figures[quantity], b.figures[quantity]
+        cause = _device_rng_cause(reference, b.index) or _cause(
+            quantity, x, y, run.world, b.index, (len(original), len(migrated)), alone,
+            one_process_ran and alone is None)
+        result.divergence = Divergence(run.name, b.index, quantity, x, y, b.ranks, cause, b.where, a.unit)
+        return result
     if len(original) != len(migrated):
         unit = (original or migrated)[0].unit
         result.divergence = Divergence(run.name, None, "optimizer steps" if unit == "step" else "backward calls",
                                        len(original), len(migrated), sorted({r for s in migrated for r in s.ranks}),
                                        _count_cause(len(original), len(migrated), run.world), unit=unit)
     return result
+
+
+def _agrees(a: Step, b: Step, quantity: str, rtol: float, atol: float) -> bool:
+    x, y = a.figures[quantity], b.figures[quantity]
+    return x is None or y is None or _close(x, y, rtol, atol)
+
+
+def _excursion(k: int, pairs: list[tuple[Step, Step]], off: list[list[str]], tolerance: dict[str, float],
+               world: int) -> bool:
+    """Whether step k's difference is one sensitive figure's rounding: the loss or the gradient
+    norm alone, within EXCURSION_LIMIT tolerances (and not the world size times the original's),
+    the parameters recorded and agreeing at that step; at the next step that figure agrees again,
+    and at every later step the loss and the parameters agree (a real change drifts)."""
+    a, b = pairs[k]
+    if len(off[k]) != 1 or off[k][0] not in EXCURSION or k + 1 >= len(pairs) or a.figures["parameters"] is None:
+        return False
+    quantity = off[k][0]
+    x, y = a.figures[quantity], b.figures[quantity]
+    if printed.world_scale(x, y, world, 0.05) or abs(x - y) > EXCURSION_LIMIT * tolerance[quantity] * abs(x):
+        return False
+    return quantity not in off[k + 1] and not any("loss" in o or "parameters" in o for o in off[k + 1:])
+
+
+def _device_rng_cause(reference: Original, step: int | None) -> str | None:
+    """Where the original drew from torch_xla's device generator at or before `step` (None: a
+    printed number, after every step), the plain reason the runs cannot agree."""
+    drew = reference.device_rng
+    if drew is None or (step is not None and step < drew[0]):
+        return None
+    return (f"not comparable: the original draws random numbers from torch_xla's device generator "
+            f"({'; '.join(line or 'a line verify cannot see' for line in drew[1])}), the migrated program from "
+            "another device's (the CPU's, or the stand-in's): no seed makes two generators give the same numbers, "
+            "so from that draw on the runs cannot agree, and this difference says nothing of the migration. To "
+            "compare them, draw on the CPU and move the result to the device (torch.randn(..., "
+            "device='cpu').to(device)) in the original, or turn the random layers off (dropout p=0)")
 
 
 def where_label(divergence: Divergence) -> str:
@@ -231,6 +359,27 @@ def printed_summary(result: printed.Printed | None) -> str:
     if result.one_side:
         parts.append(f"{result.one_side} line(s) printed by one side only")
     return ", ".join(parts)
+
+
+def tolerance_text(tolerance: dict[str, float], reference: Original) -> str:
+    """The tolerances a verdict used: "rtol 1e-04", or per figure where they differ; with the
+    dtype whose rounding widened them."""
+    values = {q: tolerance[q] for q in QUANTITIES if q in tolerance}
+    if len(set(values.values())) <= 1:
+        text = f"rtol {max(values.values(), default=0.0):.0e}"
+    else:
+        text = "rtol " + ", ".join(f"{q} {v:.0e}" for q, v in values.items())
+    low = [dtype for dtype in ROUNDING if any(dtype in sum(_dtypes(step.precision), []) for step in reference.steps)]
+    return text + (f" (the original computes in {' and '.join(low)}: its rounding)" if low else "")
+
+
+def excursions_text(excursions: list[dict]) -> str:
+    """The excursions a verdict let pass, in a line."""
+    worst = max(abs(e["migrated"] - e["original"]) / max(abs(e["original"]), 1e-12) for e in excursions)
+    where = ", ".join(f"{e['quantity']} at step {e['step']}" for e in excursions[:6])
+    return (f"rounding, not a divergence: {len(excursions)} one-step excursion(s) of one figure ({where}; up to "
+            f"{worst:.1e} relative), the step after agreeing and the loss and parameters agreeing at every later "
+            "step (no drift)")
 
 
 def noise_text(floor: dict[str, float]) -> str:

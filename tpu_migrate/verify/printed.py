@@ -122,9 +122,12 @@ def noise(first: list[Line], second: list[Line]) -> set[tuple[int, int]]:
 
 
 def compare(original: list[Line], migrated: list[Line], noisy: set[tuple[int, int]], rtol: float, atol: float,
-            world: int, agreed: set[tuple[int, int]] = frozenset()) -> Printed:
+            world: int, agreed: set[tuple[int, int]] = frozenset(), lines_rtol: dict[int, float] | None = None
+            ) -> Printed:
     """`agreed`: (line, position) of the original's reduced numbers that every rank printed alike
-    (across_ranks): a different value there is a reduction over the processes' own data."""
+    (across_ranks): a different value there is a reduction over the processes' own data.
+    `lines_rtol`: the user's tolerance for a line of the original's (its number), in place of `rtol`."""
+    lines_rtol = lines_rtol or {}
     result = Printed()
     pairs = _pairs(original, migrated)
     result.one_side = len(original) + len(migrated) - 2 * len(pairs)
@@ -133,7 +136,7 @@ def compare(original: list[Line], migrated: list[Line], noisy: set[tuple[int, in
             if (a.index, x.position) in noisy:
                 result.noisy += 1
                 continue
-            if _close(x, y, rtol, atol):
+            if _close(x, y, lines_rtol.get(a.index, rtol), atol):
                 result.compared += 1
                 if not math.isnan(x.value):
                     result.largest_absolute = max(result.largest_absolute, abs(x.value - y.value))

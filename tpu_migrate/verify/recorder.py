@@ -46,6 +46,8 @@ _pending: dict[int, tuple] = {}  # id(optimizer) -> its gradients' squared norm 
 _deferred: list = []  # (path, record with tensors) built inside a region, read at its end
 _region = [0]  # how deep the program is in torch_xla.compile regions
 _unread = [0]  # records that could not be read at the end of their region
+_autocast: set = set()  # the dtypes of the autocast regions entered since the previous step
+_device_rng: list = []  # the program's lines that drew from torch_xla's device generator (the first few)
 
 
 def install() -> None:
@@ -166,7 +168,9 @@ def _hook(path: str) -> None:
         return backward(self, *args, **kwargs)
 
     torch.Tensor.backward = recording_backward
-    after_import("torch_xla.torch_xla", _wrap_xla_compile)
+    _watch_autocast(torch)
+    # torch_xla's processes only (the original's): no other draws from its device generator.
+    after_import("torch_xla.torch_xla", lambda: (_wrap_xla_compile(), _watch_device_rng(torch)))
     after_import("torch.distributed.distributed_c10d", lambda: _mark_process_groups(os.path.dirname(path)))
     register_optimizer_step_pre_hook(_before_step)
     register_optimizer_step_post_hook(lambda optimizer, args, kwargs: _after_step(optimizer, path))
@@ -179,12 +183,109 @@ def _hook(path: str) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
+# Where each draws its device from: a factory's `device=`, else its first argument's (a tensor).
+RANDOM_FACTORIES = ("randn", "rand", "randint", "randperm")
+RANDOM_OF_A_TENSOR = ("randn_like", "rand_like", "randint_like", "normal", "bernoulli", "multinomial",
+                      "poisson")
+RANDOM_IN_PLACE = ("normal_", "uniform_", "bernoulli_", "random_", "exponential_", "cauchy_", "log_normal_",
+                   "geometric_")
+# torch.nn.functional's dropouts call these (torch._VF): patched there, F's own functions stay
+# what TorchScript compiles from their source.
+RANDOM_DROPOUT = ("dropout", "dropout_", "feature_dropout", "feature_dropout_", "alpha_dropout", "alpha_dropout_",
+                  "feature_alpha_dropout", "feature_alpha_dropout_")
+
+
+def _watch_autocast(torch) -> None:
+    """torch.set_autocast_dtype, noting the dtype of each autocast region the program enters
+    (torch.autocast's and torch_xla.amp.autocast's __enter__ both call it, after enabling the
+    region): per step, what the program computed in (compare.py's rounding of that dtype)."""
+    import functools
+
+    original = getattr(torch, "set_autocast_dtype", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def set_autocast_dtype(device_type, dtype, *args, **kwargs):
+        try:
+            if torch.is_autocast_enabled(device_type):
+                _autocast.add(str(dtype).removeprefix("torch."))
+        except Exception:  # noqa: BLE001 (a device type autocast does not know: nothing noted)
+            pass
+        return original(device_type, dtype, *args, **kwargs)
+
+    torch.set_autocast_dtype = set_autocast_dtype
+
+
+def _watch_device_rng(torch) -> None:
+    """torch's random functions, noting the program's line where one draws on torch_xla's device
+    (`device=` an xla device, a tensor on it): the original's device generator, which no other
+    device's can reproduce (compare.py says so where the runs differ). Only these calls pay;
+    TorchScript still compiles them (registered as the builtins they wrap)."""
+    import functools
+
+    def on_xla(device) -> bool:
+        return device is not None and str(getattr(device, "type", device)).startswith("xla")
+
+    def watched(function, device_of):
+        if function is None or getattr(function, "_tpu_migrate_verify", False):
+            return function
+
+        @functools.wraps(function)
+        def draw(*args, **kwargs):
+            if len(_device_rng) < 3:
+                try:
+                    if on_xla(device_of(args, kwargs)):
+                        where = _caller()
+                        if where not in _device_rng:
+                            _device_rng.append(where)
+                except Exception:  # noqa: BLE001 (never the program's failure)
+                    pass
+            return function(*args, **kwargs)
+
+        draw._tpu_migrate_verify = True
+        try:  # TorchScript knows torch's own functions by identity: the wrapper compiles as they do
+            from torch.jit._builtins import _find_builtin, _register_builtin
+
+            if _find_builtin(function) is not None:
+                _register_builtin(draw, _find_builtin(function))
+        except Exception:  # noqa: BLE001 (an older torch: scripted code calls the original)
+            pass
+        return draw
+
+    def factory(args, kwargs):
+        return kwargs.get("device")
+
+    def of_tensor(args, kwargs):
+        first = args[0] if args else kwargs.get("input", kwargs.get("mean"))
+        return getattr(first, "device", None) or kwargs.get("device")
+
+    def dropout(args, kwargs):  # (input, p, train)
+        training = kwargs.get("train", args[2] if len(args) > 2 else True)
+        return of_tensor(args, kwargs) if training else None
+
+    for names, module, device_of in ((RANDOM_FACTORIES, torch, factory), (RANDOM_OF_A_TENSOR, torch, of_tensor),
+                                     (RANDOM_IN_PLACE, torch.Tensor, of_tensor), (RANDOM_DROPOUT, torch._VF, dropout)):
+        for name in names:
+            if getattr(module, name, None) is not None:
+                setattr(module, name, watched(getattr(module, name), device_of))
+
+
+def _precision(optimizer) -> dict:
+    """What the step computed in: the autocast dtypes entered since the previous step, and the
+    parameters' dtypes (a model cast to bfloat16)."""
+    params = sorted({str(p.dtype).removeprefix("torch.") for p in _params(optimizer)})
+    return {"autocast": sorted(_autocast), "param_dtypes": params}
+
+
 def _backward_only(path: str) -> None:
     """At exit, in a process that never stepped an optimizer: the losses of its backward() calls."""
     if _steps or not _losses:
         return
     rank, world = _rank_and_world()
     record = {"backward": [float(loss.float().cpu()) for loss in _losses], "rank": rank, "world": world}
+    if _device_rng:
+        record["device_rng"] = list(_device_rng)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
 
@@ -350,7 +451,11 @@ def _after_step(optimizer, path: str) -> None:
     rank, world = _rank_and_world()
     record = {"optimizer": list(_steps).index(key), "step": _steps[key], "rank": rank, "world": world,
               "losses": losses, "lr": [_lr(group, deferred) for group in optimizer.param_groups], "grad_sq": grad_sq, "grad_sq_sharded": grad_sq_sharded,
-              "param_sum": param_sum, "param_sum_sharded": param_sum_sharded, "where": _caller()}
+              "param_sum": param_sum, "param_sum_sharded": param_sum_sharded, "where": _caller(),
+              **_precision(optimizer)}
+    _autocast.clear()
+    if _device_rng:
+        record["device_rng"] = list(_device_rng)
     if deferred:
         _deferred.append((path, record))
     else:
