@@ -55,4 +55,9 @@ def install():
             op = getattr(packet, overload or "default")
             library.impl(qualified, _kernel(op, dtype), "AutocastPrivateUse1")
     _libraries.append(library)
+    # Every other op runs as it is under autocast (relu, add, dropout ...), as TorchTPU's
+    # autocast key falls through like CUDA's: without this, an op with no kernel above raises.
+    everything_else = torch.library.Library("_", "IMPL")
+    everything_else.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    _libraries.append(everything_else)
     torch.set_autocast_dtype("tpu", torch.bfloat16)
