@@ -56,7 +56,7 @@ def manual_seed(call, qualname, sc: StatementContext, rule):
         sc.needs_manual(rule.code, "cannot read the seed argument", qualname)
         return call
     where = sc.fixed(rule.code, qualname)
-    if GET_RNG_STATE in sc.file.analysis.qualnames and sc.enabled("TPU121"):
+    if GET_RNG_STATE in sc.file.analysis.qualnames and sc.enabled("TPU121") and not _a_seed(bound["seed"].value):
         # Checkpoint code saves xm.get_rng_state() and restores it here; once that side is
         # ported by hand (TPU121), this line must follow it.
         sc.needs_manual(
@@ -65,6 +65,15 @@ def manual_seed(call, qualname, sc: StatementContext, rule):
             where=where,
         )
     return parse_expr(sc.file.import_plan.fill(SEED_DEVICE[sc.file.target], seed=code(bound["seed"].value)))
+
+
+def _a_seed(value: cst.BaseExpression) -> bool:
+    """A seed the program chose (`set_seed(seed)`: an int, or a name or attribute that says
+    seed), not a state read back from a checkpoint: reseeding is then the faithful port."""
+    if isinstance(value, cst.Integer):
+        return True
+    last = value.attr.value if isinstance(value, cst.Attribute) else value.value if isinstance(value, cst.Name) else ""
+    return "seed" in last.lower()
 
 
 # The backends whose compiles run on TorchTPU's "tpu" backend once converted (None: no backend

@@ -360,6 +360,15 @@ def rendezvous_statement(call, qualname, sc: StatementContext, rule, plans):
     return parse_block([f"if {world_guard(sc, rule.code, where, short=True)}:", f"    {dist}.barrier()"])
 
 
+@transform("rendezvous", form=CALL)
+def rendezvous_value(call, qualname, sc: StatementContext, rule):
+    """`data = xm.rendezvous(tag, payload)`: its value is every process's payload, which a
+    barrier does not give."""
+    sc.needs_manual(rule.code, "this rendezvous returns every process's payload (a barrier would drop it): "
+                    "use dist.all_gather_object, on a group of `replicas` where given", qualname)
+    return call
+
+
 @transform("mesh_reduce", form=STATEMENT, assign=True)
 def mesh_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assign=None):
     bound = bind(call, ["tag", "data", "reduce_fn"])
