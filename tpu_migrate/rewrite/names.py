@@ -289,6 +289,61 @@ class Analysis:
         """Every node of the tree (ast.walk), walked once for the rules that look file-wide."""
         return list(ast.walk(self.tree))
 
+    @cached_property
+    def functions_of(self) -> dict[int, ast.FunctionDef | ast.AsyncFunctionDef]:
+        """id(node) -> the innermost function holding it (a function holds itself), for every
+        node inside one: found once, for the rules that ask of many statements."""
+        found = {}
+        todo: list[tuple[ast.AST, ast.AST | None]] = [(self.tree, None)]
+        while todo:
+            node, function = todo.pop()
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                function = node
+            if function is not None:
+                found[id(node)] = function
+            todo.extend((child, function) for child in ast.iter_child_nodes(node))
+        return found
+
+    @cached_property
+    def blocks(self) -> dict[int, tuple[list[ast.stmt], int]]:
+        """id(statement) -> (the block holding it, its index there), for every statement."""
+        found = {}
+        for node in self.nodes:
+            for name in ("body", "orelse", "finalbody"):
+                block = getattr(node, name, None)
+                if isinstance(block, list):
+                    for i, stmt in enumerate(block):
+                        found[id(stmt)] = (block, i)
+        return found
+
+    @cached_property
+    def declared_names(self) -> frozenset[str]:
+        """The names a `global` or `nonlocal` statement of the file declares."""
+        return frozenset(name for node in self.nodes if isinstance(node, (ast.Global, ast.Nonlocal))
+                         for name in node.names)
+
+    @cached_property
+    def loads_by_statement(self) -> dict[int, list[tuple[Scope, str, StmtInfo, int, int]]]:
+        """`loads` by id(StmtInfo) of their statement, each in the order of `loads`: for the rules
+        that ask of one statement (a scan of every load per statement was quadratic)."""
+        found: dict[int, list] = {}
+        for load in self.loads:
+            found.setdefault(id(load[2]), []).append(load)
+        return found
+
+    @cached_property
+    def loads_by_head(self) -> dict[str, list[tuple[Scope, str, StmtInfo, int, int]]]:
+        """`loads` by their dotted name's first part (`xm` of `xm.mark_step`), in their order."""
+        found: dict[str, list] = {}
+        for load in self.loads:
+            found.setdefault(load[1].partition(".")[0], []).append(load)
+        return found
+
+    @cached_property
+    def attribute_names(self) -> frozenset[str]:
+        """The attribute names the file reads or writes anywhere (`x.name`)."""
+        return frozenset(node.attr for node in self.nodes if isinstance(node, ast.Attribute))
+
     def info(self, node: ast.stmt) -> StmtInfo:
         return self.infos[id(node)]
 
