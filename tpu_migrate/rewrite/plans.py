@@ -184,8 +184,8 @@ def _inline_loader(analysis: Analysis, assign: ast.Assign, loops: list[ast.stmt]
     return loader.id
 
 
-def enclosing_function(analysis: Analysis, target: ast.AST):
-    """The innermost function holding `target` (a node of the analysed tree), or None at module level."""
+def enclosing_function(analysis: Analysis, target: ast.stmt):
+    """The innermost function holding `target` (a statement of the analysed tree), or None at module level."""
     return analysis.functions_of.get(id(target))
 
 
