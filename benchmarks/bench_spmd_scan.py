@@ -2,12 +2,19 @@
 
     python benchmarks/bench_spmd_scan.py                # 2,000 files, 1 SPMD program
     python benchmarks/bench_spmd_scan.py --files 10000
+    python benchmarks/bench_spmd_scan.py --tree DIR    # both project passes over a real tree
 
 Every run reads the project's Python files for SPMD markers, also a run that the result cache
 answers, such as pre-commit's on one changed file. This builds a synthetic project (a git
 root), then measures side by side, best of --repeat: the pass alone, in this process, and a
 whole `tpu-migrate rewrite --check ONE_FILE` answered from the cache, as a fresh process. It
 prints both and their ratio: the share of such a run the pass takes.
+
+The synthetic files are small and mostly unrelated. `--tree DIR` times the two project passes
+(spmd_programs.py, parameter_flows.py) over a real tree taken as the project root instead:
+transformers' installed package (2,951 files; one file names SPMD, and 2,900 files import it,
+directly or not) took more than 2 minutes before each file's imports were found once and the
+first program of each module read off the import graph (issue 52).
 """
 
 from __future__ import annotations
@@ -56,7 +63,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--tree", type=Path, help="time the project passes over this tree (its root)")
     args = parser.parse_args()
+    if args.tree is not None:
+        from tpu_migrate.rewrite.parameter_flows import project_parameters
+
+        for name, project_pass in (("SPMD programs", spmd_modules), ("parameters to torch_xla", project_parameters)):
+            found = project_pass([], args.tree)
+            spent = best(args.repeat, lambda: project_pass([], args.tree))
+            print(f"{name:24} {spent:8.2f} s  ({len(found)} modules found)")
+        return
     with tempfile.TemporaryDirectory() as directory:
         root = Path(directory)
         target = build(root, args.files)

@@ -204,3 +204,60 @@ def test_the_forms_a_program_turns_spmd_on_and_imports_by(tmp_path, program):
     write(tmp_path, {"run.py": program, "trainer.py": QUERY,
                      "setup_spmd.py": "import torch_xla.runtime as xr\n\n\ndef start():\n    xr.use_spmd()\n"})
     assert dict(spmd_modules([], tmp_path))[real(tmp_path, "trainer.py")].startswith("run.py imports this module")
+
+
+def test_each_module_is_read_once_however_many_programs_import_it(tmp_path, monkeypatch):
+    """20 SPMD programs import one chain of 20 modules: each file's imports are found once (a walk
+    per program per module was quadratic: 2,900 programs x 2,900 modules in transformers' tree),
+    and each module names the first program."""
+    from tpu_migrate.rewrite import spmd_programs
+
+    chain = {f"m{i}.py": f"import m{i + 1}\n" for i in range(20)}
+    programs = {f"p{i:02}.py": "import torch_xla.distributed.spmd as xs\nimport m0\n" for i in range(20)}
+    write(tmp_path, {**chain, "m20.py": "import m0\n", **programs})  # a cycle back to m0
+    walks = []
+    local_imports = spmd_programs._local_imports
+    monkeypatch.setattr(spmd_programs, "_local_imports", lambda path, *rest: walks.append(path) or local_imports(path, *rest))
+    found = dict(spmd_modules([], tmp_path))
+    assert sorted(walks) == sorted(set(walks)) and len(walks) == len(chain) + 1 + len(programs)
+    assert found == {real(tmp_path, f"m{i}.py"): "p00.py imports this module and runs SPMD (one process per host)"
+                     for i in range(21)}
+
+
+def _first_by_walks(programs, graph):
+    """The first program reaching each module, as one walk per program finds it (the reference)."""
+    found = {}
+    for program in sorted(programs):
+        seen, queue = {program}, [program]
+        while queue:
+            for child in graph.get(queue.pop(), ()):
+                if child not in seen:
+                    seen.add(child)
+                    found.setdefault(child, program)
+                    queue.append(child)
+    return found
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_first_program_through_the_import_graph_is_the_one_walks_find(seed):
+    """Cycles through programs included: a program never names itself, another in its cycle does."""
+    import random
+
+    from tpu_migrate.rewrite.spmd_programs import _first_importers
+
+    rng = random.Random(seed)
+    nodes = [f"n{i:02}" for i in range(rng.randint(1, 30))]
+    graph = {node: rng.sample(nodes, rng.randint(0, min(3, len(nodes)))) for node in nodes}
+    programs = rng.sample(nodes, rng.randint(1, len(nodes)))
+    assert _first_importers(programs, graph.get) == _first_by_walks(programs, graph)
+
+
+def test_the_import_statements_come_in_ast_walk_s_order():
+    import ast
+
+    from tpu_migrate.rewrite.spmd_programs import _import_statements
+
+    tree = ast.parse("import a\ntry:\n    import b\nexcept E:\n    import c\nelse:\n    import d\n"
+                     "finally:\n    import e\nif x:\n    def f():\n        import g\nelse:\n    import h\n"
+                     "match y:\n    case 1:\n        import i\nclass C:\n    import j\nimport k\n")
+    assert _import_statements(tree) == [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]

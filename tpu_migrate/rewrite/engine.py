@@ -19,7 +19,7 @@ from tpu_migrate.findings import FileResult, Fix, KeptImport, Manual, Note
 from tpu_migrate.rewrite import imports, registry, todos, transforms
 from tpu_migrate.rewrite import skeleton as skeletons
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
-from tpu_migrate.rewrite.except_colons import restore_except_colons
+from tpu_migrate.rewrite.except_colons import restore_except_colons, spaced_except_colons
 from tpu_migrate.rewrite.flows import held_assignments, passed_to_functions
 from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter
 from tpu_migrate.rewrite.names import analyze, is_xla_name, mark_subtrees
@@ -151,7 +151,11 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
     plain_end = bool(tree.body) and _plain_tail(text, tree.body[-1].end_lineno)
     skeleton = None if whole else skeletons.build(text, tree, analysis, keep_last=not plain_end)
     parsed = text if skeleton is None else skeleton.text
-    module = restore_except_colons(cst.parse_module(parsed), parsed, tree if skeleton is None else None)
+    module = cst.parse_module(parsed)
+    # The skeleton's except clauses are some of the file's, with their text: none of the file's
+    # with a space before its colon, none of the skeleton's (and no parse of the skeleton).
+    if skeleton is None or spaced_except_colons(text, analysis.nodes):
+        module = restore_except_colons(module, parsed, tree if skeleton is None else None)
     if "\x0c" in module.default_indent:
         module = _without_form_feed_indent(module)
     footer = None if plain_end else _true_footer(text, parsed, tree, module)

@@ -34,13 +34,20 @@ def restore_except_colons(module: cst.Module, text: str, tree: ast.Module | None
     return module.visit(_Restore(iter(spaces)))
 
 
-def _spaces_before_colons(text: str, tree: ast.Module) -> list[str]:
+def spaced_except_colons(text: str, nodes: list[ast.AST]) -> bool:
+    """Whether an except clause among `nodes` (every node of ast's parse of `text`) has a space
+    before its colon."""
+    first = text.find("except")
+    return first >= 0 and _SPACED_COLON.search(text, first) is not None and any(_spaces_before_colons(text, nodes))
+
+
+def _spaces_before_colons(text: str, tree: ast.Module | list[ast.AST]) -> list[str]:
     """Per except clause, in the order of the file: the whitespace between its type (and the
     parentheses that close after it) and its colon; "" for clauses libcst reads right (bare
-    `except:` and `except X as e`)."""
+    `except:` and `except X as e`). `tree`: ast's parse of `text`, or its every node."""
     line_starts = todos.line_starts(text)
-    handlers = sorted((node for node in ast.walk(tree) if isinstance(node, ast.ExceptHandler)),
-                      key=lambda node: (node.lineno, node.col_offset))
+    handlers = sorted((node for node in (tree if isinstance(tree, list) else ast.walk(tree))
+                       if isinstance(node, ast.ExceptHandler)), key=lambda node: (node.lineno, node.col_offset))
     spaces = []
     for handler in handlers:
         if handler.type is None or handler.name is not None:

@@ -106,7 +106,7 @@ def _names_passed(call: ast.Call, analysis: Analysis, info: StmtInfo):
     end = (call.end_lineno, call.end_col_offset)
     positions = {finding_position(n) for a in (*call.args, *call.keywords)
                  for n in ast.walk(a) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    for scope, dotted, load_info, line, col in analysis.loads:
+    for scope, dotted, load_info, line, col in analysis.loads_by_statement.get(id(info), ()):
         if load_info is not info or "." in dotted or (line, col + 1) not in positions:
             continue
         if not (start <= (line, col + 1) <= end):

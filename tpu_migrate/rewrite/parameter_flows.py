@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from tpu_migrate.rewrite.names import dotted_name, finding_position, is_xla_name
+from tpu_migrate.rewrite.names import dotted_name, finding_position, is_xla_name, walk
 
 # A parameter -> the torch_xla calls it reaches: (qualified name, as written, line, col of the callee).
 Sink = tuple[str, str, int, int]
@@ -44,15 +44,17 @@ def reaching_parameters(tree: ast.Module, wanted: Iterable[str] | None = None) -
                 queue.extend(n.func.id for n in ast.walk(functions[name]) if isinstance(n, ast.Call)
                              and isinstance(n.func, ast.Name) and n.func.id in functions)
         functions = {name: node for name, node in functions.items() if name in read}
-    imports = _imports([*(node for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                                                ast.ClassDef))),
-                        *functions.values()])
+    # Each function walked once: its nodes give its imports, assigned names and calls.
+    nodes = {name: list(walk(node)) for name, node in functions.items()}
+    imports = _imports([*(n for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                                        ast.ClassDef)) for n in walk(node)),
+                        *(n for function in nodes.values() for n in function)])
     orders = {name: _parameter_names(node) for name, node in functions.items()}
     direct: Parameters = {}
     through: dict[str, list[tuple[str, str, str]]] = {}  # f -> (param, callee function, its param)
     for name, node in functions.items():
-        params = set(orders[name]) - _assigned(node)
-        for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+        params = set(orders[name]) - _assigned(nodes[name])
+        for call in (n for n in nodes[name] if isinstance(n, ast.Call)):
             callee = dotted_name(call.func)
             if callee is None:
                 continue
@@ -104,15 +106,15 @@ def _parameter_names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     return [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
 
 
-def _assigned(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+def _assigned(nodes: list[ast.AST]) -> set[str]:
+    return {n.id for n in nodes if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
 
 
-def _imports(statements: list[ast.stmt]) -> dict[str, str]:
-    """Name bound by an import in the statements -> what it imports (a function's own
+def _imports(nodes: Iterable[ast.AST]) -> dict[str, str]:
+    """Name bound by an import among the nodes -> what it imports (a function's own
     `import torch_xla.distributed.spmd as xs` counts: the summary is a bound, not a resolution)."""
     bound = {}
-    for node in (n for statement in statements for n in ast.walk(statement)):
+    for node in nodes:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 bound[alias.asname or alias.name.partition(".")[0]] = alias.name if alias.asname else \

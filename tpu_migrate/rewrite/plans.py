@@ -166,17 +166,16 @@ def _inline_loader(analysis: Analysis, assign: ast.Assign, loops: list[ast.stmt]
     if not isinstance(loader, ast.Name) or loader.id == alias or scope.kind not in ("function", "module"):
         return None
     tree = analysis.tree
-    for node in analysis.nodes:
-        if isinstance(node, (ast.Global, ast.Nonlocal)) and {loader.id, alias} & set(node.names):
-            return None
-    owner = _enclosing_body(analysis.nodes, assign)
+    if {loader.id, alias} & analysis.declared_names:
+        return None
+    owner = analysis.blocks.get(id(assign))
     if owner is None:
         return None
     block, index = owner
     later = block[index + 1 :]
     if not all(any(loop is n for stmt in later for n in ast.walk(stmt)) for loop in loops):
         return None
-    function = enclosing_function(analysis.nodes, assign)
+    function = enclosing_function(analysis, assign)
     stores = _stores(function.body if function is not None else tree.body)
     if any(name == loader.id and line >= assign.lineno for name, line in stores):
         return None
@@ -185,29 +184,9 @@ def _inline_loader(analysis: Analysis, assign: ast.Assign, loops: list[ast.stmt]
     return loader.id
 
 
-def _enclosing_body(nodes: list[ast.AST], target: ast.stmt) -> tuple[list[ast.stmt], int] | None:
-    for node in nodes:
-        for name in ("body", "orelse", "finalbody"):
-            block = getattr(node, name, None)
-            if isinstance(block, list):
-                for i, stmt in enumerate(block):
-                    if stmt is target:
-                        return block, i
-        for holder in (*getattr(node, "handlers", ()), *getattr(node, "cases", ())):
-            for i, stmt in enumerate(holder.body):
-                if stmt is target:
-                    return holder.body, i
-    return None
-
-
-def enclosing_function(nodes: list[ast.AST], target: ast.stmt):
-    """The innermost function holding `target`, or None at module level."""
-    best = None
-    for node in nodes:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(n is target for n in ast.walk(node)):
-            if best is None or node.lineno > best.lineno:
-                best = node
-    return best
+def enclosing_function(analysis: Analysis, target: ast.stmt):
+    """The innermost function holding `target` (a statement of the analysed tree), or None at module level."""
+    return analysis.functions_of.get(id(target))
 
 
 _OWN_SCOPE = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda,
@@ -430,9 +409,9 @@ def _aliased_function(fn: ast.Name, statement: ast.stmt, analysis: Analysis) -> 
     launch (`fn = _mp_fn`), in the launch's own function or else at module level; None when
     `fn` is bound any other way (a parameter, twice, `global`, a loop target ...)."""
     tree = analysis.tree
-    if any(isinstance(n, (ast.Global, ast.Nonlocal)) and fn.id in n.names for n in analysis.nodes):
+    if fn.id in analysis.declared_names:
         return None
-    function = enclosing_function(analysis.nodes, statement)
+    function = enclosing_function(analysis, statement)
     bodies = [tree.body]
     if function is not None:
         params = function.args
@@ -474,7 +453,7 @@ def is_simple(node: ast.expr) -> bool:
 def _loops_over(analysis: Analysis, scope: Scope, name: str) -> list[StmtInfo]:
     """The `for` statements iterating `name`, when they are its only uses in `scope`."""
     loops: list[StmtInfo] = []
-    for load_scope, dotted, info, line, col in analysis.loads:
+    for load_scope, dotted, info, line, col in analysis.loads_by_head.get(name, ()):
         if dotted.partition(".")[0] != name:
             continue
         if load_scope is not scope:

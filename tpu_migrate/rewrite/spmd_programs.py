@@ -22,7 +22,8 @@ import ast
 import json
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from tpu_migrate.rewrite.names import is_xla_name
@@ -58,28 +59,100 @@ def spmd_modules(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str
     texts = _Texts()
     programs = {path: tree for path in candidates if (tree := _spmd_tree(path, texts.read(path))) is not None}
     found: dict[str, str] = {}
-    if programs:
-        for path, (tree, origin) in _importers(programs, candidates, bases, texts).items():
-            programs[path] = tree
-            found[path] = f"this file imports {shown(origin)}, which turns SPMD on (one process per host)"
-    trees: dict[str, ast.Module | None] = dict(programs)
-    for program, tree in sorted(programs.items()):
-        why = f"{shown(program)} imports this module and runs SPMD (one process per host)"
-        seen = {program}
-        queue = [(program, tree)]
-        while queue:
-            path, module = queue.pop()
-            for imported in _local_imports(path, module, bases):
-                if imported in seen:
-                    continue
-                seen.add(imported)
-                found.setdefault(imported, why)
-                if imported not in trees:  # a module several programs import is parsed once
-                    trees[imported] = _parse(imported, texts.read(imported))
-                parsed = trees[imported]
-                if parsed is not None:
-                    queue.append((imported, parsed))
+    if not programs:
+        return ()
+    imports = _Imports(bases, texts)
+    for path, tree in programs.items():
+        imports.add(path, tree, texts.read(path))
+    importers = _importers(programs, candidates, imports)
+    for path, origin in importers.items():
+        found[path] = f"this file imports {shown(origin)}, which turns SPMD on (one process per host)"
+    for module, program in _first_importers([*programs, *importers], imports.of).items():
+        found.setdefault(module, f"{shown(program)} imports this module and runs SPMD (one process per host)")
     return tuple(sorted(found.items()))
+
+
+def _first_importers(programs: list[str], imports_of: Callable[[str], list[str] | None]) -> dict[str, str]:
+    """module -> the first program (in sorted order) that imports it, directly or through other
+    modules; a program counts for another only (itself: never, even through a cycle of imports).
+    Linear in the import graph: the graph's strongly connected components carry the two first
+    programs that reach them down the graph (one walk per program made this quadratic: 2,900
+    programs that import 2,900 modules in transformers' own tree)."""
+    graph: dict[str, list[str]] = {}
+    todo = list(programs)
+    while todo:
+        node = todo.pop()
+        if node not in graph:
+            graph[node] = list(dict.fromkeys(imports_of(node) or ()))
+            todo.extend(graph[node])
+    components = _components(graph)
+    component_of = {node: i for i, component in enumerate(components) for node in component}
+    is_program = set(programs)
+    reaching: list[list[str]] = [[] for _ in components]  # the two first programs that reach it
+    for i in reversed(range(len(components))):  # a component after every one that imports it
+        component = components[i]
+        own = sorted(node for node in component if node in is_program)[:2]
+        if len(component) > 1 or component[0] in graph[component[0]]:  # its programs import themselves too
+            reaching[i] = _two_first(reaching[i] + own)
+        passed = _two_first(reaching[i] + own)
+        for j in {component_of[child] for node in component for child in graph[node]} - {i}:
+            reaching[j] = _two_first(reaching[j] + passed)
+    found = {}
+    for i, component in enumerate(components):
+        for node in component:
+            first = next((program for program in reaching[i] if program != node), None)
+            if first is not None:
+                found[node] = first
+    return found
+
+
+def _two_first(programs: list[str]) -> list[str]:
+    return sorted(set(programs))[:2]
+
+
+def _components(graph: dict[str, list[str]]) -> list[list[str]]:
+    """The strongly connected components of `graph` (every node a key), each after the components
+    it reaches (Tarjan's, without recursion: import chains are deep)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+
+    def enter(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+
+    for root in graph:
+        if root in index:
+            continue
+        enter(root)
+        work = [(root, iter(graph[root]))]
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    enter(child)
+                    work.append((child, iter(graph[child])))
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    components.append(component)
+    return components
 
 
 # How many modules up a chain of imports a module that turns SPMD on makes programs SPMD
@@ -107,13 +180,40 @@ class _Texts:
         return data
 
 
-def _importers(programs: dict[str, ast.Module], candidates: list[str], bases: list[str],
-               texts: _Texts) -> dict[str, tuple[ast.Module, str]]:
+class _Imports:
+    """The project's files each file imports (`_local_imports`), found once per file: many
+    programs import the same modules, and the search for importers asks again at each level.
+    Which candidate paths are files, and their real paths, are asked of the disk once too."""
+
+    def __init__(self, bases: list[str], texts: _Texts):
+        self.bases, self.texts = bases, texts
+        self._of: dict[str, list[str] | None] = {}
+        self._files: dict[str, str | None] = {}
+
+    def add(self, path: str, tree: ast.Module, data: bytes) -> None:
+        self._of[path] = list(_local_imports(path, tree, self.bases, self.real_file, _calls_named(data)))
+
+    def of(self, path: str, data: bytes | None = None) -> list[str] | None:
+        """The files `path` imports, None where it does not parse."""
+        if path not in self._of:
+            data = self.texts.read(path) if data is None else data
+            tree = _parse(path, data)
+            self._of[path] = None if tree is None else \
+                list(_local_imports(path, tree, self.bases, self.real_file, _calls_named(data)))
+        return self._of[path]
+
+    def real_file(self, candidate: str) -> str | None:
+        if candidate not in self._files:
+            self._files[candidate] = os.path.realpath(candidate) if os.path.isfile(candidate) else None
+        return self._files[candidate]
+
+
+def _importers(programs: dict[str, ast.Module], candidates: list[str], imports: _Imports) -> dict[str, str]:
     """The files that import an SPMD module (`from utils import setup_spmd`), directly or through
     others, each with the SPMD module it reaches: a module that turns SPMD on in a function turns
     it on for the program that calls it, so that program's process queries, and its other
     modules', counted hosts too. A file is parsed only where it names such a module."""
-    found: dict[str, tuple[ast.Module, str]] = {}
+    found: dict[str, str] = {}
     origins = {path: path for path in programs}  # a module of the chain -> the SPMD module it reaches
     for _ in range(MAX_LEVELS):
         names = {_module_name(path).encode() for path in origins}
@@ -121,17 +221,16 @@ def _importers(programs: dict[str, ast.Module], candidates: list[str], bases: li
         for path in candidates:
             if path in programs or path in found:
                 continue
-            data = texts.read(path)
+            data = imports.texts.read(path)
             if data is None or not any(name in data for name in names):
                 continue
-            tree = _parse(path, data)
-            reached = [m for m in _local_imports(path, tree, bases) if m in origins] if tree else []
+            reached = [m for m in imports.of(path, data) or () if m in origins]
             if reached:
-                new[path] = (tree, origins[reached[0]])
+                new[path] = origins[reached[0]]
         if not new:
             break
         found.update(new)
-        origins = {path: origin for path, (_, origin) in new.items()}
+        origins = new
     return found
 
 
@@ -235,16 +334,20 @@ def _notebook_code(data: bytes) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _local_imports(path: str, tree: ast.Module, bases: list[str]) -> Iterator[str]:
+def _local_imports(path: str, tree: ast.Module, bases: list[str],
+                   real_file: Callable[[str], str | None] = lambda p: os.path.realpath(p) if os.path.isfile(p) else None,
+                   calls: bool = True) -> Iterator[str]:
     """The project's files that `tree` (the file at `path`) imports: modules found beside it,
     under the project root or its src/, in directories the file adds to sys.path, and the
-    packages' __init__.py files on the way."""
+    packages' __init__.py files on the way. `calls`: False where the file's bytes show that it
+    calls neither an import function nor sys.path.append / insert (`_calls_named`)."""
     here = os.path.dirname(path)
-    bases = [*bases, *_added_paths(path, tree)]
-    for node in ast.walk(tree):
+    imports, path_calls = _import_nodes(tree) if calls else (_import_statements(tree), [])
+    bases = [*bases, *_added_paths(path, tree, path_calls)]
+    for node in imports:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield from _module_files(alias.name, [here, *bases])
+                yield from _module_files(alias.name, [here, *bases], real_file)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = here
@@ -254,28 +357,89 @@ def _local_imports(path: str, tree: ast.Module, bases: list[str]) -> Iterator[st
             else:
                 prefix, roots = node.module or "", [here, *bases]
             if prefix:
-                yield from _module_files(prefix, roots)
+                yield from _module_files(prefix, roots, real_file)
             for alias in node.names:  # `from pkg import module`
-                yield from _module_files(f"{prefix}.{alias.name}".lstrip("."), roots)
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                and isinstance(node.args[0].value, str) and not node.args[0].value.startswith(".") \
-                and ast.unparse(node.func) in _IMPORT_CALLS:
-            yield from _module_files(node.args[0].value, [here, *bases])  # a name given whole
+                yield from _module_files(f"{prefix}.{alias.name}".lstrip("."), roots, real_file)
+        else:  # importlib.import_module("name"): a name given whole
+            yield from _module_files(node.args[0].value, [here, *bases], real_file)
 
 
-def _added_paths(path: str, tree: ast.Module) -> list[str]:
-    """The directories `sys.path.append(...)` / `sys.path.insert(i, ...)` add, where the argument
-    is a path computed from the file's own (pytorch/xla's examples: `os.path.dirname(os.path.dirname(
-    os.path.abspath(sys.argv[0])))`, or `Path(__file__).parent.parent`), or a name assigned one."""
+def _import_nodes(tree: ast.Module) -> tuple[list[ast.AST], list[ast.Call]]:
+    """(the imports and the import calls given a name, the `sys.path.append / insert` calls) of
+    the tree, each in ast.walk's order, in one walk (the walk is most of the pass's cost)."""
+    imports, path_calls = [], []
+    Import, ImportFrom, Call, Attribute, Constant, AST = \
+        ast.Import, ast.ImportFrom, ast.Call, ast.Attribute, ast.Constant, ast.AST
+    todo = deque([tree])
+    pop, push, extend = todo.popleft, todo.append, todo.extend
+    while todo:
+        node = pop()
+        kind = type(node)
+        if kind is Import or kind is ImportFrom:
+            imports.append(node)
+        elif kind is Call and node.args:
+            first, func = node.args[0], node.func
+            # (the unparse only where the last name matches: most calls are no import)
+            if isinstance(first, Constant) and isinstance(first.value, str) and not first.value.startswith(".") \
+                    and getattr(func, "attr", getattr(func, "id", None)) in _IMPORT_CALL_NAMES \
+                    and ast.unparse(func) in _IMPORT_CALLS:
+                imports.append(node)
+            elif isinstance(func, Attribute) and func.attr in ("append", "insert") \
+                    and getattr(func.value, "attr", None) == "path" and ast.unparse(func.value) == "sys.path":
+                path_calls.append(node)
+        for field in node._fields:  # ast.iter_child_nodes, inlined
+            value = getattr(node, field, None)
+            if isinstance(value, AST):
+                push(value)
+            elif type(value) is list:
+                extend([item for item in value if isinstance(item, AST)])
+    return imports, path_calls
+
+
+def _calls_named(data: bytes | None) -> bool:
+    """Whether the source may call an import function (`_IMPORT_CALLS`) or `sys.path.append` /
+    `insert`: it holds their names (a file that is not all ASCII may spell them otherwise, as
+    NFKC-equal identifiers, so it counts too)."""
+    return data is None or not data.isascii() or b"import_module" in data or b"__import__" in data \
+        or b"sys" in data and b"path" in data
+
+
+# The fields that hold statements, of the nodes that do (a statement cannot sit in an expression).
+_BODIES = frozenset({"body", "orelse", "finalbody", "handlers", "cases"})
+
+
+def _import_statements(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """The tree's import statements in ast.walk's order (breadth first; the statements' depths and
+    order among themselves are the same whether or not the walk enters the expressions, which
+    it need not: most of a tree's nodes are expressions)."""
+    found = []
+    todo = deque([tree])
+    pop, extend = todo.popleft, todo.extend
+    while todo:
+        node = pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+            continue
+        for field in node._fields:  # in their order, as ast.walk (a try's handlers before its else)
+            if field in _BODIES:
+                extend(getattr(node, field, ()))
+    return found
+
+
+def _added_paths(path: str, tree: ast.Module, path_calls: list[ast.Call]) -> list[str]:
+    """The directories `sys.path.append(...)` / `sys.path.insert(i, ...)` (`path_calls`) add,
+    where the argument is a path computed from the file's own (pytorch/xla's examples:
+    `os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0])))`, or
+    `Path(__file__).parent.parent`), or a name assigned one."""
+    if not path_calls:
+        return []
     assigned = {target.id: node.value for node in tree.body if isinstance(node, ast.Assign)
                 for target in node.targets if isinstance(target, ast.Name)}
     added = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
-                and node.func.attr in ("append", "insert") and ast.unparse(node.func.value) == "sys.path":
-            value = _path_value(node.args[-1], path, assigned)
-            if value is not None:
-                added.append(os.path.normpath(value))
+    for node in path_calls:
+        value = _path_value(node.args[-1], path, assigned)
+        if value is not None:
+            added.append(os.path.normpath(value))
     return added
 
 
@@ -320,13 +484,19 @@ def _literal(node: ast.expr) -> str | None:
 
 # Calls that import a module named by a string: `importlib.import_module("spmd_setup")`.
 _IMPORT_CALLS = frozenset({"importlib.import_module", "import_module", "__import__"})
+_IMPORT_CALL_NAMES = frozenset(name.rpartition(".")[2] for name in _IMPORT_CALLS)
 
 
-def _module_files(dotted: str, roots: list[str]) -> Iterator[str]:
+def _module_files(dotted: str, roots: list[str],
+                  real_file: Callable[[str], str | None] = lambda p: os.path.realpath(p) if os.path.isfile(p) else None,
+                  ) -> Iterator[str]:
+    """The files the dotted name may be, under each root (`real_file`: a candidate path's real
+    path, None where it is no file)."""
     parts = dotted.split(".")
     for root in roots:
         for depth in range(1, len(parts) + 1):
             stem = os.path.join(root, *parts[:depth])
             for candidate in (os.path.join(stem, "__init__.py"), stem + ".py"):
-                if os.path.isfile(candidate):
-                    yield os.path.realpath(candidate)
+                real = real_file(candidate)
+                if real is not None:
+                    yield real

@@ -367,8 +367,7 @@ def _unknown_arguments(bound: dict) -> list[str]:
 
 
 def _reads_loader_internals(sc: StatementContext) -> bool:
-    return any(isinstance(node, ast.Attribute) and node.attr in _LOADER_INTERNALS
-               for node in sc.file.analysis.nodes)
+    return not sc.file.analysis.attribute_names.isdisjoint(_LOADER_INTERNALS)
 
 
 PER_DEVICE_LOADER = "torch_xla.distributed.parallel_loader.PerDeviceLoader"

@@ -56,10 +56,10 @@ def parameter_marking_loops(analysis: Analysis, canonical, enabled) -> tuple[dic
         if not marks:
             why = (f"the loop does more than mark `{model}`'s parameters: keep the rest, and call FSDP2's "
                    f"fully_shard({model}) after it in place of the marks, before any optimizer takes the parameters")
-        elif not _made_here(model, node, enclosing_function(analysis.nodes, node)):
+        elif not _made_here(model, node, enclosing_function(analysis, node)):
             why = (f"`{model}` comes from a caller the rewrite cannot see: call FSDP2's fully_shard({model}) "
                    "where it is made, before any optimizer takes its parameters")
-        elif _read_before(model, node, enclosing_function(analysis.nodes, node) or analysis.tree):
+        elif _read_before(model, node, enclosing_function(analysis, node) or analysis.tree):
             why = (f"code before the loop reads `{model}`'s parameters (an optimizer made first?), and FSDP2 "
                    f"replaces them: make the optimizer after the loop, and the loop becomes fully_shard({model})")
         if why is None and spmd:
