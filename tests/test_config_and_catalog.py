@@ -257,3 +257,21 @@ def test_every_bad_key_of_the_config_is_named_in_one_line(cli, project):
     [line] = result.stderr.decode().splitlines()
     assert "unknown key 'speed'" in line and "'target' must be one of tpu, portable, not 'x'" in line
     assert "'select' must be a list of strings" in line
+
+
+def test_the_project_of_a_missing_first_path_is_its_folder_s_not_the_working_directory(tmp_path, monkeypatch):
+    """`rewrite gone.py good.py` (a dangling link named first) looked for the project from the
+    working directory: run from a large checkout, the project passes read all of it (27 s for
+    three files in tests/test_cli.py)."""
+    from tpu_migrate.config import project_root
+
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (project / "src" / "gone.py").symlink_to(project / "src" / "nowhere.py")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "pyproject.toml").write_text("[project]\nname = 'q'\n")
+    monkeypatch.chdir(elsewhere)
+    assert project_root([str(project / "src" / "gone.py")]) == project.resolve()
+    assert project_root([str(project / "src" / "missing" / "x.py")]) == project.resolve()

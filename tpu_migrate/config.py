@@ -18,6 +18,7 @@ project's. Unknown keys and bad values are errors naming them.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,8 +48,10 @@ class Config:
 def project_root(paths: list[str]) -> Path:
     """Where the configuration search stops: the first directory at or above the first path
     holding a pyproject.toml or `.git`; the file system's root if none does."""
-    start = Path(paths[0]) if paths else Path.cwd()
-    start = start.resolve() if start.exists() else Path.cwd().resolve()
+    start = Path(os.path.abspath(paths[0])) if paths else Path.cwd()
+    while not start.exists() and start != start.parent:  # a missing path (a dangling link): its folder's
+        start = start.parent
+    start = start.resolve()
     directory = start if start.is_dir() else start.parent
     for candidate in (directory, *directory.parents):
         if (candidate / "pyproject.toml").is_file() or (candidate / ".git").exists():
