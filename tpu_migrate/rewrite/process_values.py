@@ -56,7 +56,7 @@ class _Values:
     def __init__(self, info: StmtInfo, analysis: Analysis):
         self.info = info
         self.analysis = analysis
-        function = enclosing_function(analysis.nodes, info.node)
+        function = enclosing_function(analysis, info.node)
         self.bodies = [analysis.tree.body] if function is None else [function.body, analysis.tree.body]
         params = function.args if function is not None else None
         self.params = set() if params is None else {
