@@ -34,27 +34,8 @@ def held_assignments(analysis: Analysis, fixes: list[Fix], manual: list[Manual],
     value with torch_xla's meaning (a rank, a count, the tensor a collective returns)."""
     fixed = {(f.line, f.col) for f in fixes}
     # `name = xm.X` / `name = xm.f(...)` whose value a rule converted, by (binding scope, name).
-    converted: dict[tuple[int, str], list[StmtInfo]] = {}
-    for info in analysis.infos.values():
-        target, value = _simple_assignment(info.node)
-        if target is None:
-            continue
-        # The callee, or the function a `partial(f, ...)`-like call binds (its first argument:
-        # `policy = partial(size_based_auto_wrap_policy, ...)` goes to torch_xla's FSDP).
-        heads = [(value.func, True), *((arg, False) for arg in value.args[:1]
-                                       if isinstance(arg, (ast.Name, ast.Attribute)))] \
-            if isinstance(value, ast.Call) else [(value, False)]
-        ref = called = None
-        for head, called in heads:
-            ref = next((r for r in info.refs if (r.line, r.col) == finding_position(head)
-                        and is_xla_name(r.qualname)), None)
-            if ref is not None:
-                break
-        if ref is None or (ref.line, ref.col) not in fixed:
-            continue
-        if not holds(ref.qualname, called):
-            continue
-        converted.setdefault((id(info.scope), target), []).append(info)
+    converted = {key: [info for info, _ in pairs] for key, pairs in
+                 _converted(analysis, fixed, lambda ref, called: holds(ref.qualname, called)).items()}
     if not converted:
         return {}
     # Calls of torch_xla names that no fix converted, by the position of their callee.
@@ -211,6 +192,8 @@ def _converted(analysis: Analysis, fixed: set, keep) -> dict[tuple[int, str], li
         target, value = _simple_assignment(info.node)
         if target is None:
             continue
+        # The callee, or the function a `partial(f, ...)`-like call binds (its first argument:
+        # `policy = partial(size_based_auto_wrap_policy, ...)` goes to torch_xla's FSDP).
         heads = [(value.func, True), *((arg, False) for arg in value.args[:1]
                                        if isinstance(arg, (ast.Name, ast.Attribute)))] \
             if isinstance(value, ast.Call) else [(value, False)]

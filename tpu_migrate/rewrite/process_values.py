@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ast
 
-from tpu_migrate.rewrite.names import Analysis, StmtInfo
+from tpu_migrate.rewrite.names import Analysis, StmtInfo, dotted_name
 from tpu_migrate.rewrite.plans import enclosing_function, own_nodes
 
 # Calls that give the same value for the same arguments, without side effects.
@@ -107,14 +107,8 @@ class _Values:
         return [ast.unparse(call)]
 
     def _qualname(self, func: ast.expr) -> str | None:
-        parts = []
-        while isinstance(func, ast.Attribute):
-            parts.append(func.attr)
-            func = func.value
-        if not isinstance(func, ast.Name):
-            return None
-        dotted = ".".join([func.id, *reversed(parts)])
-        return self.info.scope.resolve(dotted, self.info.position)
+        dotted = dotted_name(func)
+        return None if dotted is None else self.info.scope.resolve(dotted, self.info.position)
 
     def _environ(self, node: ast.expr) -> bool:
         return self._qualname(node) == "os.environ"

@@ -22,7 +22,7 @@ import ast
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext
-from tpu_migrate.rewrite.names import Analysis, Scope, finding_position, is_xla_name, mark_subtrees
+from tpu_migrate.rewrite.names import Analysis, Scope, dotted_name, finding_position, is_xla_name, mark_subtrees
 from tpu_migrate.rewrite.registry import rule_code, transform
 from tpu_migrate.rewrite.transforms.common import code
 from tpu_migrate.rewrite.transforms.fsdp_checkpoints import XLA_FSDP_NAMES
@@ -88,28 +88,19 @@ def _wrapped_values(analysis: Analysis) -> dict[tuple, int]:
         wraps = isinstance(value, ast.Call) and any(
             ref.qualname in XLA_FSDP_NAMES and (ref.line, ref.col) == finding_position(value.func) for ref in info.refs)
         for target in node.targets:
-            key = _key(info.scope, _dotted(target)) if isinstance(target, (ast.Name, ast.Attribute)) else None
+            key = _key(info.scope, dotted_name(target)) if isinstance(target, (ast.Name, ast.Attribute)) else None
             if key is None:
                 continue
             if wraps:
                 tracked.setdefault(key, node.end_lineno)
-            elif isinstance(value, (ast.Name, ast.Attribute)) and _dotted(value):
-                aliases.append((key, _key(info.scope, _dotted(value)), node.end_lineno))
+            elif isinstance(value, (ast.Name, ast.Attribute)) and dotted_name(value):
+                aliases.append((key, _key(info.scope, dotted_name(value)), node.end_lineno))
     for _ in range(2):  # `model = self.model`, then `unwrapped = model`
         for key, source, line in aliases:
             if source in tracked and key not in tracked and line > tracked[source]:
                 tracked[key] = line
     return tracked
 
-
-def _dotted(node: ast.expr) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    return ".".join([node.id, *reversed(parts)])
 
 
 def _key(scope: Scope | None, dotted: str | None) -> tuple | None:
