@@ -123,7 +123,6 @@ def test_other_cell_magics_stay_whole(magic):
     assert not result.changed and cells == [f"{magic}\nimport torch_xla.core.xla_model as xm"]
 
 
-
 def test_a_cell_s_own_import_is_used_not_doubled():
     """Issue 51: the `import torch` the rewrite adds above a cell's code landed above the cell's
     own `import torch` (further down, after a use that became torch's): imported twice."""

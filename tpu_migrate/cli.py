@@ -374,8 +374,6 @@ def explain(code) -> None:
     explain_report.print_explanation(rule, Console(highlight=False, soft_wrap=True))
 
 
-
-
 def _fail_kinds(ctx, param, value):
     if value is None:
         return frozenset()

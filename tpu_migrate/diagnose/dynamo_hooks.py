@@ -49,7 +49,6 @@ def dynamo_skips(function):
     return function
 
 
-
 class DynamoHooks:
     """The Dynamo part of native.NativeHooks."""
 
@@ -232,8 +231,6 @@ class DynamoHooks:
             pass
 
 
-
-
 def _shape_origin(reason: str, frame) -> str | None:
     """`file:line` of the user's statement that made the input whose shape failed the guard: the
     assignment, in the calling function, of the variable passed in (or the call itself), and the
@@ -353,8 +350,6 @@ def as_torchtpu_compiles(kwargs: dict) -> dict:
     if kwargs.get("dynamic") is not False:
         kwargs["dynamic"] = False
     return kwargs
-
-
 
 
 INFERENCE_MODE = "torch.compile under torch.inference_mode()"

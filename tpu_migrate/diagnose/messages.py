@@ -151,7 +151,6 @@ def _fallback(f: Finding, where: str) -> tuple[str, str]:
             "Replace it with an op that has one, or move it out of the training step.")
 
 
-
 def _sync_when(f: Finding) -> tuple[bool, str]:
     """(whether a sync was read in every step, when it was, as measured)."""
     if f.per_call:

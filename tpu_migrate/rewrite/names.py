@@ -210,7 +210,6 @@ class ImportBinding:
         return self.path, self.name, self.qualname
 
 
-
 def statement_ancestors(tree: ast.AST, target: ast.stmt) -> list[ast.AST] | None:
     """The statements from `tree` down to `target`'s parent, outermost first; None if not found.
     Only statement blocks are searched (a statement sits in one), without recursion: a file's
@@ -307,8 +306,8 @@ class Analysis:
                 function = node
             if function is not None:
                 found[id(node)] = function
-            for field in _STATEMENT_FIELDS:
-                children = getattr(node, field, None)
+            for statements in _STATEMENT_FIELDS:
+                children = getattr(node, statements, None)
                 if type(children) is list:
                     todo.extend((child, function) for child in children)
         return found
@@ -349,6 +348,11 @@ class Analysis:
         return found
 
     @cached_property
+    def loaded_names(self) -> frozenset[str]:
+        """The plain names the file reads anywhere (`print(step)` reads `step`)."""
+        return frozenset(node.id for node in self.nodes if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load))
+
+    @cached_property
     def attribute_names(self) -> frozenset[str]:
         """The attribute names the file reads or writes anywhere (`x.name`)."""
         return frozenset(node.attr for node in self.nodes if isinstance(node, ast.Attribute))
@@ -378,8 +382,8 @@ def walk(node: ast.AST) -> Iterator[ast.AST]:
     pop, push, extend, AST = todo.popleft, todo.append, todo.extend, ast.AST
     while todo:
         node = pop()
-        for field in node._fields:
-            value = getattr(node, field, None)
+        for name in node._fields:
+            value = getattr(node, name, None)
             if isinstance(value, AST):
                 push(value)
             elif type(value) is list:

@@ -18,9 +18,9 @@ import libcst as cst
 
 from tpu_migrate.rewrite import dependencies, named_expressions, transforms
 from tpu_migrate.rewrite.constant_tests import constant_truth
-from tpu_migrate.rewrite.inert import is_inert
 from tpu_migrate.rewrite.context import FileContext, StatementContext
 from tpu_migrate.rewrite.expressions import ExprRewriter
+from tpu_migrate.rewrite.inert import is_inert
 from tpu_migrate.rewrite.names import is_xla_name
 from tpu_migrate.rewrite.layout import (
     add_todos,
@@ -377,15 +377,7 @@ class ModuleRewriter:
             and all(is_inert(arg.value) and arg.star == "" for arg in stmt.iter.args)
         ):
             return False
-        return stmt.target.value not in self._loaded_names()
-
-    def _loaded_names(self) -> frozenset[str]:
-        names = self.file.memo.get("loaded_names")
-        if names is None:
-            names = frozenset(n.id for n in ast.walk(self.analysis.tree)
-                              if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load))
-            self.file.memo["loaded_names"] = names
-        return names
+        return stmt.target.value not in self.analysis.loaded_names
 
     def _say_emptied(self, stmt, node: ast.stmt):
         """A block the rules emptied that cannot go (its test or loop calls something): its
@@ -508,8 +500,6 @@ class ModuleRewriter:
 # -- helpers ----------------------------------------------------------------------------------
 
 
-
-
 def _is_name(node: cst.CSTNode, name: str) -> bool:
     return isinstance(node, cst.Name) and node.value == name
 
@@ -517,8 +507,6 @@ def _is_name(node: cst.CSTNode, name: str) -> bool:
 def _first_line(code: str, limit: int = 60) -> str:
     first = code.splitlines()[0] if code else ""
     return first if len(first) <= limit and "\n" not in code else first[: limit - 3].rstrip() + "..."
-
-
 
 
 def _is_conditional_call(node: cst.BaseExpression) -> bool:

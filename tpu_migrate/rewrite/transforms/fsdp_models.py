@@ -102,7 +102,6 @@ def _wrapped_values(analysis: Analysis) -> dict[tuple, int]:
     return tracked
 
 
-
 def _key(scope: Scope | None, dotted: str | None) -> tuple | None:
     """What a name or `self.x` means wherever it is read: a plain name by the scope that binds it
     (the lines of a function), `self.x` by the class whose method reads it (every method)."""

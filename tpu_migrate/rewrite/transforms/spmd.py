@@ -326,8 +326,6 @@ def sharding_mesh(sharding: cst.Call) -> cst.BaseExpression:
     return bind(sharding, ["mesh", "partition_spec"])["mesh"].value
 
 
-
-
 # -- TPU172: the SPMD annotations that stay, each TODO saying what to write ----------------------
 
 MARK_SHARDING = "torch_xla.distributed.spmd.mark_sharding"
