@@ -33,6 +33,7 @@ from pathlib import Path
 
 from tpu_migrate.rewrite.names import Analysis, finding_position
 from tpu_migrate.rewrite.plans import SPAWN_NAMES, init_process_group_calls, spawn_worker
+from tpu_migrate.rewrite.registry import rule_code
 
 # torch_xla's launchers no rule converts (TPU099): their workers never join a process group.
 OTHER_LAUNCHERS = frozenset({
@@ -41,7 +42,10 @@ OTHER_LAUNCHERS = frozenset({
     "torch_xla.experimental.pjrt.spawn_threads",
 })
 # The rank rules whose conversion reads the process group or the launcher's environment.
-PROCESS_QUERIES = frozenset({"TPU020", "TPU021", "TPU022", "TPU023", "TPU024", "TPU166", "TPU167", "TPU168"})
+PROCESS_QUERIES = frozenset({
+    rule_code("TPU020"), rule_code("TPU021"), rule_code("TPU022"), rule_code("TPU023"), rule_code("TPU024"),
+    rule_code("TPU166"), rule_code("TPU167"), rule_code("TPU168"),
+})
 # Bytes a module that calls a torch_xla launcher holds (a file without any is not parsed).
 _LAUNCH_MARKERS = (b"xla_multiprocessing", b"pjrt", b"torch_xla.launch", b"import launch", b", launch")
 # `XLAStrategy`, `_XlaDistModel`, `TorchXLATrainer`; not `Xlarge`, `MAXLAYERS`.
