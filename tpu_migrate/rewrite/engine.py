@@ -420,6 +420,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
         waiting_for=waiting_for,
         notebook=result.path.endswith(".ipynb"),
         spmd_why=_spmd_why(options, result.path),
+        kept_launch_why=_kept_launch_why(options, result.path),
         xla_fsdp_kept=xla_fsdp_kept,
     )
     def fix_allowed(code, info):
@@ -439,6 +440,12 @@ def _spmd_why(options: Options, path: str) -> str | None:
     if not options.spmd_modules:
         return None
     return dict(options.spmd_modules).get(os.path.realpath(path))
+
+
+def _kept_launch_why(options: Options, path: str) -> str | None:
+    if not options.kept_launches:
+        return None
+    return dict(options.kept_launches).get(os.path.realpath(path))
 
 
 def _xla_fsdp_kept(file: FileContext) -> bool:

@@ -101,7 +101,7 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
         if not info.refs:
             continue
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
-            worker = _spawn_worker(node.value, info, analysis, canonical)
+            worker = spawn_worker(node.value, info, analysis, canonical)
             if worker is not None and worker.refusal is not None:
                 plans.spawn_refusals[id(node)] = worker.refusal
             elif worker is not None and enabled("TPU060", info):
@@ -371,7 +371,7 @@ def _call_qualname(call: ast.Call, info: StmtInfo, canonical) -> str | None:
     return canonical(qualname) if qualname else None
 
 
-def _spawn_worker(call: ast.Call, info: StmtInfo, analysis: Analysis, canonical) -> Worker | None:
+def spawn_worker(call: ast.Call, info: StmtInfo, analysis: Analysis, canonical) -> Worker | None:
     """The worker function an `xmp.spawn` / `torch_xla.launch` call starts, or why it cannot
     be converted; None for another call."""
     statement = info.node

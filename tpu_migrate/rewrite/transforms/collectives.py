@@ -6,6 +6,7 @@ import ast
 
 import libcst as cst
 
+from tpu_migrate.rewrite import kept_launches
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_expr
 from tpu_migrate.rewrite.helper_code import CPU_COPIES
 from tpu_migrate.rewrite.plans import TPU_BACKENDS, library_groups, own_nodes
@@ -72,11 +73,7 @@ def _mark_group(sc: StatementContext, code_: str, where: tuple[int, int] | None)
     plans = sc.file.plans
     if plans is None:
         return
-    if plans.spawn_refusals and not plans.group_backends and not plans.launcher_group:
-        sc.needs_manual(code_, "torch_xla reduced across every process without a process group; this "
-                        "file's launch is left to you and creates none: start the workers with RANK and "
-                        "WORLD_SIZE set, or call dist.init_process_group in them, or this collective reaches "
-                        "this process alone", where=where)
+    kept_launches.mark(sc, code_, where, kept_launches.COLLECTIVE)
     if sc.file.target != "tpu":
         return
     others = sorted({b for b in plans.group_backends
