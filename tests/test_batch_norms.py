@@ -52,6 +52,7 @@ def _holds(body: str, expression: str = "model", extra: str = "") -> bool:
     ("model = FSDPv2(Net().to(device))", "Net().to(device)"),
     ("model = Net(depth=3)\nmodel = model.to(device)\nmodel.train()\nmodel = FSDPv2(model)\nprint(model)", "model"),
     ("layers = 2 * WIDTH\nmodel = FSDPv2(Net(layers))", "Net(layers)"),
+    ("model = FSDPv2(nn.Sequential(Net(), torch.nn.Linear(16, 2)))", "nn.Sequential(Net(), torch.nn.Linear(16, 2))"),
 ])
 def test_a_model_of_this_file_without_batch_norm_needs_no_helper(body, expression):
     assert not _holds(body, expression)
@@ -67,7 +68,10 @@ def test_a_model_of_this_file_without_batch_norm_needs_no_helper(body, expressio
     ("model = FSDPv2(Hub())", "Hub()",
      "class Hub(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
      "        self.body = torch.hub.load('pytorch/vision', 'resnet18')\n"),
-    # A BatchNorm named anywhere in the file, or a layer picked by a computed name.
+    ("model = FSDPv2(nn.Sequential(Net(), config.head))", "nn.Sequential(Net(), config.head)", ""),
+    # A BatchNorm named anywhere in the file, in a fused layer, or a layer picked by a computed name.
+    ("model = FSDPv2(torch.nn.intrinsic.ConvBn2d(conv, norm))", "torch.nn.intrinsic.ConvBn2d(conv, norm)",
+     "conv = nn.Conv2d(3, 3, 1)\nnorm = nn.Identity()\n"),
     ("model = FSDPv2(Net())", "Net()", "NORM = nn.BatchNorm1d\n"),
     ("model = FSDPv2(Named('x'))", "Named('x')",
      "class Named(nn.Module):\n    def __init__(self, kind):\n        super().__init__()\n"

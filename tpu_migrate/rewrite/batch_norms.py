@@ -44,7 +44,9 @@ _ALLOWED_ROOTS = frozenset({"torch", "torch_xla", "numpy"}) | frozenset(sys.stdl
 # What loads or builds objects the file does not show.
 _DENIED = ("torch.hub", "torch.load", "torch.jit.load", "torch.package", "torch.export", "torch.fx", "torch.ao",
            "torch.quantization", "torch.utils.model_zoo", "importlib", "pickle", "shelve", "marshal", "copyreg",
-           "builtins", "runpy")
+           "builtins", "runpy",
+           # Fused and quantized layers whose names hide a BatchNorm (ConvBn2d, ConvBnReLU2d).
+           "torch.nn.intrinsic", "torch.nn.qat", "torch.nn.quantized")
 _DYNAMIC = frozenset({"eval", "exec", "__import__", "globals", "vars", "locals", "compile"})
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _DEPTH = 4
@@ -118,8 +120,13 @@ class _Proof:
 
     def built_here(self, node: ast.expr, depth: int) -> bool:
         node = _strip_chain(node)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            return self._local_class(node.func.id) and self._values(node.args + [k.value for k in node.keywords], depth)
+        if isinstance(node, ast.Call):
+            arguments = node.args + [k.value for k in node.keywords]
+            if isinstance(node.func, ast.Name) and self._local_class(node.func.id):
+                return self._values(arguments, depth)
+            if self._torch_layer(node.func):
+                return self._values(arguments, depth)  # torch.nn.Linear(4, 2), nn.Sequential(Net())
+            return False
         if isinstance(node, ast.Name) and self.function is not None and depth == 0:
             return self._model_name(node.id, depth)
         return False
@@ -132,6 +139,27 @@ class _Proof:
         if len(defs) != 1 or not isinstance(defs[0], ast.ClassDef):
             return False
         return self._code(defs[0])
+
+    def _torch_layer(self, func: ast.expr) -> bool:
+        """`func` is a class of torch.nn (imported at module level; its arguments are looked at
+        apart): torch's own layers hold a BatchNorm only where one is named."""
+        if isinstance(func, ast.Name):
+            if self.function is not None and func.id in _local_names(self.function):
+                return False
+            defs = self.module_defs.get(func.id, [])
+            if len(defs) != 1 or not isinstance(defs[0], ast.ImportFrom) or defs[0].level:
+                return False
+            qualname = next((f"{defs[0].module}.{a.name}" for a in defs[0].names
+                             if (a.asname or a.name) == func.id), "")
+        else:
+            root = func
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if not isinstance(root, ast.Name) or len(self.module_defs.get(root.id, [])) != 1 or (
+                    self.function is not None and root.id in _local_names(self.function)):
+                return False
+            qualname = _dotted_import(func, self.module_defs) or ""
+        return qualname.startswith("torch.nn.") and qualname[9:10].isupper() and _allowed(qualname)
 
     def _model_name(self, name: str, depth: int) -> bool:
         """A local of the wrap's function assigned only a model built here (and itself again),
