@@ -9,7 +9,8 @@ whole model and no BatchNorm in it:
 1. Nothing in the file names a batch norm (a name, attribute, import, keyword or string with
    `batchnorm` / `batch_norm` in it, any case): a BatchNorm class, `convert_sync_batchnorm`,
    `norm_layer=nn.BatchNorm2d`, `getattr(nn, "BatchNorm2d")`.
-2. The model is built here: `Net(...)` (with `.to(device)`, `.train()`, ... after it), or a name
+2. The model is built here: `Net(...)` or a torch.nn layer (`nn.Sequential(Net(), nn.Linear(4,
+   2))`, its arguments followed as below), with `.to(device)`, `.train()`, ... after it, or a name
    of the same function assigned only that (and itself again: `model = model.to(device)`),
    used before the wrap only as `model(x)` and `model.parameters()`-like reads.
 3. `Net` is a class of this file, and everything its code reaches is seen too: the classes,
