@@ -207,6 +207,9 @@ class FileContext:
     removed_roots: Counter = field(default_factory=Counter)
     fixes: list[Fix] = field(default_factory=list)
     manual: list[Manual] = field(default_factory=list)
+    # The input lines of the TODO(tpu-migrate) comments the walk dropped: an earlier run's notes
+    # on code this run converted (layout.drop_done_todos); no longer open work.
+    done_todo_lines: set[int] = field(default_factory=set)
     # (scope id, name) of variables bound to a device loader and rewritten to the plain loader.
     loader_vars: dict[tuple[int, str], cst.BaseExpression] = field(default_factory=dict)
     # Blocks that rules generated, by id (the node is kept, so the id stays its own): the body

@@ -100,7 +100,9 @@ def _report_open_work(text: str, result: FileResult, catalog: Catalog) -> None:
     (open manual work from an earlier run), and warn about ignore comments naming no rule.
     Lines are the input's, like every finding's."""
     fresh = list(result.manual)
-    result.manual.extend(todos.unaccounted(fresh, todos.open_todos(text), text))
+    # Not the TODOs the rewrite dropped: this run converted what they marked (layout.py).
+    left = [todo for todo in todos.open_todos(text) if todo.line not in result.done_todos]
+    result.manual.extend(todos.unaccounted(fresh, left, text))
     result.manual.sort(key=lambda m: (m.line, m.col, m.code))
     known = {rule.code for rule in catalog.rules}
     for line, code in unknown_codes(text, known):
@@ -246,6 +248,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         result.manual.clear()
         return rewrite_text(text, path, options, catalog, result, whole=True)
     _check_parses(code, output)
+    result.done_todos = frozenset(file.done_todo_lines)
     return output
 
 
