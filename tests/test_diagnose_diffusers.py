@@ -57,7 +57,6 @@ def test_natively_the_scheduler_host_tensors_are_no_syncs_and_its_device_reads_a
     """Before issue 50: the pipeline's scheduler reading its own host tensors was 26 `bool` reads
     and 10 `nonzero`, the image's `.numpy()` after `.cpu()` a second sync, and the 13 reads of
     a device scalar indexing a table were missed."""
-    pytest.importorskip("diffusers")  # in the test extra
     document = run()
     assert (document["backend"], document["device"]) == ("native", "cpu")
     assert found(document) == EXPECTED
