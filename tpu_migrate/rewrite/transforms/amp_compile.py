@@ -84,7 +84,8 @@ _UNKNOWN = object()  # a backend chosen at run time (`backend=args.backend`)
 
 @transform("torch_compile", calls=("torch.compile",))
 def torch_compile(call: cst.Call, sc: StatementContext):
-    """torch.compile in a torch_xla file: the backend, and what TorchTPU's "tpu" backend rejects
+    """torch.compile in a torch_xla file (target tpu: also in one on torch.accelerator's device,
+    _on_the_accelerator): the backend, and what TorchTPU's "tpu" backend rejects
     (`mode=`, `dynamic=True`). Another backend (`"cudagraphs"`, `"eager"`) receives `mode=` as
     before: such a compile is the program's own choice and stays as it is."""
     xla = any(is_xla(b.qualname) for b in sc.file.analysis.imports)
