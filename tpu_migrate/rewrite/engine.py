@@ -28,6 +28,7 @@ from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rewrite.transforms.amp_compile import found_inf_steps
 from tpu_migrate.rewrite.transforms.spmd import mesh_attribute_reads
+from tpu_migrate.rewrite.transforms.collectives_ported import ported_collectives
 from tpu_migrate.rewrite.transforms.fsdp_checkpoints import XLA_FSDP_NAMES, shard_metadata_reads
 from tpu_migrate.rewrite.transforms.fsdp_models import wrapped_model_reads
 from tpu_migrate.rewrite.transforms.spmd_parameters import parameter_marking_loops
@@ -434,6 +435,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
     file.plans.wrapped_model_reads = {} if xla_fsdp_kept else wrapped_model_reads(analysis)
     file.plans.found_inf_steps = found_inf_steps(analysis)
     file.plans.mesh_attribute_reads = mesh_attribute_reads(analysis)
+    file.plans.ported_collectives = ported_collectives(file)
     file.plans.sharded_parameter_loops, file.plans.parameter_mark_refusals = parameter_marking_loops(
         analysis, catalog.canonical, fix_allowed)
     return file

@@ -75,6 +75,10 @@ class Plans:
     # id(`for` statement) -> the model's name, for the loops that mark each of an SPMD model's
     # parameters and become fully_shard (transforms/spmd_parameters.py).
     sharded_parameter_loops: dict[int, str] = field(default_factory=dict)
+    # id(statement) -> (code, line, col) of each collective an earlier run ported from torch_xla's
+    # in it, where a fresh tpu run marks its group (transforms/collectives_ported.py).
+    ported_collectives: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)
+    ported_placed: set[int] = field(default_factory=set)  # those whose TODO the walk wrote
     # id(`xs.mark_sharding(param, ...)` statement) -> why its loop over a model's parameters stays.
     parameter_mark_refusals: dict[int, str] = field(default_factory=dict)
 

@@ -17,6 +17,7 @@ from tpu_migrate.rewrite.registry import REGISTRY
 from tpu_migrate.rewrite.transforms import (
     amp_compile,
     collectives,
+    collectives_ported,
     device,
     environment,
     fsdp,
@@ -38,7 +39,7 @@ from tpu_migrate.rewrite.transforms import (
 from tpu_migrate.rewrite.transforms.common import atom, bind, code, spmd_reason
 
 # Imported for their registrations.
-FAMILIES = (amp_compile, collectives, device, environment, fsdp, fsdp_checkpoints, fsdp_models, guards, launch,
+FAMILIES = (amp_compile, collectives, collectives_ported, device, environment, fsdp, fsdp_checkpoints, fsdp_models, guards, launch,
             loaders, optimum, ranks, reporting, spmd, spmd_batch, spmd_parameters, steps, utilities,
             zero_redundancy)
 

@@ -48,9 +48,12 @@ def init_process_group(call: cst.Call, sc: StatementContext):
     if not (isinstance(backend.value, cst.SimpleString) and backend.value.evaluated_value == "xla"):
         if (
             sc.file.target == "tpu" and not isinstance(backend.value, cst.SimpleString)
-            and sc.file.analysis.qualnames & XLA_COLLECTIVES and sc.enabled("TPU070")
+            and not (isinstance(backend.value, cst.Name) and backend.value.value == "None")  # the default
+            and (sc.file.analysis.qualnames & XLA_COLLECTIVES or sc.file.plans.ported_collectives)
+            and sc.enabled("TPU070")
         ):
-            # A literal backend other than tpu_dist is marked on each collective (TPU100...).
+            # A literal backend other than tpu_dist is marked on each collective (TPU100...); the
+            # collectives an earlier run ported (a portable tree checked again) count as torch_xla's.
             sc.needs_manual("TPU070", "the torch_xla collectives of this file, which needed no group, now "
                             "run on the default group this call makes: make sure its backend can carry "
                             "tpu tensors (\"tpu_dist\"; gloo carries only CPU tensors)")
