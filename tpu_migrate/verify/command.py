@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tpu_migrate import standin
-from tpu_migrate.verify import compare, printed
+from tpu_migrate.verify import compare, printed, schedule
 from tpu_migrate.verify.runs import Run, Target, VerifyError, Workspace, project_root
 
 __all__ = ["TARGETS", "VerifyError", "run_verify"]
@@ -73,32 +74,43 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
     side = _migrated_side(against, target, torch)
     workspace = Workspace(interpreter, target, migrated_interpreter)
     try:
-        migrated = mine or workspace.migrate(program, root)
         runs, failed, skipped = [], None, None
-        plan = [("original", "original", program, 1, 1), ("original, again", "original", program, 1, 1),
-                *((f"migrated, {_processes(n, nnodes)}", "migrated", migrated, n * nnodes, nnodes) for n in nprocs)]
-        while plan:
-            name, kind, runnable, world, nodes = plan.pop(0)
-            echo(f"verify: running the {name} ...")
-            run = workspace.run(name, kind, runnable, args, world // nodes, timeout, nodes)
-            if run.left and run.returncode == 0:
-                echo(f"verify: {name}: the program exited leaving {len(run.left)} process(es) running, stopped: "
-                     + "; ".join(run.left[:5]))
-            if run.returncode != 0:
-                failed = run
-                break
-            runs.append(run)
-            if len(runs) == 1 and not compare.steps(run) and not printed.lines(run.printed):  # no need to run the rest
+        # The original's first run alone (the migration of its copy beside it): it decides the rest.
+        with ThreadPoolExecutor(1) as pool:
+            migrating = None if mine else pool.submit(workspace.migrate, program, root)
+            echo("verify: running the original ...")
+            before = schedule.snapshot(Path.cwd(), workspace.path)
+            first = workspace.run("original", "original", program, args, 1, timeout)
+            after = schedule.snapshot(Path.cwd(), workspace.path)
+            _left(first, echo)
+            if first.returncode != 0:
+                return 2, _failed(first, echo)
+            if not compare.steps(first) and not printed.lines(first.printed):  # no need to run the rest
                 echo(f"verify: {script}: the original took no optimizer step, called no backward() and printed no "
                      "number: nothing to compare")
                 return 2, {"script": script, "error": "the original took no step and printed no number"}
-            if len(runs) == 1 and nproc_default and nnodes == 1 and run.single_process \
-                    and any(p[3] > 1 for p in plan):
-                skipped = [p[3] for p in plan if p[3] > 1]
-                plan = [p for p in plan if p[3] <= 1] or [("migrated, 1 process", "migrated", migrated, 1, 1)]
-                echo(f"verify: {script} is a single-process program (the original made no process group and "
-                     f"started no other process): the torchrun run(s) at {', '.join(map(str, skipped))} processes do "
-                     "not apply, not run (give --nproc to run them)")
+            migrated = mine or migrating.result()
+        runs.append(first)
+        plan = [("original, again", "original", program, 1, 1),
+                *((f"migrated, {_processes(n, nnodes)}", "migrated", migrated, n * nnodes, nnodes) for n in nprocs)]
+        if nproc_default and nnodes == 1 and first.single_process and any(p[3] > 1 for p in plan):
+            skipped = [p[3] for p in plan if p[3] > 1]
+            plan = [p for p in plan if p[3] <= 1]
+            if len(plan) == 1:
+                plan.append(("migrated, 1 process", "migrated", migrated, 1, 1))
+            echo(f"verify: {script} is a single-process program (the original made no process group and "
+                 f"started no other process): the torchrun run(s) at {', '.join(map(str, skipped))} processes do "
+                 "not apply, not run (give --nproc to run them)")
+        # At once only where the original wrote no file another run could read (schedule.py).
+        alone = first.writes or before is None or before != after
+        if alone and first.writes:
+            echo(f"verify: the original writes files ({', '.join(first.writes)}): its runs go one after another")
+        for wave in schedule.waves(plan, 1 if alone else schedule.cores()):
+            done = _run_wave(workspace, wave, args, timeout, echo)
+            failed = next((run for run in done if run.returncode != 0), None)
+            runs += [run for run in done[:done.index(failed) if failed else len(done)]]
+            if failed is not None:
+                break
     finally:
         workspace.close()
     if failed is not None and (failed.side == "original" or len(runs) < 3):  # no migrated run measured
@@ -124,6 +136,36 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
         document["same"] = None
         return 2, document
     return (1 if any(v.divergence for v in verdicts) else 0), document
+
+
+def _run_wave(workspace: Workspace, wave: list, args: list[str], timeout: float, echo) -> list[Run]:
+    """The runs of one wave (schedule.waves), at once, in the plan's order. A run that failed beside
+    others runs again alone: its failure is its own, never a collision of the two (a port, a file)."""
+    names = [item[0] for item in wave]
+    echo(f"verify: running the {' and the '.join(names)}{' at once' if len(wave) > 1 else ''} ...")
+
+    def one(item) -> Run:
+        name, kind, runnable, world, nodes = item
+        return workspace.run(name, kind, runnable, args, world // nodes, timeout, nodes)
+
+    if len(wave) == 1:
+        done = [one(wave[0])]
+    else:
+        with ThreadPoolExecutor(len(wave)) as pool:
+            done = list(pool.map(one, wave))
+        for index, run in enumerate(done):
+            if run.returncode not in (0, 124, 130):
+                echo(f"verify: the {run.name} run failed beside the others: running it again alone ...")
+                done[index] = one(wave[index])
+    for run in done:
+        _left(run, echo)
+    return done
+
+
+def _left(run: Run, echo) -> None:
+    if run.left and run.returncode == 0:
+        echo(f"verify: {run.name}: the program exited leaving {len(run.left)} process(es) running, stopped: "
+             + "; ".join(run.left[:5]))
 
 
 # --tolerance's names of the step figures (compare.QUANTITIES), and of the printed numbers.

@@ -58,6 +58,7 @@ class Run:
     ranks: list[tuple[int, bool, str]] = field(default_factory=list)  # every launcher rank's printing:
     #   (rank, whether it is the first of its node, what it printed); empty without a launcher
     reduced: list[float] = field(default_factory=list)  # what xm.mesh_reduce / xm.all_reduce returned
+    writes: list[str] = field(default_factory=list)  # files its processes opened for writing (the first few)
 
     @property
     def single_process(self) -> bool:
@@ -286,7 +287,9 @@ class Workspace:
                    sum(len(list(d.glob("stdout-*.txt"))) for d in directories),
                    any(any(d.glob("group-*")) for d in directories), nnodes, once,
                    [rank for d in directories for rank in _read_ranks(d)],
-                   [value for d in directories for value in _read_reduced(d)])
+                   [value for d in directories for value in _read_reduced(d)],
+                   sorted({line for d in directories for path in d.glob("writes-*")
+                           for line in path.read_text(encoding="utf-8", errors="replace").splitlines()}))
 
 
 def _read_records(directory: Path) -> list[dict]:
