@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tpu_migrate import standin
-from tpu_migrate.verify import compare, printed, schedule
+from tpu_migrate.verify import compare, printed, schedule, source_diff
 from tpu_migrate.verify.runs import Run, Target, VerifyError, Workspace, project_root
 
 __all__ = ["TARGETS", "VerifyError", "run_verify"]
@@ -74,10 +74,11 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
     side = _migrated_side(against, target, torch)
     workspace = Workspace(interpreter, target, migrated_interpreter)
     try:
-        runs, failed, skipped = [], None, None
-        # The original's first run alone (the migration of its copy beside it): it decides the rest.
+        runs, failed, skipped, mechanical = [], None, None, None
+        # The original's first run alone (the migration of its copy beside it: with --against, the
+        # mechanical one the port is told from): it decides the rest.
         with ThreadPoolExecutor(1) as pool:
-            migrating = None if mine else pool.submit(workspace.migrate, program, root)
+            migrating = pool.submit(workspace.migrate, program, root)
             echo("verify: running the original ...")
             before = schedule.snapshot(Path.cwd(), workspace.path)
             first = workspace.run("original", "original", program, args, 1, timeout)
@@ -90,6 +91,8 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
                      "number: nothing to compare")
                 return 2, {"script": script, "error": "the original took no step and printed no number"}
             migrated = mine or migrating.result()
+            if mine is not None and migrating.exception() is None:
+                mechanical = migrating.result()
         runs.append(first)
         plan = [("original, again", "original", program, 1, 1),
                 *((f"migrated, {_processes(n, nnodes)}", "migrated", migrated, n * nnodes, nnodes) for n in nprocs)]
@@ -111,6 +114,10 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
             runs += [run for run in done[:done.index(failed) if failed else len(done)]]
             if failed is not None:
                 break
+        code = []  # a port's lines that tpu-migrate's migration does not have (read before the copy goes)
+        if mechanical is not None:
+            files = [source_diff.program_file(t.path, t.module, t.imports) for t in (mechanical, mine)]
+            code = source_diff.differing_code(*files) if None not in files else []
     finally:
         workspace.close()
     if failed is not None and (failed.side == "original" or len(runs) < 3):  # no migrated run measured
@@ -121,11 +128,15 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
         alone = next((v.divergence for v in verdicts if v.run.world == 1), None)
         verdicts.append(compare.verdict(reference, run, rtol, atol, alone, any(r.world == 1 for r in runs[2:]),
                                         expected))
+    if not any(v.divergence for v in verdicts):
+        code = []
     document = _document(script, against, target, torch, reference, verdicts)
+    if code:
+        document["differing_code"] = code
     if skipped:
         document["not_run"] = {"processes": skipped, "why": "single-process program: the original made no "
                                "process group and started no other process"}
-    for line in _text(script, side, reference, verdicts):
+    for line in _text(script, side, reference, verdicts, code):
         echo(line)
     if html_file is not None:
         from tpu_migrate.verify import html
@@ -259,7 +270,7 @@ def error_tail(output: str, limit: int = 3000) -> str:
     return program.rstrip() + ("\n[torchrun] " + "; ".join(summary[:6]) if summary else "")
 
 
-def _text(script, side: str, reference: compare.Original, verdicts) -> list[str]:
+def _text(script, side: str, reference: compare.Original, verdicts, code: list[str] = ()) -> list[str]:
     lines = [f"verify: {script} (torch_xla on the CPU, 1 process) against {side}, "
              f"{compare.counted(reference)}; the original's own run-to-run noise: " + compare.noise_text(reference.floor)]
     for verdict in verdicts:
@@ -282,6 +293,9 @@ def _text(script, side: str, reference: compare.Original, verdicts) -> list[str]
             lines.append(f"    {compare.where_label(divergence)}: {divergence.where}")
         if divergence is not None:
             lines.append(f"    likely: {divergence.cause}")
+            for index, hunk in enumerate(code):
+                label = "code that differs from tpu-migrate's migration: " if index == 0 else "  "
+                lines.append(f"    {label}{hunk}")
         if verdict.excursions:
             lines.append(f"    {compare.excursions_text(verdict.excursions)}")
         for item in (verdict.printed.world_only if verdict.printed else [])[:5]:

@@ -87,7 +87,8 @@ def _watch_writes(directory: str) -> None:
     """An audit hook noting (`writes-PID` in the directory) the first few files the program opens
     for writing: open() and os.open(), which the libraries' Python writers go through; torch.save's
     C++ writer is noted by _watch_save. Not: the recorder's own files, the import system's
-    bytecode, devices, files created exclusively (O_EXCL: tempfile's names, unique) and files in
+    bytecode, devices, files created exclusively (O_EXCL: tempfile's names, unique) or with no
+    name (O_TMPFILE: tempfile's anonymous files), and files in
     the folders tempfile.mkdtemp made (torch writes one at import)."""
     import functools
     import tempfile
@@ -112,8 +113,8 @@ def _watch_writes(directory: str) -> None:
             path, mode, flags = args
             if isinstance(path, int) or not (flags & WRITE_FLAGS or any(c in (mode or "") for c in "wax+")):
                 return
-            if flags & os.O_EXCL or "x" in (mode or ""):
-                return
+            if flags & (os.O_EXCL | getattr(os, "O_TMPFILE", 0)) or "x" in (mode or ""):
+                return  # a name of its own (tempfile's), or none (an anonymous file)
             _note_write(os.fsdecode(path), mine, noted)
         except Exception:  # noqa: BLE001 (never the program's failure)
             pass
@@ -123,7 +124,8 @@ def _watch_writes(directory: str) -> None:
 
 def _note_write(path: str, mine: str, noted: str) -> None:
     full = os.path.abspath(path)
-    if full.startswith((mine, *_temporary)) or any(part in full for part in NOT_WRITES) or full in _writes:
+    if full.startswith((mine, *_temporary)) or any(part in full for part in NOT_WRITES) or full in _writes \
+            or os.path.isdir(full):  # tempfile's files open their folder (an opener makes the file)
         return
     _writes.append(full)
     with open(noted, "a", encoding="utf-8") as handle:  # in `mine`: not noted again
