@@ -5,9 +5,10 @@ TorchTPU stand-in (tpu_migrate/standin: the `tpu` device computed by the CPU, tp
 gloo) under a Python with torch 2.11-2.15; a `--target portable` one with gloo on the CPU.
 
 Every process of every run records its optimizer steps (recorder.py) through diagnose's
-sitecustomize (runner.sitecustomize), which the program's workers inherit. The runs go one after
-another, in the user's working directory (the program's relative paths mean what they meant),
-so what a run writes there is overwritten by the next one.
+sitecustomize (runner.sitecustomize), which the program's workers inherit. The runs go in the
+user's working directory (the program's relative paths mean what they meant): at once only where
+the original wrote no file (schedule.py), else one after another, so what a run writes there is
+overwritten by the next one.
 """
 
 from __future__ import annotations
