@@ -88,8 +88,9 @@ def _watch_writes(directory: str) -> None:
     for writing: open() and os.open(), which the libraries' Python writers go through; torch.save's
     C++ writer is noted by _watch_save. Not: the recorder's own files, the import system's
     bytecode, devices, files created exclusively (O_EXCL: tempfile's names, unique) or with no
-    name (O_TMPFILE: tempfile's anonymous files), and files in
-    the folders tempfile.mkdtemp made (torch writes one at import)."""
+    name (O_TMPFILE: tempfile's anonymous files), and files in the folders tempfile.mkdtemp made
+    (torch writes one at import). An audit hook cannot be removed: past the first few writes it
+    returns at once."""
     import functools
     import tempfile
 
