@@ -517,8 +517,10 @@ def test_an_internal_error_is_one_line_and_exit_2_never_1(tmp_path, monkeypatch)
     said = []
     status, document = run_verify("train.py", [], None, None, [1], 1e-4, 1e-5, 60, said.append, target="portable")
     assert status == 2
-    assert said == ["verify: internal error: RecursionError: maximum recursion depth exceeded while copying"]
-    assert document["error"] == said[0]
+    # The migration goes beside the original's first run: that run is said, then the error alone.
+    assert said == ["verify: running the original ...",
+                    "verify: internal error: RecursionError: maximum recursion depth exceeded while copying"]
+    assert document["error"] == said[-1]
 
 
 # --- Packages and layouts (issue 48, item 6) ----------------------------------------------------
