@@ -330,6 +330,11 @@ def test_pytorch_xla_s_mnist_script_is_the_same_as_its_migration(tmp_path, monke
                                   interpreter=warm, target="portable")
     assert status == 0, "\n".join(said)
     assert document["steps"] == 20 and document["runs"][0]["divergence"] is None
+    # It writes no file: after its first run, its second and the migrated run go at once (2 cores).
+    from tpu_migrate.verify import schedule
+
+    assert ("verify: running the original, again and the migrated, 1 process at once ..." in said) == \
+        (schedule.cores() >= 2), said
     # 4 loss lines (epoch, step, loss: 12), the epoch of 4 other lines, test accuracy and max accuracy: the
     # rates differ between the original's own runs and are left out.
     printed = document["runs"][0]["printed"]
@@ -380,12 +385,17 @@ def test_a_broken_tpu_port_given_with_against_is_caught_on_the_stand_in(shared_o
     status, document = run_verify(str(PROGRAM), [], str(port), None, [2], 1e-4, 1e-5, 300, said.append,
                                   interpreter=warm)
     assert status == 1, "\n".join(said)
-    assert f"against {port} (target tpu) on the TorchTPU stand-in (torch " in said[-4]
-    assert said[-3].startswith("  migrated, torchrun, 2 processes: differs first at step 0, gradient norm: ")
-    assert said[-3].endswith("(migrated, ranks 0-1)")
-    assert said[-2].startswith("    at the step: port.py:") and said[-2].endswith(": optimizer.step()")
-    assert "each process stepped with its own gradients" in said[-1]
+    assert f"against {port} (target tpu) on the TorchTPU stand-in (torch " in said[-5]
+    assert said[-4].startswith("  migrated, torchrun, 2 processes: differs first at step 0, gradient norm: ")
+    assert said[-4].endswith("(migrated, ranks 0-1)")
+    assert said[-3].startswith("    at the step: port.py:") and said[-3].endswith(": optimizer.step()")
+    assert "each process stepped with its own gradients" in said[-2]
     assert document["target"] == "tpu" and document["runs"][0]["divergence"]["step"] == 0
+    # Issue 48, item 4: the code the port changed, told from what the rewrite makes of the original.
+    line = migrated[:migrated.index(GRADIENT_AVERAGE)].count("\n") + 1
+    assert said[-1] == (f"    code that differs from tpu-migrate's migration: port.py:{line}: pass (the migration: "
+                        "dist.all_reduce(param.grad); param.grad /= dist.get_world_size())")
+    assert document["differing_code"] == [said[-1].split("migration: ", 1)[1]]
 
 
 def test_a_migrated_python_without_a_torch_for_the_stand_in_is_one_line_and_exit_2(tmp_path):
@@ -469,6 +479,8 @@ def test_a_background_process_that_holds_stdout_does_not_hold_the_run(tmp_path):
         outlived = _gone(background)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert took < 25, took  # three runs, none of them waiting for the background process
+    # The background process writes a file (its pid): the runs go one after another.
+    assert f"verify: the original writes files ({pids}): its runs go one after another" in proc.stdout
     assert len(background) == 3, proc.stdout  # one per run: the original twice, the migration once
     assert outlived == [], "the background processes outlived verify"
     for pid in background:
@@ -505,8 +517,10 @@ def test_an_internal_error_is_one_line_and_exit_2_never_1(tmp_path, monkeypatch)
     said = []
     status, document = run_verify("train.py", [], None, None, [1], 1e-4, 1e-5, 60, said.append, target="portable")
     assert status == 2
-    assert said == ["verify: internal error: RecursionError: maximum recursion depth exceeded while copying"]
-    assert document["error"] == said[0]
+    # The migration goes beside the original's first run: that run is said, then the error alone.
+    assert said == ["verify: running the original ...",
+                    "verify: internal error: RecursionError: maximum recursion depth exceeded while copying"]
+    assert document["error"] == said[-1]
 
 
 # --- Packages and layouts (issue 48, item 6) ----------------------------------------------------

@@ -193,3 +193,69 @@ def test_the_recorder_notes_the_autocast_dtype_and_the_line_that_draws_on_the_xl
     assert (result.divergence.step, result.divergence.quantity) == (1, "loss"), result.divergence
     assert result.divergence.cause.startswith(f"not comparable: the original draws random numbers from torch_xla's "
                                               f"device generator ({line})")
+
+
+# Three steps each followed by the program's own sync, then two that never sync (read at exit).
+SYNCED_STEPS = """\
+import torch
+import torch_xla
+import torch_xla.debug.metrics as met
+
+torch.manual_seed(0)
+device = torch_xla.device()
+model = torch.nn.Linear(4, 2).to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(8, 4).to(device), torch.randn(8, 2).to(device)
+for step in range(5):
+    optimizer.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    if step < 3:
+        torch_xla.sync()
+        print(f"step {step} loss {loss.item():.6f}")
+print("graph executions", met.metric_data("ExecuteTime")[0])
+"""
+
+
+@pytest.mark.slow
+def test_under_torch_xla_the_recorder_adds_no_graph_execution(tmp_path):
+    """Issue 48, item 8: the recorder once read its sums with a sync of its own, three graph
+    executions a step where the program did one (18 here, not 3): the torch_xla run took 1.3-3x
+    its bare time. Its sums are outputs of the program's own graph now, read after its sync; the
+    steps that never sync are read at exit. Every step is recorded, with the losses printed."""
+    from tpu_migrate.verify.runs import Target, Workspace
+
+    (tmp_path / "train.py").write_text(SYNCED_STEPS)
+    workspace = Workspace(target="portable")
+    try:
+        run = workspace.run("original", "original", Target(tmp_path / "train.py", None, False), [], 1, 300)
+    finally:
+        workspace.close()
+    assert run.returncode == 0, run.output
+    assert "graph executions 3\n" in run.printed, run.printed  # one per torch_xla.sync, as without the recorder
+    assert [record["step"] for record in run.records] == [0, 1, 2, 3, 4]
+    printed = [float(line.split()[-1]) for line in run.printed.splitlines() if line.startswith("step ")]
+    assert [round(record["losses"][0], 6) for record in run.records[:3]] == printed
+    assert all(record["grad_sq"] > 0 and record["param_sum"] != 0 for record in run.records)
+    assert run.writes == []
+
+
+def test_the_recorder_notes_the_files_a_process_writes_not_its_temporary_ones(tmp_path):
+    """What decides whether verify's runs may go at once (schedule.py): open() for writing and
+    torch.save's path are noted; tempfile's files and folders, /dev/null, reads are not."""
+    records = tmp_path / "records"
+    records.mkdir()
+    (tmp_path / "data.txt").write_text("x")
+    program = ("import tempfile, torch\n"
+               "open('data.txt').read()\n"
+               "open('log.txt', 'a').write('x')\n"
+               "torch.save({'a': 1}, 'model.pt')\n"
+               "tempfile.NamedTemporaryFile().write(b'x')\n"
+               "open(tempfile.mkdtemp() + '/cache.py', 'w').write('x')\n"
+               "open('/dev/null', 'w').write('x')\n")
+    subprocess.run([sys.executable, "-c", "from tpu_migrate.verify import recorder\nrecorder.install()\n" + program],
+                   cwd=tmp_path, check=True, timeout=120,
+                   env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "TPU_MIGRATE_VERIFY_DIR": str(records)})
+    [noted] = records.glob("writes-*")
+    assert noted.read_text().splitlines() == [str(tmp_path / "log.txt"), str(tmp_path / "model.pt")]

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tpu_migrate import standin
-from tpu_migrate.verify import compare, printed
+from tpu_migrate.verify import compare, printed, schedule, source_diff
 from tpu_migrate.verify.runs import Run, Target, VerifyError, Workspace, project_root
 
 __all__ = ["TARGETS", "VerifyError", "run_verify"]
@@ -73,32 +74,50 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
     side = _migrated_side(against, target, torch)
     workspace = Workspace(interpreter, target, migrated_interpreter)
     try:
-        migrated = mine or workspace.migrate(program, root)
-        runs, failed, skipped = [], None, None
-        plan = [("original", "original", program, 1, 1), ("original, again", "original", program, 1, 1),
-                *((f"migrated, {_processes(n, nnodes)}", "migrated", migrated, n * nnodes, nnodes) for n in nprocs)]
-        while plan:
-            name, kind, runnable, world, nodes = plan.pop(0)
-            echo(f"verify: running the {name} ...")
-            run = workspace.run(name, kind, runnable, args, world // nodes, timeout, nodes)
-            if run.left and run.returncode == 0:
-                echo(f"verify: {name}: the program exited leaving {len(run.left)} process(es) running, stopped: "
-                     + "; ".join(run.left[:5]))
-            if run.returncode != 0:
-                failed = run
-                break
-            runs.append(run)
-            if len(runs) == 1 and not compare.steps(run) and not printed.lines(run.printed):  # no need to run the rest
+        runs, failed, skipped, mechanical = [], None, None, None
+        # The original's first run alone (the migration of its copy beside it: with --against, the
+        # mechanical one the port is told from): it decides the rest.
+        with ThreadPoolExecutor(1) as pool:
+            migrating = pool.submit(workspace.migrate, program, root)
+            echo("verify: running the original ...")
+            before = schedule.snapshot(Path.cwd(), workspace.path)
+            first = workspace.run("original", "original", program, args, 1, timeout)
+            after = schedule.snapshot(Path.cwd(), workspace.path)
+            _left(first, echo)
+            if first.returncode != 0:
+                return 2, _failed(first, echo)
+            if not compare.steps(first) and not printed.lines(first.printed):  # no need to run the rest
                 echo(f"verify: {script}: the original took no optimizer step, called no backward() and printed no "
                      "number: nothing to compare")
                 return 2, {"script": script, "error": "the original took no step and printed no number"}
-            if len(runs) == 1 and nproc_default and nnodes == 1 and run.single_process \
-                    and any(p[3] > 1 for p in plan):
-                skipped = [p[3] for p in plan if p[3] > 1]
-                plan = [p for p in plan if p[3] <= 1] or [("migrated, 1 process", "migrated", migrated, 1, 1)]
-                echo(f"verify: {script} is a single-process program (the original made no process group and "
-                     f"started no other process): the torchrun run(s) at {', '.join(map(str, skipped))} processes do "
-                     "not apply, not run (give --nproc to run them)")
+            migrated = mine or migrating.result()
+            if mine is not None and migrating.exception() is None:
+                mechanical = migrating.result()
+        runs.append(first)
+        plan = [("original, again", "original", program, 1, 1),
+                *((f"migrated, {_processes(n, nnodes)}", "migrated", migrated, n * nnodes, nnodes) for n in nprocs)]
+        if nproc_default and nnodes == 1 and first.single_process and any(p[3] > 1 for p in plan):
+            skipped = [p[3] for p in plan if p[3] > 1]
+            plan = [p for p in plan if p[3] <= 1]
+            if len(plan) == 1:
+                plan.append(("migrated, 1 process", "migrated", migrated, 1, 1))
+            echo(f"verify: {script} is a single-process program (the original made no process group and "
+                 f"started no other process): the torchrun run(s) at {', '.join(map(str, skipped))} processes do "
+                 "not apply, not run (give --nproc to run them)")
+        # At once only where the original wrote no file another run could read (schedule.py).
+        alone = first.writes or before is None or before != after
+        if alone and first.writes:
+            echo(f"verify: the original writes files ({', '.join(first.writes)}): its runs go one after another")
+        for wave in schedule.waves(plan, 1 if alone else schedule.cores()):
+            done = _run_wave(workspace, wave, args, timeout, echo)
+            failed = next((run for run in done if run.returncode != 0), None)
+            runs += [run for run in done[:done.index(failed) if failed else len(done)]]
+            if failed is not None:
+                break
+        code = []  # a port's lines that tpu-migrate's migration does not have (read before the copy goes)
+        if mechanical is not None:
+            files = [source_diff.program_file(t.path, t.module, t.imports) for t in (mechanical, mine)]
+            code = source_diff.differing_code(*files) if None not in files else []
     finally:
         workspace.close()
     if failed is not None and (failed.side == "original" or len(runs) < 3):  # no migrated run measured
@@ -109,11 +128,15 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
         alone = next((v.divergence for v in verdicts if v.run.world == 1), None)
         verdicts.append(compare.verdict(reference, run, rtol, atol, alone, any(r.world == 1 for r in runs[2:]),
                                         expected))
+    if not any(v.divergence for v in verdicts):
+        code = []
     document = _document(script, against, target, torch, reference, verdicts)
+    if code:
+        document["differing_code"] = code
     if skipped:
         document["not_run"] = {"processes": skipped, "why": "single-process program: the original made no "
                                "process group and started no other process"}
-    for line in _text(script, side, reference, verdicts):
+    for line in _text(script, side, reference, verdicts, code):
         echo(line)
     if html_file is not None:
         from tpu_migrate.verify import html
@@ -124,6 +147,36 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
         document["same"] = None
         return 2, document
     return (1 if any(v.divergence for v in verdicts) else 0), document
+
+
+def _run_wave(workspace: Workspace, wave: list, args: list[str], timeout: float, echo) -> list[Run]:
+    """The runs of one wave (schedule.waves), at once, in the plan's order. A run that failed beside
+    others runs again alone: its failure is its own, never a collision of the two (a port, a file)."""
+    names = [item[0] for item in wave]
+    echo(f"verify: running the {' and the '.join(names)}{' at once' if len(wave) > 1 else ''} ...")
+
+    def one(item) -> Run:
+        name, kind, runnable, world, nodes = item
+        return workspace.run(name, kind, runnable, args, world // nodes, timeout, nodes)
+
+    if len(wave) == 1:
+        done = [one(wave[0])]
+    else:
+        with ThreadPoolExecutor(len(wave)) as pool:
+            done = list(pool.map(one, wave))
+        for index, run in enumerate(done):
+            if run.returncode not in (0, 124, 130):
+                echo(f"verify: the {run.name} run failed beside the others: running it again alone ...")
+                done[index] = one(wave[index])
+    for run in done:
+        _left(run, echo)
+    return done
+
+
+def _left(run: Run, echo) -> None:
+    if run.left and run.returncode == 0:
+        echo(f"verify: {run.name}: the program exited leaving {len(run.left)} process(es) running, stopped: "
+             + "; ".join(run.left[:5]))
 
 
 # --tolerance's names of the step figures (compare.QUANTITIES), and of the printed numbers.
@@ -217,7 +270,7 @@ def error_tail(output: str, limit: int = 3000) -> str:
     return program.rstrip() + ("\n[torchrun] " + "; ".join(summary[:6]) if summary else "")
 
 
-def _text(script, side: str, reference: compare.Original, verdicts) -> list[str]:
+def _text(script, side: str, reference: compare.Original, verdicts, code: list[str] = ()) -> list[str]:
     lines = [f"verify: {script} (torch_xla on the CPU, 1 process) against {side}, "
              f"{compare.counted(reference)}; the original's own run-to-run noise: " + compare.noise_text(reference.floor)]
     for verdict in verdicts:
@@ -240,6 +293,9 @@ def _text(script, side: str, reference: compare.Original, verdicts) -> list[str]
             lines.append(f"    {compare.where_label(divergence)}: {divergence.where}")
         if divergence is not None:
             lines.append(f"    likely: {divergence.cause}")
+            for index, hunk in enumerate(code):
+                label = "code that differs from tpu-migrate's migration: " if index == 0 else "  "
+                lines.append(f"    {label}{hunk}")
         if verdict.excursions:
             lines.append(f"    {compare.excursions_text(verdict.excursions)}")
         for item in (verdict.printed.world_only if verdict.printed else [])[:5]:

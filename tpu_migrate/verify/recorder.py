@@ -14,20 +14,29 @@ pid and launcher rank; printed.py compares the numbers in it), and a process tha
 to `backward()` but never stepped an optimizer (a hand-written update, a loop without an
 optimizer) records them at exit, one per call, to be compared call by call.
 
+Each process notes the first files it opens for writing (`writes-*`: Python's opens, audited,
+and torch.save's paths; not its temporary files, nor what the recorder and the import system
+write): verify runs at once only the runs of a program that writes none, which cannot overwrite
+what another run reads (command.py).
+
 Where the program does not seed torch's and Python's generators itself, they start from 0 in
 every process of every run, and torch uses its deterministic algorithms: an unseeded program is
 deterministic too (its own settings still win).
 
 FSDP2 shards parameters and gradients (DTensors): their local shards' sums are recorded apart
 (`*_sharded`), to be added over the ranks; the other tensors are whole in every rank.
-Inside a region whose graph must not be cut (torch_xla.compile, whose `full_graph=True` fails
-on any execution in it) nothing is read: the values are built
-as tensors of the region's graph (or kept, the losses) and read at its end (torch_xla.compile's
-own sync materializes them) or at the next eager step, so recording never changes what the
-program can do. Reading a value is a device sync; under torch_xla that cuts the graph where the program did
-not, which changes no value beyond float rounding (verify's tolerance). On the TorchTPU stand-in
-(a `tpu` device whose tensors the CPU computes) the values are read the same way: what it reads
-are copies (`.cpu()`), never the program's tensors.
+Under torch_xla the recorder never syncs: reading a value there would execute the graph
+(three executions a step where the program did one: that tripled the run's time). The values are
+built as tensors of the program's own graph (the losses are kept), which the program's own sync
+computes with the step (`xm.mark_step`, `torch_xla.sync`, MpDeviceLoader's, the end of a
+`torch_xla.compile` region); a step closure then reads them (`xm.add_step_closure`: transfers of
+values already computed, no execution). A program that never syncs has them read at its next
+step once computed, at exit, or after BACKLOG steps, whichever comes first (that read executes
+a graph of its own). So recording never changes what the program can do: inside
+`torch_xla.compile(full_graph=True)`, which fails on any execution, nothing is read. On the
+TorchTPU stand-in (a `tpu` device whose tensors the CPU computes) the values are read from copies
+(`.cpu()`, one per tensor, as a TPU would transfer them), never the program's tensors; on the CPU
+they are read as they are.
 """
 
 from __future__ import annotations
@@ -43,7 +52,9 @@ ENV_DIR = "TPU_MIGRATE_VERIFY_DIR"
 _losses: list = []
 _steps: dict[int, int] = {}  # id(optimizer) -> its last step's index, in order of first step
 _pending: dict[int, tuple] = {}  # id(optimizer) -> its gradients' squared norm (tensors, in a region)
-_deferred: list = []  # (path, record with tensors) built inside a region, read at its end
+_deferred: list = []  # (path, record with tensors): built lazily (torch_xla), read once computed
+_closure = [False]  # whether a step closure that reads them waits for the program's next sync
+BACKLOG = 16  # records kept unread at most, in a program that never syncs: then read (an execution)
 _region = [0]  # how deep the program is in torch_xla.compile regions
 _unread = [0]  # records that could not be read at the end of their region
 _autocast: set = set()  # the dtypes of the autocast regions entered since the previous step
@@ -53,7 +64,7 @@ _device_rng: list = []  # the program's lines that drew from torch_xla's device 
 def install() -> None:
     directory = os.environ.get(ENV_DIR)
     if directory:
-        from tpu_migrate.diagnose.tracer import after_import
+        from tpu_migrate.diagnose.import_hooks import after_import
 
         rank = os.environ.get("RANK", "-")  # a launcher's worker; "-": no launcher (or the launcher)
         sys.stdout = _Tee(sys.stdout, os.path.join(directory, f"stdout-{time.time_ns()}-{os.getpid()}-{rank}.txt"))
@@ -62,7 +73,64 @@ def install() -> None:
         import random
 
         random.seed(0)
+        _watch_writes(directory)
         after_import("torch", lambda: _hook(os.path.join(directory, f"steps-{os.getpid()}.jsonl")))
+
+
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+NOT_WRITES = (os.sep + "__pycache__" + os.sep, "/dev/", "/proc/", "/sys/")
+_writes: list = []  # the first files the program opened for writing
+_temporary: list = []  # the folders tempfile.mkdtemp made for it (names of their own, never shared)
+
+
+def _watch_writes(directory: str) -> None:
+    """An audit hook noting (`writes-PID` in the directory) the first few files the program opens
+    for writing: open() and os.open(), which the libraries' Python writers go through; torch.save's
+    C++ writer is noted by _watch_save. Not: the recorder's own files, the import system's
+    bytecode, devices, files created exclusively (O_EXCL: tempfile's names, unique) or with no
+    name (O_TMPFILE: tempfile's anonymous files), and files in the folders tempfile.mkdtemp made
+    (torch writes one at import). An audit hook cannot be removed: past the first few writes it
+    returns at once."""
+    import functools
+    import tempfile
+
+    mine = os.path.realpath(directory) + os.sep
+    noted = os.path.join(directory, f"writes-{os.getpid()}")
+    mkdtemp = tempfile.mkdtemp
+
+    @functools.wraps(mkdtemp)
+    def made(*args, **kwargs):
+        folder = mkdtemp(*args, **kwargs)
+        if len(_temporary) < 1000:
+            _temporary.append(os.path.abspath(os.fsdecode(folder)) + os.sep)
+        return folder
+
+    tempfile.mkdtemp = made
+
+    def hook(event, args):
+        if event != "open" or len(_writes) >= 3:
+            return
+        try:
+            path, mode, flags = args
+            if isinstance(path, int) or not (flags & WRITE_FLAGS or any(c in (mode or "") for c in "wax+")):
+                return
+            if flags & (os.O_EXCL | getattr(os, "O_TMPFILE", 0)) or "x" in (mode or ""):
+                return  # a name of its own (tempfile's), or none (an anonymous file)
+            _note_write(os.fsdecode(path), mine, noted)
+        except Exception:  # noqa: BLE001 (never the program's failure)
+            pass
+
+    sys.addaudithook(hook)
+
+
+def _note_write(path: str, mine: str, noted: str) -> None:
+    full = os.path.abspath(path)
+    if full.startswith((mine, *_temporary)) or any(part in full for part in NOT_WRITES) or full in _writes \
+            or os.path.isdir(full):  # tempfile's files open their folder (an opener makes the file)
+        return
+    _writes.append(full)
+    with open(noted, "a", encoding="utf-8") as handle:  # in `mine`: not noted again
+        handle.write(full + "\n")
 
 
 class _Tee:
@@ -143,7 +211,7 @@ def _record_reductions(path: str) -> None:
         values = []
         for value in kept:
             try:
-                values.append(float(value.float().cpu()) if hasattr(value, "cpu") else float(value))
+                values.append(float(value.cpu()) if hasattr(value, "cpu") else float(value))  # a transfer, no op
             except Exception:  # noqa: BLE001 (a value that cannot be read: left out)
                 continue
         if values:
@@ -157,7 +225,7 @@ def _record_reductions(path: str) -> None:
 def _hook(path: str) -> None:
     import torch
 
-    from tpu_migrate.diagnose.tracer import after_import
+    from tpu_migrate.diagnose.import_hooks import after_import
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     backward = torch.Tensor.backward
@@ -168,6 +236,7 @@ def _hook(path: str) -> None:
         return backward(self, *args, **kwargs)
 
     torch.Tensor.backward = recording_backward
+    _watch_save(torch, os.path.dirname(path))
     _watch_autocast(torch)
     # torch_xla's processes only (the original's): no other draws from its device generator.
     after_import("torch_xla.torch_xla", lambda: (_wrap_xla_compile(), _watch_device_rng(torch)))
@@ -193,6 +262,29 @@ RANDOM_IN_PLACE = ("normal_", "uniform_", "bernoulli_", "random_", "exponential_
 # what TorchScript compiles from their source.
 RANDOM_DROPOUT = ("dropout", "dropout_", "feature_dropout", "feature_dropout_", "alpha_dropout", "alpha_dropout_",
                   "feature_alpha_dropout", "feature_alpha_dropout_")
+
+
+def _watch_save(torch, directory: str) -> None:
+    """torch.save, noting the path it writes (its C++ writer opens it unaudited)."""
+    import functools
+
+    original = torch.save
+    if getattr(original, "_tpu_migrate_verify", False):
+        return
+    mine = os.path.realpath(directory) + os.sep
+    noted = os.path.join(directory, f"writes-{os.getpid()}")
+
+    @functools.wraps(original)
+    def save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, bytes, os.PathLike)) and len(_writes) < 3:
+            try:
+                _note_write(os.fsdecode(f), mine, noted)
+            except Exception:  # noqa: BLE001 (never the program's failure)
+                pass
+        return original(obj, f, *args, **kwargs)
+
+    save._tpu_migrate_verify = True
+    torch.save = save
 
 
 def _watch_autocast(torch) -> None:
@@ -283,7 +375,7 @@ def _backward_only(path: str) -> None:
     if _steps or not _losses:
         return
     rank, world = _rank_and_world()
-    record = {"backward": [float(loss.float().cpu()) for loss in _losses], "rank": rank, "world": world}
+    record = {"backward": [float(loss.cpu()) for loss in _losses], "rank": rank, "world": world}
     if _device_rng:
         record["device_rng"] = list(_device_rng)
     with open(path, "a", encoding="utf-8") as handle:
@@ -294,19 +386,22 @@ def _params(optimizer) -> list:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def _sums(tensors, power: int) -> tuple:
+def _sums(tensors, power: int, deferred: bool) -> tuple:
     """(sum over the whole tensors, sum over the DTensor shards this rank holds) of each
     element to `power`, in float64: one device read for each, per device the tensors are on
     (a model split between the host and a device: tensors of two devices do not stack).
-    Inside a region (_in_region), the sums as tensors of its graph, read by _read later."""
+    `deferred` (torch_xla's lazy tensors): the sums as tensors of the program's graph, read by
+    _read later. Tensors of another device (the stand-in's `tpu`) are copied to the CPU first:
+    one transfer each, then the CPU computes (not an op of that device per step and tensor)."""
     import torch
-
-    deferred = _in_region()
 
     whole, sharded = {}, {}
     for tensor in tensors:
         is_shard = hasattr(tensor, "placements") and hasattr(tensor, "to_local")
-        local = (tensor.to_local() if is_shard else tensor).detach().to(torch.float64)
+        local = (tensor.to_local() if is_shard else tensor).detach()
+        if not deferred and local.device.type != "cpu":
+            local = local.cpu()
+        local = local.to(torch.float64)
         (sharded if is_shard else whole).setdefault(local.device, []).append(
             (local if power == 1 else local.pow(power)).sum())
     if deferred:
@@ -316,10 +411,55 @@ def _sums(tensors, power: int) -> tuple:
 
 
 def _read(value):
-    """A value _sums or _after_step kept as tensors inside a region, read now."""
+    """A value _sums or _after_step kept as tensors, read now."""
     if isinstance(value, list):
         return sum((float(tensor.cpu()) for tensor in value), 0.0)
     return value
+
+
+def _lazy(tensors) -> bool:
+    """Whether these are torch_xla's tensors, whose values only a graph execution computes."""
+    return any(getattr(tensor.device, "type", None) == "xla" for tensor in tensors)
+
+
+def _computed(record: dict) -> bool:
+    """Whether every torch_xla tensor a kept record holds is computed (device data): reading it is
+    a transfer, not an execution."""
+    tensors = [value for key in ("grad_sq", "grad_sq_sharded", "param_sum", "param_sum_sharded")
+               if isinstance(record[key], list) for value in record[key]]
+    tensors += [value for value in (*record["losses"], *record["lr"]) if hasattr(value, "device")]
+    xla = sys.modules.get("torch_xla")
+    check = getattr(getattr(xla, "_XLAC", None), "_check_tensor_need_materialization", None)
+    tensors = [tensor for tensor in tensors if getattr(tensor.device, "type", None) == "xla"]
+    if not tensors or check is None:
+        return True
+    try:
+        return not any(check(tensors))
+    except Exception:  # noqa: BLE001 (cannot tell: read it, as before)
+        return True
+
+
+def _after_sync() -> None:
+    """A step closure at the program's next sync (torch_xla), which reads the kept records then:
+    its graph has computed them."""
+    if _closure[0]:
+        return
+    xm = sys.modules.get("torch_xla.core.xla_model")
+    if xm is None or not hasattr(xm, "add_step_closure"):
+        return
+
+    def closure():
+        _closure[0] = False
+        try:
+            _flush(computed_only=True)
+        except Exception:  # noqa: BLE001 (never the program's failure: read at the next step or at exit)
+            pass
+
+    try:
+        xm.add_step_closure(closure)
+        _closure[0] = True
+    except Exception:  # noqa: BLE001 (read at the next step or at exit)
+        pass
 
 
 def _in_region() -> bool:
@@ -338,14 +478,18 @@ def _in_region() -> bool:
     return False
 
 
-def _flush() -> None:
-    """Read and write the records kept inside a region, now that it has ended."""
+def _flush(computed_only: bool = False) -> None:
+    """Read and write the kept records, in order (at the end of a region, at exit; with
+    `computed_only`, those the program's own sync computed, up to the first it did not)."""
     while _deferred:
-        path, record = _deferred.pop(0)
+        path, record = _deferred[0]
+        if computed_only and not _computed(record):
+            return
+        _deferred.pop(0)
         try:
             for key in ("grad_sq", "grad_sq_sharded", "param_sum", "param_sum_sharded"):
                 record[key] = _read(record[key])
-            record["losses"] = [float(loss.float().cpu()) for loss in record["losses"]]
+            record["losses"] = [float(loss.cpu()) for loss in record["losses"]]
             record["lr"] = [float(lr) for lr in record["lr"]]
         except Exception:  # noqa: BLE001 (never the program's failure: the step is said unread)
             _unread[0] += 1
@@ -422,9 +566,11 @@ def _wrap_xla_compile() -> None:
 
 
 def _before_step(optimizer, args, kwargs) -> None:
-    if _deferred and not _in_region():
-        _flush()
-    _pending[id(optimizer)] = _sums([p.grad for p in _params(optimizer) if p.grad is not None], 2)
+    region = _in_region()
+    if _deferred and not region:
+        _flush(computed_only=len(_deferred) < BACKLOG)
+    params = _params(optimizer)
+    _pending[id(optimizer)] = _sums([p.grad for p in params if p.grad is not None], 2, region or _lazy(params))
 
 
 def _caller() -> str | None:
@@ -444,9 +590,11 @@ def _after_step(optimizer, path: str) -> None:
     key = id(optimizer)
     _steps[key] = _steps.get(key, -1) + 1
     grad_sq, grad_sq_sharded = _pending.pop(key, (0.0, 0.0))
-    param_sum, param_sum_sharded = _sums(_params(optimizer), 1)
-    deferred = _in_region()
-    losses = list(_losses) if deferred else [float(loss.float().cpu()) for loss in _losses]
+    params = _params(optimizer)
+    region = _in_region()
+    deferred = region or _lazy(params)
+    param_sum, param_sum_sharded = _sums(params, 1, deferred)
+    losses = list(_losses) if deferred else [float(loss.cpu()) for loss in _losses]
     _losses.clear()
     rank, world = _rank_and_world()
     record = {"optimizer": list(_steps).index(key), "step": _steps[key], "rank": rank, "world": world,
@@ -458,6 +606,8 @@ def _after_step(optimizer, path: str) -> None:
         record["device_rng"] = list(_device_rng)
     if deferred:
         _deferred.append((path, record))
+        if not region:
+            _after_sync()
     else:
         _write(path, record)
 

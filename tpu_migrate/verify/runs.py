@@ -5,9 +5,10 @@ TorchTPU stand-in (tpu_migrate/standin: the `tpu` device computed by the CPU, tp
 gloo) under a Python with torch 2.11-2.15; a `--target portable` one with gloo on the CPU.
 
 Every process of every run records its optimizer steps (recorder.py) through diagnose's
-sitecustomize (runner.sitecustomize), which the program's workers inherit. The runs go one after
-another, in the user's working directory (the program's relative paths mean what they meant),
-so what a run writes there is overwritten by the next one.
+sitecustomize (runner.sitecustomize), which the program's workers inherit. The runs go in the
+user's working directory (the program's relative paths mean what they meant): at once only where
+the original wrote no file (schedule.py), else one after another, so what a run writes there is
+overwritten by the next one.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Run:
     ranks: list[tuple[int, bool, str]] = field(default_factory=list)  # every launcher rank's printing:
     #   (rank, whether it is the first of its node, what it printed); empty without a launcher
     reduced: list[float] = field(default_factory=list)  # what xm.mesh_reduce / xm.all_reduce returned
+    writes: list[str] = field(default_factory=list)  # files its processes opened for writing (the first few)
 
     @property
     def single_process(self) -> bool:
@@ -286,7 +288,9 @@ class Workspace:
                    sum(len(list(d.glob("stdout-*.txt"))) for d in directories),
                    any(any(d.glob("group-*")) for d in directories), nnodes, once,
                    [rank for d in directories for rank in _read_ranks(d)],
-                   [value for d in directories for value in _read_reduced(d)])
+                   [value for d in directories for value in _read_reduced(d)],
+                   sorted({line for d in directories for path in d.glob("writes-*")
+                           for line in path.read_text(encoding="utf-8", errors="replace").splitlines()}))
 
 
 def _read_records(directory: Path) -> list[dict]:
