@@ -292,3 +292,19 @@ def test_files_that_say_a_module_s_name_without_importing_it_are_not_parsed(tmp_
     monkeypatch.setattr(spmd_programs._Named, "MAX_NAMES", -1)  # the word test alone
     assert spmd_modules([], tmp_path) == found
     assert len([path for path in parsed if "other" in path]) == 30
+
+
+def test_a_module_that_says_sys_and_path_but_adds_no_directory_is_not_walked_whole(tmp_path, monkeypatch):
+    """Only a file that may call `sys.path.append / insert` or an import function has its whole
+    tree walked for those calls; `sys` and `path` apart are common (`import sys`, `os.path`)."""
+    from tpu_migrate.rewrite import spmd_programs
+
+    write(tmp_path, {"run.py": "import torch_xla.distributed.spmd as xs\nimport plain\nimport adds\n",
+                     "plain.py": "import os\nimport sys\n\nprint(sys.argv, os.path.sep)\n",
+                     "adds.py": "import os\nimport sys\n\nsys . path.append(os.path.dirname(__file__) + '/lib')\n"})
+    walked = []
+    import_nodes = spmd_programs._import_nodes
+    monkeypatch.setattr(spmd_programs, "_import_nodes", lambda tree: walked.append(tree) or import_nodes(tree))
+    found = dict(spmd_modules([], tmp_path))
+    assert set(found) == {real(tmp_path, "plain.py"), real(tmp_path, "adds.py")}
+    assert len(walked) == 1  # adds.py (run.py names no sys.path)

@@ -195,7 +195,7 @@ class _Imports:
         self._files: dict[str, str | None] = {}
 
     def add(self, path: str, tree: ast.Module, data: bytes) -> None:
-        self._of[path] = list(_local_imports(path, tree, self.bases, self.real_file, _calls_named(data)))
+        self._of[path] = list(_local_imports(path, tree, self.bases, self.real_file, _calls_named(data, path)))
 
     def of(self, path: str, data: bytes | None = None) -> list[str] | None:
         """The files `path` imports, None where it does not parse."""
@@ -203,7 +203,7 @@ class _Imports:
             data = self.texts.read(path) if data is None else data
             tree = _parse(path, data)
             self._of[path] = None if tree is None else \
-                list(_local_imports(path, tree, self.bases, self.real_file, _calls_named(data)))
+                list(_local_imports(path, tree, self.bases, self.real_file, _calls_named(data, path)))
         return self._of[path]
 
     def real_file(self, candidate: str) -> str | None:
@@ -485,12 +485,15 @@ def _import_nodes(tree: ast.Module) -> tuple[list[ast.AST], list[ast.Call]]:
     return imports, path_calls
 
 
-def _calls_named(data: bytes | None) -> bool:
+def _calls_named(data: bytes | None, path: str = "") -> bool:
     """Whether the source may call an import function (`_IMPORT_CALLS`) or `sys.path.append` /
-    `insert`: it holds their names (a file that is not all ASCII may spell them otherwise, as
-    NFKC-equal identifiers, so it counts too)."""
-    return data is None or not data.isascii() or b"import_module" in data or b"__import__" in data \
-        or b"sys" in data and b"path" in data
+    `insert`: it holds their names (a file whose identifiers its bytes may not spell as
+    themselves, `_plain_identifiers`, counts where it holds `sys` and `path` anywhere)."""
+    if data is None or b"import_module" in data or b"__import__" in data:
+        return True
+    if not (b"sys" in data and b"path" in data):
+        return not data.isascii()
+    return not _plain_identifiers(path, data) or _SYS_PATH.search(data) is not None
 
 
 # The fields that hold statements, of the nodes that do (a statement cannot sit in an expression).
