@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from tpu_migrate.rewrite.names import is_xla_name
+from tpu_migrate.rewrite.names import is_xla_name, walk
 
 # Bytes a file that runs SPMD holds (a file without any of them is not parsed).
 # (b"spmd": also `from torch_xla.distributed import spmd`, which names no module path whole.)
@@ -349,17 +349,23 @@ def _spmd_tree(path: str, data: bytes | None) -> ast.Module | None:
     if tree is None:
         return None
     imported, called, environment = set(), False, False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+    Import, ImportFrom, Attribute, Name, Constant, keyword = \
+        ast.Import, ast.ImportFrom, ast.Attribute, ast.Name, ast.Constant, ast.keyword
+    for node in walk(tree):  # the parser makes these classes exactly (no subclass): `type(node) is`
+        kind = type(node)
+        if kind is Import:
             imported.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            imported.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
-        elif isinstance(node, ast.Attribute) and node.attr in _SPMD_CALLS or \
-                isinstance(node, ast.Name) and node.id in _SPMD_CALLS:
-            called = True
-        elif isinstance(node, ast.Constant) and node.value == SPMD_ENV or \
-                isinstance(node, ast.keyword) and node.arg == SPMD_ENV:  # os.environ.update(XLA_USE_SPMD="1")
-            environment = True
+        elif kind is ImportFrom:
+            if node.module and node.level == 0:
+                imported.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+        elif kind is Attribute:
+            called = called or node.attr in _SPMD_CALLS
+        elif kind is Name:
+            called = called or node.id in _SPMD_CALLS
+        elif kind is Constant:
+            environment = environment or node.value == SPMD_ENV
+        elif kind is keyword:  # os.environ.update(XLA_USE_SPMD="1")
+            environment = environment or node.arg == SPMD_ENV
     if environment or any(name.startswith(_SPMD_MODULES) for name in imported):
         return tree
     return tree if called and any(is_xla_name(name) for name in imported) else None
