@@ -25,6 +25,7 @@ from tpu_migrate.rewrite.flows import held_assignments, passed_to_functions
 from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter
 from tpu_migrate.rewrite.names import analyze, is_xla_name, mark_subtrees
 from tpu_migrate.rewrite.plans import make_plans
+from tpu_migrate.rewrite.printing import quick_printing
 from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rewrite.transforms.amp_compile import found_inf_steps
@@ -57,7 +58,8 @@ def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | N
     cr_only = "\r" in source.text and "\n" not in source.text
     text = source.text.replace("\r", "\n") if cr_only else source.text
     try:
-        new_text = rewrite_text(text, path, options, catalog or load_catalog(), result)
+        with quick_printing():
+            new_text = rewrite_text(text, path, options, catalog or load_catalog(), result)
         if cr_only and new_text is not None:
             new_text = new_text.replace("\n", "\r")
     except SyntaxError as exc:  # NUL bytes, say: the parser names no line
