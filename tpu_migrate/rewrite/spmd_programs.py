@@ -10,11 +10,11 @@ and the project's modules they import, directly or through others. The rewrite t
 those modules' process queries with a TODO that says why (transforms/common.py `spmd_reason`).
 
 The pass reads every Python file and notebook of the project (a byte search; a parse only
-where SPMD, or a module found to run it, is named, with its folder's name where an import needs
-it: `_Named`), on every run: a pre-commit run that passes
-only a helper module must still know that the training script beside it runs SPMD. The result
-is part of the rewrite's settings, so the result cache of a file stays valid only while the
-project's SPMD programs import the same modules.
+where SPMD, or a module found to run it, is named, with its folder where an import needs that:
+`_Named`), on every run: a pre-commit run that passes only a helper module must still know
+that the training script beside it runs SPMD. The result is part of the rewrite's settings, so
+the result cache of a file stays valid only while the project's SPMD programs import the same
+modules.
 """
 
 from __future__ import annotations
@@ -269,16 +269,16 @@ class _Named:
 
     A file imports a module named `m` (`_module_name`) only where its bytes hold `m`: the test
     the pass always made, which alone lets through every file that says `device` or `utils`.
-    Where the project's tree was walked (`tree`: its import roots, and the names of the links
-    and skipped directories the walk did not list), an ASCII file whose bytes name none of
-    those names its modules in identifiers, by their real paths, so more can be asked without
-    a parse. The
-    dotted name of an import is the module's path below the directory it is found from: that
-    file's own (`import m`, a relative import with no package part) or one above it (`from ..
-    import m`), the project's roots (`bases`), or a directory the file adds to sys.path. From
-    any other directory the path, so the name, holds the module's folder (`pkg.m`, `from .pkg
-    import m`). So a file whose bytes name neither that folder nor sys.path, and that calls no
-    import function (`_calls_named`), imports `m` only from its own directory or one above it.
+    More can be asked without a parse where the project's tree was walked (`tree`: its import
+    roots, and the names of the links and skipped directories the walk did not list) and the
+    file is plain ASCII source (`_plain_identifiers`) that names none of those and calls no
+    import function: its imports then name modules by their real paths, in identifiers. An
+    import's dotted name is the module's path below the directory it is searched from: the
+    file's own (`import m`; a relative import with no package part), one above it (`from ..
+    import m`), a project root, or a directory the file adds to sys.path (`sys . path` in its
+    bytes). From any other directory the path, so the name, holds the module's folder
+    (`pkg.m`, `from .pkg import m`). So such a file whose bytes do not name that folder imports
+    `m` only from its own directory or one below the folder, or from a project root.
     """
 
     # With more names than this (a library whose every module imports the SPMD one), nearly
