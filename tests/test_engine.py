@@ -501,3 +501,44 @@ def test_a_finding_under_a_code_no_rule_declares_is_an_internal_error_for_that_f
     assert result.error == "internal error: a rule wrote a finding under TPU999, which no rule table declares"
     assert not result.changed and not result.fixes
     assert run(b"import torch_xla.core.xla_model as xm\ndevice = xm.xla_device()\n").changed  # the others go on
+
+
+MEMORY_TODO = "# TODO(tpu-migrate): TPU150 device memory statistics have no CPU equivalent"
+
+
+def test_a_todo_of_a_rule_this_run_converts_goes_and_a_person_s_comments_stay():
+    """The portable target leaves `xm.get_memory_info()` with a TODO; the tpu target converts it,
+    and with it goes that TODO (it is no longer open work), and only it: a person's own TODO,
+    a TODO of another rule, and one not directly above the statement stay, and are still
+    reported as open work (issue 49)."""
+    source = (
+        "import torch_xla.core.xla_model as xm\n\n\ndef report(device):\n"
+        f"    # TODO: check the limit on v5e\n    {MEMORY_TODO}\n    info = xm.get_memory_info(device)\n"
+        "    # TODO(tpu-migrate): TPU151 count the compilations by hand\n"
+        f"    {MEMORY_TODO}\n    peak = xm.get_memory_info(device)['peak_bytes_used']\n"
+        f"    {MEMORY_TODO}\n\n    return info, peak\n"
+    )
+    result = run(source.encode())
+    text = result.output.decode()
+    assert text.count(MEMORY_TODO) == 1 and "return info, peak" in text.split(MEMORY_TODO)[1]
+    assert "    # TODO: check the limit on v5e\n    info = {" in text
+    assert "    # TODO(tpu-migrate): TPU151 count the compilations by hand\n    peak = {" in text
+    assert [(m.line, m.code) for m in result.manual] == [(8, "TPU151"), (11, "TPU150")]
+    assert run(result.output).changed is False
+
+
+def test_a_todo_stays_where_this_run_converts_its_rule_and_reports_it_again():
+    """A rank read converted under a launch left torch_xla's is reported again (TPU021: every
+    worker reads rank 0 of 1): the TODO of that rule above it, worded otherwise, stays for it."""
+    old = "# TODO(tpu-migrate): TPU021 an earlier run's note on this read"
+    source = (
+        "import torch_xla.distributed.xla_multiprocessing as xmp\nimport torch_xla.runtime as xr\n\n\n"
+        f"class Runner:\n    def shard(self, items):\n        {old}\n        return items[xr.global_ordinal():]\n\n"
+        "    def worker(self, index, items):\n        return self.shard(items)\n\n"
+        "    def run(self, items):\n        xmp.spawn(self.worker, args=(items,))\n"
+    )
+    result = run(source.encode())
+    text = result.output.decode()
+    assert f"        {old}\n        return items[_rank():]" in text, text
+    assert text.count("TODO(tpu-migrate): TPU021") == 1
+    assert [(m.line, m.code) for m in result.manual if m.code == "TPU021"] == [(8, "TPU021")]

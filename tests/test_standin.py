@@ -60,7 +60,8 @@ def test_a_torchtpu_program_behaves_as_on_a_tpu_vm(tmp_path):
     assert "torch.compile(..., backend='inductor') on TPU is experimental" in seen["compile_inductor"][1]
     assert "TPU backend does not support torch.compile(..., dynamic=True, ...)" in seen["compile_dynamic"][1]
     assert "Unexpected keyword arguments: {'mode': 'max-autotune'}" in seen["compile_mode"][1]
-    assert seen["autocast"] == ["torch.bfloat16", "tpu:0", "torch.bfloat16", "torch.bfloat16", "torch.float32"]
+    assert seen["autocast"] == ["torch.bfloat16", "tpu:0", "torch.bfloat16", "torch.bfloat16", "torch.float32",
+                                "torch.float32"]
     assert seen["experimental_warns"] == [True, True]
     assert "Successfully renamed PrivateUse1 backend to 'tpu'" in stderr
 

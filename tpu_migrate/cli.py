@@ -86,6 +86,15 @@ def _xla_parameters(paths, files: list[str]) -> tuple:
     return project_parameters(files, None if root == Path(root.anchor) else root)
 
 
+def _kept_launches(paths, files: list[str]) -> tuple:
+    """The project's modules run by a launch in another module (rewrite/kept_launches.py), read
+    over the project root as _spmd_modules reads it."""
+    from tpu_migrate.rewrite.kept_launches import kept_launch_modules
+
+    root = project_root(list(paths))
+    return kept_launch_modules(files, None if root == Path(root.anchor) else root)
+
+
 def _configuration_error(exc: Exception) -> None:
     """One line naming the file and the problem, exit 2: the command line was fine, so click's
     `Usage:` text would only hide the message."""
@@ -247,6 +256,7 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
 
     settings["spmd_modules"] = _spmd_modules(paths, files)
     settings["xla_parameters"] = _xla_parameters(paths, files)
+    settings["kept_launches"] = _kept_launches(paths, files)
     show_progress = output_format == "text" and stderr.is_terminal and len(files) > PROGRESS_THRESHOLD
     with Progress(
         TextColumn("rewriting"), BarColumn(), MofNCompleteColumn(), console=stderr,

@@ -72,6 +72,9 @@ class FileResult:
     inode: int | None = field(default=None, compare=False)
     # Notebooks: cell index -> (old source, new source) of the cells that changed.
     cell_diffs: dict[int, tuple[str, str]] | None = None
+    # The input lines of the TODO(tpu-migrate) comments the rewrite dropped, their work done
+    # (an earlier run's note on code this run converts): not open work. Never serialised.
+    done_todos: frozenset[int] = field(default=frozenset(), compare=False, repr=False)
 
     def to_json(self) -> dict:
         return {

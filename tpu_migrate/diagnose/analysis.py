@@ -36,6 +36,13 @@ HOST_ONLY_NOTE = ("every tensor stayed on the host: the program put no tensor on
                   "this run cannot show the host syncs, data-dependent shapes or unsupported ops of a TPU run. "
                   "For a meaningful report, put the model and the data on the TPU (torch.device(\"tpu\"), "
                   ".to(\"tpu\")), which the TorchTPU stand-in runs here, and diagnose again")
+HOST_ONLY_NATIVE_NOTE = ("every tensor was judged a host tensor: the program puts every tensor it places on the CPU "
+                         "(torch.device(\"cpu\")), so with the CPU standing in for the TPU no read waits for a "
+                         "device, and this run cannot show the host syncs or data-dependent shapes of a TPU run. "
+                         "For a meaningful report, set the device to the accelerator "
+                         "(torch.accelerator.current_accelerator(), or torch.device(\"tpu\") as `tpu-migrate "
+                         "rewrite` writes it) and diagnose again: on the tpu device the program runs on the TorchTPU "
+                         "stand-in here, which counts its syncs exactly")
 GRAD_MODE_GUARD = re.compile(r"GLOBAL_STATE changed: grad_mode\s*$")
 
 
@@ -263,10 +270,10 @@ def summarize(evidence: Evidence, warmup_steps: int) -> Summary:
     result = [f for f in findings.values() if _reportable(f, stepless)]
     notes = _notes(findings.values(), result, stepless, warmup, warmup_steps, processes)
     backend_name = backend(evidence)[0]
-    host_only = backend_name == "standin" and not any(
-        e["kind"] == Kind.DEVICE_TENSOR for events in evidence.events.values() for e in events)
+    kinds = {e["kind"] for events in evidence.events.values() for e in events}
+    host_only = (backend_name == "standin" and Kind.DEVICE_TENSOR not in kinds) or Kind.HOST_ONLY in kinds
     if host_only:
-        notes.insert(0, HOST_ONLY_NOTE)
+        notes.insert(0, HOST_ONLY_NOTE if backend_name == "standin" else HOST_ONLY_NATIVE_NOTE)
     for finding in result:
         finding.total_steps = main_steps
         finding.per_call = stepless

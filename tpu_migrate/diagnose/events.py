@@ -18,6 +18,8 @@ line, each an object whose first key is `kind` (the recorder's counting mode rel
 - `backend`, `rank`, `end`: which backend traced the process, its rank, its end;
 - `device_tensor`: the TorchTPU stand-in only: the process made its first tensor on the `tpu`
   device (a run without one computed on the host, and could make no host sync);
+- `host_only`: the native backend with the CPU standing in: every place the program's source names
+  is the host (`device = torch.device("cpu")`), so every tensor was judged a host tensor;
 - native backend only: `compile`, `compile_time`, `recompile`, `graph_break`, `recompile_limit`,
   `unsupported`, `incompatible` (native.py), and `call_time` at the process's end: per call site
   and input signature of a compiled function, its first call apart from the later ones
@@ -63,6 +65,7 @@ class Kind:
     INCOMPATIBLE = "incompatible"
     CALL_TIME = "call_time"
     DEVICE_TENSOR = "device_tensor"  # standin: the process made its first tpu tensor
+    HOST_ONLY = "host_only"  # native, the CPU standing in: the program places every tensor on the host
     COUNTED = "counted"  # made by read_events, never written
 
 

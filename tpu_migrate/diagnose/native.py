@@ -37,7 +37,7 @@ import time
 
 from tpu_migrate.diagnose import call_timing, inheritance, placement, recording, standin_reads
 from tpu_migrate.diagnose.dynamo_hooks import DynamoHooks, as_torchtpu_compiles, compile_problems, dynamo_skips
-from tpu_migrate.diagnose.events import BackendEvent, Kind, ReadEvent
+from tpu_migrate.diagnose.events import BackendEvent, Event, Kind, ReadEvent
 from tpu_migrate.diagnose.op_coverage import OpCoverage
 from tpu_migrate.diagnose.read_places import ReadPlaces, program_files
 
@@ -67,6 +67,8 @@ class NativeHooks(OpCoverage, DynamoHooks):
         accelerator = "tpu" if standin else _accelerator(torch)
         self.device_types = {accelerator} if accelerator else {"cpu"}
         self.cpu_stands_in = accelerator is None
+        # table[t] with a device scalar t, named as the stand-in names it (the CPU stands in for a tpu)
+        self.scalar_indexing = f"indexing with a {accelerator or 'tpu'} scalar"
         self.recorder.emit(BackendEvent(kind=Kind.BACKEND, op="standin" if standin else "native", file=None,
                                         line=None, device=accelerator or "cpu", started=recorder.started))
         self.method_originals: dict[str, object] = {}  # Tensor.__dict__ entries (None: inherited)
@@ -82,6 +84,10 @@ class NativeHooks(OpCoverage, DynamoHooks):
         self.optimizer_hook = None
         self.saved = []  # (owner, name, original) patched once, restored by uninstall
         self.places = ReadPlaces(self.device_types, self.cpu_stands_in)  # would a read wait for the TPU
+        if self.cpu_stands_in and not standin and _places_anything_yet():  # which CPU tensors stand for host ones
+            from tpu_migrate.diagnose.tensor_places import TensorPlaces
+
+            self.places.tensor_places = TensorPlaces(torch, self.places)
         self.last_read: float | None = None  # perf_counter at the end of the last counted host read
         self.compiling = 0.0  # seconds Dynamo spent compiling so far
         self.compiling_at_read = 0.0  # ... at the end of the last counted host read
@@ -122,6 +128,8 @@ class NativeHooks(OpCoverage, DynamoHooks):
         self._patch(multiprocessing.process.BaseProcess, "start",
                     self._process_start_wrapper(multiprocessing.process.BaseProcess.start))
         self._start_op_coverage()
+        if self.places.tensor_places is not None:
+            self.places.tensor_places.install()
         from tpu_migrate.diagnose import library_compiles
         from tpu_migrate.diagnose.import_hooks import after_import
 
@@ -134,6 +142,8 @@ class NativeHooks(OpCoverage, DynamoHooks):
 
             atexit.register(incompatible.report_sources, self.recorder)  # runs before finish()
             atexit.register(self._report_dynamic_calls)
+            if self.cpu_stands_in and not self.standin:
+                atexit.register(self._report_host_only)
 
     def _patch(self, owner, name, replacement) -> None:
         self.saved.append((owner, name, owner.__dict__.get(name)))
@@ -152,7 +162,10 @@ class NativeHooks(OpCoverage, DynamoHooks):
 
     def _drop_function_wrappers(self) -> None:
         """Dynamo guards on the identity of torch.* functions: a wrapper installed at run time
-        and taken out at compile time would fail those guards and recompile."""
+        and taken out at compile time would fail those guards and recompile. It traces torch
+        function modes too: tensor_places' mode goes with them (its marks stay)."""
+        if self.places.tensor_places is not None:
+            self.places.tensor_places.uninstall()
         for name, original in self.function_originals.items():
             setattr(self.torch, name, original)
             self.functions_dropped = True
@@ -178,6 +191,14 @@ class NativeHooks(OpCoverage, DynamoHooks):
                     self.recorder.emit(ReadEvent(kind=Kind.DYNAMIC, op=name, file=os.path.abspath(filename),
                                                  line=line, count=0, static=True, traced=True))
 
+    def _report_host_only(self) -> None:
+        """At exit: a program whose every place is the host (`device = torch.device("cpu")`) had
+        each of its tensors judged a host tensor; the report must say so, not "no host sync"."""
+        from tpu_migrate.diagnose import incompatible
+
+        if placement.host_only(program_files(incompatible.user_sources())):
+            self.recorder.emit(Event(kind=Kind.HOST_ONLY, op="cpu", file=None, line=None))
+
     def uninstall(self) -> None:
         """Back to the untraced program (auto backend: the program turned out to use torch_xla)."""
         self._put_methods(wrapped=False)
@@ -189,6 +210,7 @@ class NativeHooks(OpCoverage, DynamoHooks):
 
         atexit.unregister(incompatible.report_sources)
         atexit.unregister(self._report_dynamic_calls)
+        atexit.unregister(self._report_host_only)
         if self.device_reads is not None:
             self.device_reads.uninstall()
         if self.dynamo_hooked:
@@ -216,17 +238,27 @@ class NativeHooks(OpCoverage, DynamoHooks):
         counts = self.places.counts
         label = {"__getitem__": "boolean mask indexing", "to": "to('cpu')"}.get(name, name)
         torch = self.torch
-        masks_only = name == "__getitem__"
+        indexing = name == "__getitem__"
         copies, places = name == "to", self.places
         hooks, stands_in = self, self.cpu_stands_in
+        scalar_indexing = self.scalar_indexing
 
         @functools.wraps(original)
         def wrapper(self, *args, **kwargs):
-            if getattr(local, "busy", False) or (masks_only and not (
-                    isinstance(args[0], torch.Tensor) and args[0].dtype == torch.bool)) or (
-                    only_if is not None and not only_if(args, kwargs)):
+            if getattr(local, "busy", False) or (only_if is not None and not only_if(args, kwargs)):
                 return original(self, *args, **kwargs)
-            where = counts(self, 2)
+            op, found = label, kind
+            if not indexing:
+                where = counts(self, 2)
+            elif not isinstance(args[0], torch.Tensor):
+                return original(self, *args, **kwargs)
+            elif args[0].dtype == torch.bool:
+                where = counts(self, 2)
+            elif args[0].dim() == 0 and places.scalar_index(args[0], 2):
+                # table[t]: torch reads the device scalar t in C++, as .item() does
+                where, op, found = placement.DEVICE, scalar_indexing, Kind.SYNC
+            else:
+                return original(self, *args, **kwargs)
             if where is None:
                 return original(self, *args, **kwargs)
             local.busy = True
@@ -246,7 +278,7 @@ class NativeHooks(OpCoverage, DynamoHooks):
                 extra = {"placement": UNKNOWN} if where == UNKNOWN else {}
                 if queued is not None:
                     extra["queued"] = queued
-                recorder.at_user_line(kind, label, wait=waited, **extra)
+                recorder.at_user_line(found, op, wait=waited, **extra)
                 local.busy = False
 
         return dynamo_skips(wrapper)
@@ -272,6 +304,8 @@ class NativeHooks(OpCoverage, DynamoHooks):
         recorder.optimizer_steps += 1
         if recorder.optimizer_steps >= self.sample_steps:
             self._stop_op_coverage()
+            if self.places.tensor_places is not None:  # its cost per torch call ends with the sample
+                self.places.tensor_places.uninstall()
         recorder.flush_soon()  # what a killed program did up to its last steps survives
 
     def _save_wrapper(self, original):
@@ -289,37 +323,36 @@ class NativeHooks(OpCoverage, DynamoHooks):
             if recorder is None or recorder.busy():
                 return original(obj, *args, **kwargs)
             try:
-                device = hooks._device_object(obj, sys._getframe(1))
+                where = hooks._device_object(obj, sys._getframe(1))
             except Exception:  # noqa: BLE001 - never break the program's save
-                device = False
+                where = None
             recorder.local.busy = True  # torch.save's own reads of the tensors are not the user's
             started = time.perf_counter()
             try:
                 return original(obj, *args, **kwargs)
             finally:
                 recorder.local.busy = False
-                if device:
-                    recorder.at_user_line(Kind.SYNC, "torch.save", wait=time.perf_counter() - started)
+                if where is not None:
+                    extra = {"placement": UNKNOWN} if where == UNKNOWN else {}
+                    recorder.at_user_line(Kind.SYNC, "torch.save", wait=time.perf_counter() - started, **extra)
 
         return save
 
-    def _device_object(self, obj, caller) -> bool:
+    def _device_object(self, obj, caller) -> str | None:
         """Whether `obj` (a tensor, or a state dict, list or tuple of them) holds tensors on the
-        device; with the CPU standing in, whether the user's line `caller` saves such."""
+        device: placement.DEVICE, UNKNOWN (counted, with a note) or None. With the CPU standing
+        in, the user's line `caller` says, as for a read there; where the source cannot place
+        it (a model moved by `self.model.to(device)`), the save counts unless every tensor it
+        holds is a host tensor (tensor_places.py)."""
+        tensors = _tensors_in(self.torch, obj)
         if self.cpu_stands_in:
-            return not recording.is_library(caller.f_code.co_filename) and \
-                self.places.read_place(caller.f_code.co_filename, caller.f_lineno) == placement.DEVICE
-        pending, seen = [obj], 0
-        while pending and seen < 10_000:  # a state dict is flat; the bound keeps odd objects cheap
-            item, seen = pending.pop(), seen + 1
-            if isinstance(item, self.torch.Tensor):
-                if item.device.type != "cpu":
-                    return True
-            elif isinstance(item, dict):
-                pending.extend(item.values())
-            elif isinstance(item, (list, tuple)):
-                pending.extend(item)
-        return False
+            if recording.is_library(caller.f_code.co_filename):
+                return None
+            where = self.places.read_place(caller.f_code.co_filename, caller.f_lineno)
+            if where == placement.UNKNOWN and self.places.tensor_places is not None:
+                return UNKNOWN if any(not self.places.is_host(t) for t in tensors) else None
+            return where if where == placement.DEVICE else None
+        return placement.DEVICE if any(t.device.type != "cpu" for t in tensors) else None
 
     def _compile_wrapper(self, original):
         hooks = self
@@ -359,6 +392,29 @@ class NativeHooks(OpCoverage, DynamoHooks):
         return start
 
 
+
+
+def _tensors_in(torch, obj) -> list:
+    """The tensors of `obj`: a tensor, or a state dict, list or tuple of them."""
+    tensors, pending, seen = [], [obj], 0
+    while pending and seen < 10_000:  # a state dict is flat; the bound keeps odd objects cheap
+        item, seen = pending.pop(), seen + 1
+        if isinstance(item, torch.Tensor):
+            tensors.append(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return tensors
+
+
+def _places_anything_yet() -> bool:
+    """Whether the program's files loaded so far (its script, when torch is imported) place a
+    tensor anywhere. One that places none runs wholly on the device: every tensor is a device
+    tensor, and following them (tensor_places.py, a cost per torch call) would tell nothing."""
+    from tpu_migrate.diagnose import incompatible
+
+    return placement.program_places(program_files(incompatible.user_sources()))
 
 
 def _accelerator(torch) -> str | None:

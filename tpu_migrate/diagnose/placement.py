@@ -244,8 +244,8 @@ class Module:
             if isinstance(receiver, ast.Name) and receiver.id == "torch":
                 if func.attr == "device" and call.args:  # torch.device("tpu"): a device, the CPU apart
                     return HOST if _is_cpu_literal(call) else DEVICE
-                if device is not None:
-                    return HOST if _is_cpu_literal(device) else DEVICE
+                if device is not None:  # device=device, where the program's device may be the CPU
+                    return HOST if _is_cpu_literal(device) or self.expression(device, scope) == HOST else DEVICE
                 if func.attr in FACTORIES:
                     return HOST
                 if func.attr.endswith("_like") and call.args:
@@ -269,6 +269,16 @@ class Module:
             elif not isinstance(node, ast.ClassDef) and (found is None or node.lineno >= found.lineno):
                 found = node
         return function, found
+
+    def destinations(self) -> list[str]:
+        """Where each call that places a tensor sends it (DEVICE or HOST): `model.to(device)` is
+        HOST where `device = torch.device("cpu")`."""
+        kinds = []
+        for node in ast.walk(self.tree):
+            if _places(node):
+                function, _ = self.statement_at(node.lineno)
+                kinds.append(self.expression(node, self.scope_of(function)))
+        return kinds
 
     def calls_of(self, functions) -> list[tuple[int, str]]:
         """(line, name) of each call of torch.<name> for a name in `functions`."""
@@ -401,3 +411,10 @@ def names_the_cpu(filename: str, line: int) -> bool:
 
 def program_places(filenames) -> bool:
     return any(m is not None and m.places for m in map(module, filenames))
+
+
+def host_only(filenames) -> bool:
+    """Whether the program places tensors and every place it names is the host (its device is
+    `torch.device("cpu")`): the CPU standing in then stands in for nothing."""
+    kinds = [kind for m in map(module, filenames) if m is not None and m.places for kind in m.destinations()]
+    return bool(kinds) and all(kind == HOST for kind in kinds)

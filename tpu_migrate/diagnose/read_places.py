@@ -33,7 +33,7 @@ def storage_of(tensor) -> int | None:
         return None
 
 
-def _is_torch(filename: str) -> bool:
+def is_torch(filename: str) -> bool:
     return any(marker in filename for marker in _TORCH)
 
 
@@ -70,6 +70,25 @@ class ReadPlaces:
         # address is reused once its storage is freed: a later device tensor is no copy).
         self.host_storages: dict[int, weakref.ref] = {}
         self.program_places: bool | None = None  # does the program name a device anywhere
+        # With the CPU standing in: the tensors that stand for host tensors (tensor_places.py),
+        # while the program names a device (one that names none runs wholly on it).
+        self.tensor_places = None
+        # (code, line[, "index"]) -> whether what the line read was a host tensor, while
+        # tensor_places followed tensors (None: both); after it stepped aside, the line's answer.
+        self.host_sites: dict[tuple, bool | None] = {}
+
+    def places_anything(self) -> bool:
+        if self.program_places is None:
+            from tpu_migrate.diagnose import incompatible
+
+            self.program_places = placement.program_places(program_files(incompatible.user_sources()))
+        return self.program_places
+
+    def is_host(self, tensor) -> bool:
+        """Whether `tensor`, a CPU tensor standing in for the TPU's, is a host tensor of the
+        program's (tensor_places.py): its reads wait for nothing, whoever reads it."""
+        marks = self.tensor_places
+        return marks is not None and marks.is_host(tensor) and self.places_anything()
 
     def counts(self, tensor, caller_depth: int) -> str | None:
         """Would this read of `tensor` wait for the TPU: placement.DEVICE, placement.UNKNOWN
@@ -80,6 +99,8 @@ class ReadPlaces:
         if not self.cpu_stands_in:
             return placement.DEVICE
         frame = sys._getframe(caller_depth)
+        if self.tensor_places is not None and self._host_read(tensor, (frame.f_code, frame.f_lineno)):
+            return None
         key = (frame.f_code, frame.f_lineno)
         kind = self.read_places.get(key)
         if kind is None:  # once per reading line: this runs on every host read
@@ -97,12 +118,69 @@ class ReadPlaces:
         `generate` checking whether to stop, every token) is decided by the user's call into it
         (_LIBRARY)."""
         if recording.is_library(filename):
-            return _LIBRARY if recording.is_shown_library(filename) and not _is_torch(filename) else placement.HOST
-        if self.program_places is None:
-            from tpu_migrate.diagnose import incompatible
+            return _LIBRARY if recording.is_shown_library(filename) and not is_torch(filename) else placement.HOST
+        return placement.read_kind(filename, line, self.places_anything())
 
-            self.program_places = placement.program_places(program_files(incompatible.user_sources()))
-        return placement.read_kind(filename, line, self.program_places)
+    def _host_read(self, tensor, key: tuple) -> bool:
+        """Whether a read at `key` is of a host tensor: its mark while tensor_places follows
+        tensors (learned for the line); once it stepped aside, the mark of a tensor made before,
+        or what the line read while followed."""
+        marks = self.tensor_places
+        if not self.places_anything():
+            return False
+        if marks.on:
+            host = marks.is_host(tensor)
+            seen = self.host_sites.get(key, host)
+            self.host_sites[key] = host if seen == host else None
+            return host
+        return marks.is_host(tensor) or self.host_sites.get(key) is True
+
+    def scalar_index(self, index, caller_depth: int) -> bool:
+        """`table[index]` with a 0-d integer tensor `index` on the device: torch reads the index
+        in C++ (`.item()`) to select with it, which waits for the device, wherever the table
+        lives (a scheduler's host `alphas_cumprod[t]`, a device `timesteps[i + 1]`). Not torch's
+        own indexing; with the CPU standing in, not a host tensor's (tensor_places.py)."""
+        if index.is_floating_point() or index.is_complex():
+            return False
+        frame = sys._getframe(caller_depth)
+        if recording.is_library(frame.f_code.co_filename) and (
+                not recording.is_shown_library(frame.f_code.co_filename) or is_torch(frame.f_code.co_filename)):
+            return False
+        if not self.cpu_stands_in:
+            return index.device.type in self.device_types
+        if self.tensor_places is None:
+            return False
+        key = (frame.f_code, frame.f_lineno, "index")
+        if self.tensor_places.on:
+            return not self._host_read(index, key)
+        return self.places_anything() and self.host_sites.get(key) is False  # a line seen indexing with device scalars
+
+    def destination_is_host(self, frame) -> bool:
+        """Whether a tensor made or moved at `frame` (`.to(device)`, `device=`; a user's or a
+        library's frame) goes to the host: the user's statement sends it there (its `.to("cpu")`,
+        or a device the source puts on the host), or a library names the CPU on its way from
+        the user's call (else it moves to the user's device, which the CPU only stands in for)."""
+        key = (frame.f_code, frame.f_lineno, "to")
+        found = self.host_copies.get(key)
+        if found is None:  # once per line: this runs on every move and factory given a device
+            filename = frame.f_code.co_filename
+            if recording.is_library(filename):
+                found = _LIBRARY
+            else:
+                found = placement.host_copy_at(filename, frame.f_lineno) or \
+                    self.read_place(filename, frame.f_lineno) == placement.HOST
+            self.host_copies[key] = found
+        if found != _LIBRARY:
+            return found
+        names_cpu = False
+        while frame is not None and recording.is_library(frame.f_code.co_filename):
+            key = (frame.f_code, frame.f_lineno, "cpu")
+            named = self.host_copies.get(key)
+            if named is None:
+                named = self.host_copies[key] = placement.names_the_cpu(frame.f_code.co_filename, frame.f_lineno)
+            names_cpu = names_cpu or named
+            frame = frame.f_back
+        return names_cpu or (frame is not None and self.library_read_place(frame) == placement.HOST)
 
     def remember_host_copy(self, copy) -> None:
         """`copy` is a library's copy to the host (see library_host_copy)."""
@@ -147,7 +225,7 @@ class ReadPlaces:
             filename = frame.f_code.co_filename
             if not recording.is_library(filename):
                 found = placement.host_copy_at(filename, frame.f_lineno)
-            elif recording.is_shown_library(filename) and not _is_torch(filename):
+            elif recording.is_shown_library(filename) and not is_torch(filename):
                 found = _LIBRARY
             else:
                 found = False

@@ -75,16 +75,27 @@ def _getitem_wrapper(original):
     @functools.wraps(original)
     def wrapper(self, index):
         recorder = recording.RECORDER
-        if (
-            recorder is not None
-            and isinstance(index, torch.Tensor)
-            and index.dtype == torch.bool
-            and self.device.type == "xla"
-            and not recorder.busy()
-        ):
-            recorder.at_user_line(Kind.DYNAMIC, "boolean mask indexing")
-        return original(self, index)
+        if recorder is None or not isinstance(index, torch.Tensor) or recorder.busy():
+            return original(self, index)
+        if index.dtype == torch.bool:
+            if self.device.type == "xla":
+                recorder.at_user_line(Kind.DYNAMIC, "boolean mask indexing")
+            return original(self, index)
+        if index.dim() != 0 or index.device.type != "xla" or index.is_floating_point():
+            return original(self, index)
+        # table[t], t a 0-d integer xla tensor: torch reads t in C++ (aten::_local_scalar_dense)
+        # to select with it, whatever device the table is on, and the host waits for the device.
+        recorder.local.busy = True
+        started = time.perf_counter()
+        try:
+            return original(self, index)
+        finally:
+            recorder.local.busy = False
+            recorder.at_user_line(Kind.SYNC, SCALAR_INDEXING, wait=time.perf_counter() - started)
     return wrapper
+
+
+SCALAR_INDEXING = "indexing with a device scalar"
 
 
 # torch.compile(backend="openxla") syncs while it compiles: not a step of the program.

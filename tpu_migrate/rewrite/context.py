@@ -37,6 +37,9 @@ class Options:
     # (a file's real path, the functions it imports from the project whose parameters reach
     # torch_xla): parameter_flows.project_parameters.
     xla_parameters: tuple = ()
+    # (a module's real path, why the launch that runs it from another module stays torch_xla's;
+    # "": a converted launch runs it): kept_launches.kept_launch_modules.
+    kept_launches: tuple[tuple[str, str], ...] = ()
 
     def enabled(self, code: str) -> bool:
         if code in self.ignore:
@@ -176,6 +179,9 @@ class FileContext:
     plans: Plans | None = None  # the decisions that span statements, made before the walk
     notebook: bool = False  # the code cells of a notebook, joined (notebooks.py)
     spmd_why: str | None = None  # why it runs SPMD, though it names none: spmd_programs.py
+    # Why another module's launch that runs this file stays torch_xla's ("": a converted launch
+    # runs it; None: no launch in another module is known): kept_launches.py.
+    kept_launch_why: str | None = None
     # A wrap by torch_xla's FSDP stays in the file: its models' get_shard_metadata() stays too.
     xla_fsdp_kept: bool = False
     # TPU190: convert availability guards (engine.py turns this off when torch_xla stays needed).
@@ -201,6 +207,9 @@ class FileContext:
     removed_roots: Counter = field(default_factory=Counter)
     fixes: list[Fix] = field(default_factory=list)
     manual: list[Manual] = field(default_factory=list)
+    # The input lines of the TODO(tpu-migrate) comments the walk dropped: an earlier run's notes
+    # on code this run converted (layout.drop_done_todos); no longer open work.
+    done_todo_lines: set[int] = field(default_factory=set)
     # (scope id, name) of variables bound to a device loader and rewritten to the plain loader.
     loader_vars: dict[tuple[int, str], cst.BaseExpression] = field(default_factory=dict)
     # Blocks that rules generated, by id (the node is kept, so the id stays its own): the body

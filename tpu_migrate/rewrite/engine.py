@@ -30,6 +30,7 @@ from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rewrite.transforms.amp_compile import found_inf_steps
 from tpu_migrate.rewrite.transforms.spmd import mesh_attribute_reads
+from tpu_migrate.rewrite.transforms.collectives_ported import ported_collectives
 from tpu_migrate.rewrite.transforms.fsdp_checkpoints import XLA_FSDP_NAMES, shard_metadata_reads
 from tpu_migrate.rewrite.transforms.fsdp_models import wrapped_model_reads
 from tpu_migrate.rewrite.transforms.spmd_parameters import parameter_marking_loops
@@ -103,7 +104,9 @@ def _report_open_work(text: str, result: FileResult, catalog: Catalog) -> None:
     (open manual work from an earlier run), and warn about ignore comments naming no rule.
     Lines are the input's, like every finding's."""
     fresh = list(result.manual)
-    result.manual.extend(todos.unaccounted(fresh, todos.open_todos(text), text))
+    # Not the TODOs the rewrite dropped: this run converted what they marked (layout.py).
+    left = [todo for todo in todos.open_todos(text) if todo.line not in result.done_todos]
+    result.manual.extend(todos.unaccounted(fresh, left, text))
     result.manual.sort(key=lambda m: (m.line, m.col, m.code))
     known = {rule.code for rule in catalog.rules}
     for line, code in unknown_codes(text, known):
@@ -249,6 +252,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         result.manual.clear()
         return rewrite_text(text, path, options, catalog, result, whole=True)
     _check_parses(code, output, compile_first=not _late_future_import(tree))
+    result.done_todos = frozenset(file.done_todo_lines)
     return output
 
 
@@ -450,6 +454,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
         waiting_for=waiting_for,
         notebook=result.path.endswith(".ipynb"),
         spmd_why=_spmd_why(options, result.path),
+        kept_launch_why=_kept_launch_why(options, result.path),
         xla_fsdp_kept=xla_fsdp_kept,
     )
     def fix_allowed(code, info):
@@ -460,6 +465,7 @@ def _file_context(text, options, catalog, result, convert_guards, analysis, wait
     file.plans.wrapped_model_reads = {} if xla_fsdp_kept else wrapped_model_reads(analysis)
     file.plans.found_inf_steps = found_inf_steps(analysis)
     file.plans.mesh_attribute_reads = mesh_attribute_reads(analysis)
+    file.plans.ported_collectives = ported_collectives(file)
     file.plans.sharded_parameter_loops, file.plans.parameter_mark_refusals = parameter_marking_loops(
         analysis, catalog.canonical, fix_allowed)
     return file
@@ -469,6 +475,12 @@ def _spmd_why(options: Options, path: str) -> str | None:
     if not options.spmd_modules:
         return None
     return dict(options.spmd_modules).get(os.path.realpath(path))
+
+
+def _kept_launch_why(options: Options, path: str) -> str | None:
+    if not options.kept_launches:
+        return None
+    return dict(options.kept_launches).get(os.path.realpath(path))
 
 
 def _xla_fsdp_kept(file: FileContext) -> bool:

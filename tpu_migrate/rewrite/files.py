@@ -26,8 +26,10 @@ SKIP_DIRS = frozenset(
 # Every rule needs one of these: torch_xla / optimum.tpu imports and "xla" strings, torch_xla's
 # environment variables (PJRT_DEVICE, XRT_TPU_CONFIG, XLA_USE_BF16), HF availability checks.
 # And a `# TODO(tpu-migrate): ...` comment left by an earlier run is open manual work to report.
+# `torch.accelerator.current_accelerator`: the portable target's device (a tree it migrated,
+# checked again with the tpu target: TPU130's torch.compile on that device).
 _MARKERS = (b"xla", b"optimum", b"XLA_", b"PJRT_", b"XRT_", b"TPU_NUM_DEVICES", b"tpu_available",
-            b"TODO(tpu-migrate)")
+            b"TODO(tpu-migrate)", b"current_accelerator")
 
 
 def prefilter(data: bytes) -> bool:

@@ -5,7 +5,8 @@ next has none); a trailing comment about torch_xla's machinery goes with the sta
 described. A rule's manual findings become `# TODO(tpu-migrate): CODE message` lines above the
 statement, or above the innermost new statement holding their reference, so that a second run
 puts them in the same place (tests/test_fidelity.py checks the output is a fixed point);
-rewrite/todos.py reads them back.
+rewrite/todos.py reads them back. A TODO of a rule the walk now converts in its statement (an
+earlier run's, with another target) goes (`drop_done_todos`).
 """
 
 from __future__ import annotations
@@ -125,6 +126,33 @@ def _todo_lines(todos, existing: set[str]) -> list[cst.EmptyLine]:
     return lines
 
 
+def drop_done_todos(stmt: cst.BaseStatement, first_line: int, source_lines: list[str], done: set[str]):
+    """`stmt` without the `# TODO(tpu-migrate): CODE ...` comments directly above it (no blank
+    line between) whose CODE is in `done`: rules this run converted in the statement and
+    reported nothing more of, so the note an earlier run wrote there (the portable target's,
+    on code the tpu target converts) says something no longer true. Returns it and the input
+    lines of the comments dropped. Only comments in the tool's form go, and only where the
+    input has them at that line (`first_line`: the statement's, decorators included; a comment
+    libcst gave to the module's header stays, and so is still open work); a person's own
+    comments stay."""
+    leading = list(stmt.leading_lines)
+    dropped = []
+    line = first_line - 1  # the input line of leading[index]
+    for index in range(len(leading) - 1, -1, -1):
+        comment = leading[index].comment
+        if comment is None:
+            break
+        match = todo_comment(comment.value)
+        if match and match[1] in done and 0 < line <= len(source_lines) \
+                and source_lines[line - 1].strip() == comment.value.strip():
+            dropped.append(line)
+            del leading[index]
+        line -= 1
+    if not dropped:
+        return stmt, []
+    return stmt.with_changes(leading_lines=leading), dropped
+
+
 def rebuild_line(line: cst.SimpleStatementLine, pieces, todos, present=frozenset()):
     """Turn the rewritten small statements of one line back into statements.
 
@@ -214,6 +242,6 @@ _CODEGEN = cst.Module(body=[])
 
 
 __all__ = [
-    "TODO_PREFIX", "add_todos", "comments_of_removed_if", "merge_leading_lines", "prepend_lines",
-    "rebuild_line",
+    "TODO_PREFIX", "add_todos", "comments_of_removed_if", "drop_done_todos", "merge_leading_lines",
+    "prepend_lines", "rebuild_line",
 ]

@@ -161,7 +161,7 @@ def project_parameters(run_files: Iterable[str], root: Path | None) -> tuple:
     resolved: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {}
     wanted: dict[str, set[str]] = {}
     for path, data in sorted(texts.items()):
-        for level, module_name, names in _from_imports(data):
+        for level, module_name, names in from_imports(data):
             here = os.path.dirname(path)
             for _ in range(max(level - 1, 0)):
                 here = os.path.dirname(here)
@@ -201,7 +201,7 @@ def project_parameters(run_files: Iterable[str], root: Path | None) -> tuple:
 _FROM_IMPORT = re.compile(rb"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.MULTILINE)
 
 
-def _from_imports(data: bytes):
+def from_imports(data: bytes):
     """(level, module, [(name, bound name)]) of each `from ... import ...` line in the bytes (a
     byte search, no parse; a line in a string counts too, which at worst reads one more module)."""
     for match in _FROM_IMPORT.finditer(data):
@@ -218,4 +218,4 @@ def _from_imports(data: bytes):
         yield level, module, pairs
 
 
-__all__ = ["reaching_parameters", "project_parameters", "parameter_for", "arguments", "Sink", "Parameters"]
+__all__ = ["reaching_parameters", "project_parameters", "from_imports", "parameter_for", "arguments", "Sink", "Parameters"]

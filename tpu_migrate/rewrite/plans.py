@@ -75,6 +75,10 @@ class Plans:
     # id(`for` statement) -> the model's name, for the loops that mark each of an SPMD model's
     # parameters and become fully_shard (transforms/spmd_parameters.py).
     sharded_parameter_loops: dict[int, str] = field(default_factory=dict)
+    # id(statement) -> (code, line, col) of each collective an earlier run ported from torch_xla's
+    # in it, where a fresh tpu run marks its group (transforms/collectives_ported.py).
+    ported_collectives: dict[int, list[tuple[str, int, int]]] = field(default_factory=dict)
+    ported_placed: set[int] = field(default_factory=set)  # those whose TODO the walk wrote
     # id(`xs.mark_sharding(param, ...)` statement) -> why its loop over a model's parameters stays.
     parameter_mark_refusals: dict[int, str] = field(default_factory=dict)
 
@@ -101,7 +105,7 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
         if not info.refs:
             continue
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
-            worker = _spawn_worker(node.value, info, analysis, canonical)
+            worker = spawn_worker(node.value, info, analysis, canonical)
             if worker is not None and worker.refusal is not None:
                 plans.spawn_refusals[id(node)] = worker.refusal
             elif worker is not None and enabled("TPU060", info):
@@ -371,7 +375,7 @@ def _call_qualname(call: ast.Call, info: StmtInfo, canonical) -> str | None:
     return canonical(qualname) if qualname else None
 
 
-def _spawn_worker(call: ast.Call, info: StmtInfo, analysis: Analysis, canonical) -> Worker | None:
+def spawn_worker(call: ast.Call, info: StmtInfo, analysis: Analysis, canonical) -> Worker | None:
     """The worker function an `xmp.spawn` / `torch_xla.launch` call starts, or why it cannot
     be converted; None for another call."""
     statement = info.node

@@ -25,6 +25,7 @@ from tpu_migrate.rewrite.names import is_xla_name
 from tpu_migrate.rewrite.layout import (
     add_todos,
     comments_of_removed_if,
+    drop_done_todos,
     header_comments,
     prepend_lines,
     rebuild_line,
@@ -180,6 +181,7 @@ class ModuleRewriter:
             return [line], []
         pieces: list[cst.BaseSmallStatement | list[cst.BaseStatement]] = []
         todos = []
+        mark = self.findings_mark()
         for small, info in zip(line.body, infos):
             if not info.interesting:
                 pieces.append(small)
@@ -195,8 +197,31 @@ class ModuleRewriter:
             pieces.append(result)
         if not todos and all(p is small for p, small in zip(pieces, line.body)):
             return [line], []
+        line = self.without_done_todos(line, infos[0], *self.codes_since(mark))
         present = self.comments_above(infos[0]) if todos else frozenset()
         return rebuild_line(line, pieces, todos, present)
+
+    def findings_mark(self) -> tuple[int, int]:
+        """How many fixes and manual findings the file has so far: where a statement's own start."""
+        return len(self.file.fixes), len(self.file.manual)
+
+    def codes_since(self, mark: tuple[int, int]) -> tuple[set[str], set[str]]:
+        """The rules fixed, and those reported, since `mark`."""
+        return ({f.code for f in self.file.fixes[mark[0]:]},
+                {m.code for m in self.file.manual[mark[1]:]})
+
+    def without_done_todos(self, stmt, info, fixed: set[str], reported: set[str]):
+        """`stmt` without the TODO(tpu-migrate) comments directly above it of the rules it
+        converted (`fixed`) and reported nothing more of (`reported`: the statement's manual
+        findings): an earlier run's note on code this run converts (the portable target left
+        `xm.get_memory_info()` with one; the tpu target converts it). Their lines are no
+        longer open work (engine._report_open_work)."""
+        done = fixed - reported
+        if not done:
+            return stmt
+        stmt, lines = drop_done_todos(stmt, info.first_line, self.file.source_lines, done)
+        self.file.done_todo_lines.update(lines)
+        return stmt
 
     def small_statement(self, small: cst.BaseSmallStatement, sc: StatementContext):
         self.flow_marks(sc)
@@ -317,6 +342,7 @@ class ModuleRewriter:
         info = self.analysis.info(node)
         sc = StatementContext(self.file, info) if info.interesting else None
         prefix: list[cst.BaseStatement] = []
+        mark = self.findings_mark()
         if sc is not None:
             if isinstance(stmt, cst.With):
                 for hook in HOOKS["with"]:
@@ -334,14 +360,19 @@ class ModuleRewriter:
                     prefix.extend(first)
             stmt = ExprRewriter(sc, stmt).rewrite(stmt)
 
+        # The header's own findings: those before its bodies' and after them.
+        fixed, reported = self.codes_since(mark)
         # Bodies first (their statements pair with the ast), then insertions at their start.
         stmt = self.children(stmt, node)
         if prefix:
             stmt = insert_at_body_start(stmt, prefix)
 
         if sc is not None:
+            mark = self.findings_mark()
             self.report_leftovers(sc)
             todos = sc.todos_to_write()
+            more_fixed, more_reported = self.codes_since(mark)
+            stmt = self.without_done_todos(stmt, info, fixed | more_fixed, reported | more_reported)
             if todos:
                 stmt = add_todos(stmt, todos, self.comments_above(info))
         if not elif_ and (self._emptied_if(stmt, sc) or self._emptied_range_loop(stmt, sc)):

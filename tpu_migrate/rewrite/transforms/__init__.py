@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tpu_migrate.rewrite import kept_launches
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
 from tpu_migrate.rewrite.registry import REGISTRY
 from tpu_migrate.rewrite.transforms import (
     amp_compile,
     collectives,
+    collectives_ported,
     device,
     environment,
     fsdp,
@@ -37,7 +39,7 @@ from tpu_migrate.rewrite.transforms import (
 from tpu_migrate.rewrite.transforms.common import atom, bind, code, spmd_reason
 
 # Imported for their registrations.
-FAMILIES = (amp_compile, collectives, device, environment, fsdp, fsdp_checkpoints, fsdp_models, guards, launch,
+FAMILIES = (amp_compile, collectives, collectives_ported, device, environment, fsdp, fsdp_checkpoints, fsdp_models, guards, launch,
             loaders, optimum, ranks, reporting, spmd, spmd_batch, spmd_parameters, steps, utilities,
             zero_redundancy)
 
@@ -83,7 +85,9 @@ def apply_call_rule(rule, qualname: str, call: cst.Call, sc: StatementContext):
         except KeyError:
             sc.needs_manual(rule.code, f"cannot read the arguments: {rule.summary}", qualname)
             return call
-        sc.fixed(rule.code, qualname)
+        where = sc.fixed(rule.code, qualname)
+        if rule.code in kept_launches.PROCESS_QUERIES:
+            kept_launches.mark(sc, rule.code, where, kept_launches.RANK)
         return parse_expr(expression)
     transform = CALL.get(rule.transform or "")
     if transform is not None:

@@ -84,12 +84,12 @@ _UNKNOWN = object()  # a backend chosen at run time (`backend=args.backend`)
 
 @transform("torch_compile", calls=("torch.compile",))
 def torch_compile(call: cst.Call, sc: StatementContext):
-    """torch.compile in a torch_xla file: the backend, and what TorchTPU's "tpu" backend rejects
+    """torch.compile in a torch_xla file (target tpu: also in one on torch.accelerator's device,
+    _on_the_accelerator): the backend, and what TorchTPU's "tpu" backend rejects
     (`mode=`, `dynamic=True`). Another backend (`"cudagraphs"`, `"eager"`) receives `mode=` as
     before: such a compile is the program's own choice and stays as it is."""
-    if not any(is_xla(b.qualname) for b in sc.file.analysis.imports):
-        return call
-    if not sc.enabled("TPU130"):
+    xla = any(is_xla(b.qualname) for b in sc.file.analysis.imports)
+    if not (xla or _on_the_accelerator(sc)) or not sc.enabled("TPU130"):
         return call
     tpu = sc.file.target == "tpu"
     backend = _backend_of(call)
@@ -103,7 +103,7 @@ def torch_compile(call: cst.Call, sc: StatementContext):
             sc.needs_manual("TPU130", "the backend is chosen at run time: where it is TorchTPU's \"tpu\" "
                             "(or was \"openxla\"), drop mode= and dynamic=True, which it rejects",
                             where=sc.consume("torch.compile"))
-        elif backend is _UNKNOWN:
+        elif backend is _UNKNOWN and xla:
             # "openxla" from a variable or a flag reaches torch.compile, which without torch_xla
             # has no such backend.
             instead = 'use "tpu"' if tpu else "leave the backend out (PyTorch's default)"
@@ -128,6 +128,19 @@ def torch_compile(call: cst.Call, sc: StatementContext):
         return call
     sc.fixed("TPU130", "torch.compile")
     return call.with_changes(args=clean_args(args))
+
+
+# The device a file picks with torch.accelerator (the portable target's device, a program
+# written for any accelerator): on TorchTPU it is the tpu.
+CURRENT_ACCELERATOR = "torch.accelerator.current_accelerator"
+
+
+def _on_the_accelerator(sc: StatementContext) -> bool:
+    """Target tpu, a file without torch_xla whose tensors go to `torch.accelerator`'s device (a
+    tree migrated with `--target portable`, checked again): there TorchTPU compiles them, so what
+    its "tpu" backend rejects is converted or marked as in a torch_xla file. Not the run-time
+    backend that may be torch_xla's "openxla": such a file names none."""
+    return sc.file.target == "tpu" and CURRENT_ACCELERATOR in sc.file.analysis.qualnames
 
 
 def _backend_of(call: cst.Call):

@@ -6,6 +6,7 @@ import ast
 
 import libcst as cst
 
+from tpu_migrate.rewrite import kept_launches
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted, parse_expr
 from tpu_migrate.rewrite.helper_code import CPU_COPIES
 from tpu_migrate.rewrite.plans import TPU_BACKENDS, library_groups, own_nodes
@@ -48,14 +49,16 @@ PROCESS_GROUP = '''def {name}():
 '''
 
 
-def world_guard(sc: StatementContext, code_: str, where: tuple[int, int] | None, short: bool = False) -> str:
+def world_guard(sc: StatementContext, code_: str, where: tuple[int, int] | None, short: bool = False,
+                tensors: bool = True) -> str:
     """The condition (code) under which a converted collective runs across processes, and the
     TODO on its line where the group it needs may be missing or unable to carry its tensors.
     `short`: a collective that is harmless in a group of one (a barrier, a broadcast) may test
-    `dist.is_initialized()` alone."""
+    `dist.is_initialized()` alone. `tensors`: False for one that carries no device tensors (a
+    barrier, all_gather_object of CPU copies), which any backend's group runs."""
     plans = sc.file.plans
     dist = sc.file.import_plan.use("dist")
-    _mark_group(sc, code_, where)
+    _mark_group(sc, code_, where, tensors)
     if plans is not None and plans.launcher_group:
         # The converted launch put every worker in the default group; elsewhere in this file
         # (the parent, a helper called before the launch) torch_xla's world was one process.
@@ -68,30 +71,37 @@ def world_guard(sc: StatementContext, code_: str, where: tuple[int, int] | None,
     return f"{helper(sc, '_process_group', PROCESS_GROUP.replace('{backend}', backend))}()"
 
 
-def _mark_group(sc: StatementContext, code_: str, where: tuple[int, int] | None) -> None:
+def _mark_group(sc: StatementContext, code_: str, where: tuple[int, int] | None, tensors: bool) -> None:
     plans = sc.file.plans
     if plans is None:
         return
-    if plans.spawn_refusals and not plans.group_backends and not plans.launcher_group:
-        sc.needs_manual(code_, "torch_xla reduced across every process without a process group; this "
-                        "file's launch is left to you and creates none: start the workers with RANK and "
-                        "WORLD_SIZE set, or call dist.init_process_group in them, or this collective reaches "
-                        "this process alone", where=where)
-    if sc.file.target != "tpu":
-        return
+    kept_launches.mark(sc, code_, where, kept_launches.COLLECTIVE)
+    problem = group_problem(sc.file) if tensors else None
+    if problem is not None:
+        sc.needs_manual(code_, problem, where=where)
+
+
+def group_problem(file) -> str | None:
+    """On target tpu, why the default group that the file's converted collectives run on may not
+    carry tpu tensors (torch_xla's needed no group): the file makes it with a literal backend
+    other than TorchTPU's, or its library makes groups of its own. None elsewhere. (A backend
+    held in an expression is marked once, on its init_process_group line: TPU070.)"""
+    plans = file.plans
+    if plans is None or file.target != "tpu":
+        return None
     others = sorted({b for b in plans.group_backends
                      if b is not None and b.strip("\"'") not in TPU_BACKENDS})
     literal = [b for b in others if b[:1] in "\"'"]
-    if literal:  # (an expression is marked once, on its init_process_group line: TPU070)
-        sc.needs_manual(code_, f"this file makes its process group with backend {', '.join(literal)}, "
-                        "which cannot carry tpu tensors (gloo: CPU only); torch_xla's collectives needed "
-                        "no group, and this one runs on the default group: make it with \"tpu_dist\", or "
-                        "pass a group that can carry tpu tensors", where=where)
-        return
-    if plans.library_groups is None:  # looked for once per file, where a collective converts
-        plans.library_groups = library_groups(sc.file.analysis.nodes)
+    if literal:
+        return (f"this file makes its process group with backend {', '.join(literal)}, "
+                "which cannot carry tpu tensors (gloo: CPU only); torch_xla's collectives needed "
+                "no group, and this one runs on the default group: make it with \"tpu_dist\", or "
+                "pass a group that can carry tpu tensors")
+    if plans.library_groups is None:  # looked for once per file, where a collective asks
+        plans.library_groups = library_groups(file.analysis.nodes)
     if plans.library_groups:
-        sc.needs_manual(code_, LIBRARY_GROUPS.format(evidence="; ".join(plans.library_groups)), where=where)
+        return LIBRARY_GROUPS.format(evidence="; ".join(plans.library_groups))
+    return None
 
 
 # A library that makes its own process groups (vLLM: a gloo `cpu_group` beside each device group,
@@ -357,7 +367,7 @@ def rendezvous_statement(call, qualname, sc: StatementContext, rule, plans):
         return None
     dist = sc.file.import_plan.use("dist")
     where = sc.fixed(rule.code, qualname)
-    return parse_block([f"if {world_guard(sc, rule.code, where, short=True)}:", f"    {dist}.barrier()"])
+    return parse_block([f"if {world_guard(sc, rule.code, where, short=True, tensors=False)}:", f"    {dist}.barrier()"])
 
 
 @transform("rendezvous", form=CALL)
@@ -408,7 +418,7 @@ def _mesh_reduce_into(target: str, bound: dict, sc: StatementContext, code_: str
     sends_target = any(name.value == target for name in find_all(bound["data"].value, cst.Name))
     gathered = fresh_name(sc, "gathered") if sends_target else target
     return [
-        f"if {world_guard(sc, code_, where, short=True)}:",
+        f"if {world_guard(sc, code_, where, short=True, tensors=False)}:",
         f"    {gathered} = [None] * {dist}.get_world_size()",
         f"    {dist}.all_gather_object({gathered}, {data})",
         "else:",

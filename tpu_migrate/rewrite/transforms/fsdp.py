@@ -17,6 +17,7 @@ import ast
 import libcst as cst
 
 from tpu_migrate.rewrite.context import StatementContext, cst_dotted
+from tpu_migrate.rewrite.names import is_xla_name
 from tpu_migrate.rewrite.registry import CALL, REFERENCE, transform
 from tpu_migrate.rewrite.transforms.common import KEYWORD_EQUAL, PORTABLE_DEVICE, bind, clean_args, code, given, helper
 
@@ -94,6 +95,20 @@ FULLY_SHARD = '''def {name}(module, auto_wrap_policy=None, auto_wrapper_callable
         wrap(module, True)  # the root is never asked: it is sharded below
     return fully_shard(module, mesh=mesh, **options)
 '''
+# The same where no wrap of the file passes a policy (nor `*args` / `**kwargs` that may hold
+# one): torch_xla sharded the module as one unit, and the walk above would never run.
+FULLY_SHARD_WHOLE = '''def {name}(module, **options):
+    """torch_xla's XlaFullyShardedDataParallel(module) (or SPMD's SpmdFullyShardedDataParallel)
+    as FSDP2 (added by tpu-migrate): fully_shard on `module` as one unit, as torch_xla sharded it
+    without a wrap policy, over a 1-D mesh of every process. Returns `module`, sharded in place."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    {join_world}()
+    return fully_shard(module, mesh=init_device_mesh({device_type}, ({dist}.get_world_size(),)), **options)
+'''
+# The arguments that may carry a wrap policy to the helper.
+_POLICY_ARGUMENTS = frozenset({"auto_wrap_policy", "auto_wrapper_callable"})
 PORTABLE_DEVICE_TYPE = f"({PORTABLE_DEVICE}).type"
 
 
@@ -111,8 +126,27 @@ def join_world(sc: StatementContext) -> str:
 
 
 def fully_shard_helper(sc: StatementContext) -> str:
-    """The name of the `_fully_shard` helper (torch_xla's FSDP wrap as FSDP2)."""
-    return helper(sc, "_fully_shard", for_target(sc, FULLY_SHARD), join_world=join_world(sc))
+    """The name of the `_fully_shard` helper (torch_xla's FSDP wrap as FSDP2): the one that walks
+    a wrap policy only where a wrap of the file may pass one."""
+    template = FULLY_SHARD if passes_wrap_policy(sc.file.analysis) else FULLY_SHARD_WHOLE
+    return helper(sc, "_fully_shard", for_target(sc, template), join_world=join_world(sc))
+
+
+def passes_wrap_policy(analysis) -> bool:
+    """Whether a call of torch_xla's FSDP wrappers in the file may pass a wrap policy: by keyword,
+    by position (any argument after the module), or in `*args` / `**kwargs`."""
+    wrappers = {name for name in FSDP_NAMES if is_xla_name(name)}
+    starts = {(ref.line, ref.col) for info in analysis.infos.values() for ref in info.refs
+              if ref.qualname in wrappers}
+    if not starts:
+        return False
+    for node in analysis.nodes:
+        if isinstance(node, ast.Call) and (node.func.lineno, node.func.col_offset + 1) in starts:
+            if len(node.args) > 1 or any(isinstance(arg, ast.Starred) for arg in node.args):
+                return True
+            if any(keyword.arg is None or keyword.arg in _POLICY_ARGUMENTS for keyword in node.keywords):
+                return True
+    return False
 
 
 def _is_float32(arg: cst.Arg) -> bool:

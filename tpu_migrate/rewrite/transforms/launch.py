@@ -6,6 +6,7 @@ import ast
 
 import libcst as cst
 
+from tpu_migrate.rewrite import kept_launches
 from tpu_migrate.rewrite.context import StatementContext, parse_expr, parse_stmt
 from tpu_migrate.rewrite.plans import init_process_group_calls, is_xla_backend_init, main_guard_only
 from tpu_migrate.rewrite.process_values import varying_parts
@@ -47,9 +48,12 @@ def init_process_group(call: cst.Call, sc: StatementContext):
     if not (isinstance(backend.value, cst.SimpleString) and backend.value.evaluated_value == "xla"):
         if (
             sc.file.target == "tpu" and not isinstance(backend.value, cst.SimpleString)
-            and sc.file.analysis.qualnames & XLA_COLLECTIVES and sc.enabled("TPU070")
+            and not (isinstance(backend.value, cst.Name) and backend.value.value == "None")  # the default
+            and (sc.file.analysis.qualnames & XLA_COLLECTIVES or sc.file.plans.ported_collectives)
+            and sc.enabled("TPU070")
         ):
-            # A literal backend other than tpu_dist is marked on each collective (TPU100...).
+            # A literal backend other than tpu_dist is marked on each collective (TPU100...); the
+            # collectives an earlier run ported (a portable tree checked again) count as torch_xla's.
             sc.needs_manual("TPU070", "the torch_xla collectives of this file, which needed no group, now "
                             "run on the default group this call makes: make sure its backend can carry "
                             "tpu tensors (\"tpu_dist\"; gloo carries only CPU tensors)")
@@ -82,6 +86,8 @@ def init_process_group(call: cst.Call, sc: StatementContext):
     new = call.with_changes(args=clean_args(args))
     if drop_method and not sc.file.plans.workers:
         _env_rendezvous_defaults(sc, where)
+    if drop_method:  # (env:// read the environment under torch_xla too)
+        kept_launches.mark(sc, "TPU070", where, kept_launches.GROUP)
     if sc.file.target == "portable" and not sc.file.plans.workers and sc.can_prefix:
         # torchrun and friends start one process per accelerator: each must use its own
         # (an index-less device is the current one, 0 unless set; NCCL refuses duplicates).

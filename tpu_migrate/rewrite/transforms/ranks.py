@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from tpu_migrate.rewrite import kept_launches
 from tpu_migrate.rewrite.context import StatementContext, parse_expr
 from tpu_migrate.rewrite.registry import CALL, STATEMENT, rule_code, transform
 from tpu_migrate.rewrite.transforms.common import (
@@ -36,7 +37,7 @@ def is_master_ordinal(call, qualname, sc: StatementContext, rule):
                         "host; TorchTPU runs one process per TPU: port the SPMD code first, then test the rank "
                         "(one process of the job) or LOCAL_RANK (one process per host)", qualname)
         return call
-    sc.fixed(rule.code, qualname)
+    kept_launches.mark(sc, rule.code, sc.fixed(rule.code, qualname), kept_launches.RANK)
     return parse_expr(sc.fill(LOCAL_MASTER if local else GLOBAL_MASTER))
 
 
@@ -89,7 +90,7 @@ def _master_print_parts(call, qualname, sc: StatementContext, rule, hoist: list 
                 targets=[cst.AssignTarget(target=cst.Name(value))], value=standalone(arg.value))]))
             arg = arg.with_changes(value=cst.Name(value))
         args.append(arg)
-    sc.fixed(rule.code, qualname)
+    kept_launches.mark(sc, rule.code, sc.fixed(rule.code, qualname), kept_launches.RANK)
     condition = sc.fill(LOCAL_MASTER if local else GLOBAL_MASTER)
     return condition, cst.Call(func=cst.Name("print"), args=clean_args(args))
 
@@ -126,6 +127,6 @@ def process_query(call, qualname, sc: StatementContext, rule):
     """Multi-process torch_xla ran one process per device, as TorchTPU does: the process
     index is the rank and the process count the world size (TPU021 / TPU020's answers). In an
     SPMD file the rule's `under_spmd` has already left the call (transforms/__init__.py)."""
-    sc.fixed(rule.code, qualname)
+    kept_launches.mark(sc, rule.code, sc.fixed(rule.code, qualname), kept_launches.RANK)
     template = sc.file.catalog.by_code(_SAME_AS[rule.name]).replace[sc.file.target]
     return parse_expr(sc.fill(template))

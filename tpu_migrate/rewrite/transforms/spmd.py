@@ -24,6 +24,7 @@ import ast
 
 import libcst as cst
 
+from tpu_migrate.rewrite.batch_norms import may_hold_batch_norm
 from tpu_migrate.rewrite.context import StatementContext
 from tpu_migrate.rewrite.names import finding_position, mark_subtrees
 from tpu_migrate.rewrite.helper_code import BATCH_SLICE
@@ -279,15 +280,26 @@ def spmd_fsdp(call, qualname, sc: StatementContext, rule):
     """`SpmdFullyShardedDataParallel(module, mesh=..., auto_wrap_policy=...)` ->
     `_fully_shard(_global_batch_norm(module), auto_wrap_policy=...)`: sharded over every process,
     which is the mesh's `fsdp` axis once each device has a process (the converted mesh raises
-    where it is not), its BatchNorms' statistics still the global batch's."""
+    where it is not), its BatchNorms' statistics still the global batch's (`_fully_shard(module,
+    ...)` where the file shows a model without BatchNorm)."""
     new = fully_shard_call(call, qualname, sc, rule, SPMD_FSDP_PARAMS, SPMD_FSDP_LEFT, manual_code=rule.code,
                            name="SpmdFullyShardedDataParallel")
     if new is call:  # left for a human
         return call
     module, *rest = new.args
-    batch_norm = helper(sc, "_global_batch_norm", GLOBAL_BATCH_NORM)
+    batch_norm = global_batch_norm(sc, code(module.value))
+    if batch_norm is None:
+        return new
     return new.with_changes(args=[module.with_changes(value=cst.Call(func=cst.Name(batch_norm),
                                                                      args=[cst.Arg(module.value)])), *rest])
+
+
+def global_batch_norm(sc: StatementContext, model: str) -> str | None:
+    """The name of the `_global_batch_norm` helper for the model `model` (source text) that the
+    statement shards; None where the file shows the model holds no BatchNorm (batch_norms.py)."""
+    if not may_hold_batch_norm(model, sc.info.node, sc.file.analysis):
+        return None
+    return helper(sc, "_global_batch_norm", GLOBAL_BATCH_NORM)
 
 
 def sharded_loader_axis(sharding: cst.BaseExpression, sc: StatementContext) -> cst.BaseExpression | None:

@@ -23,9 +23,8 @@ from tpu_migrate.rewrite.context import StatementContext, parse_stmt
 from tpu_migrate.rewrite.names import Analysis, mark_subtrees
 from tpu_migrate.rewrite.plans import enclosing_function
 from tpu_migrate.rewrite.registry import rule_code, transform
-from tpu_migrate.rewrite.transforms.common import helper
 from tpu_migrate.rewrite.transforms.fsdp import SPMD_FSDP, fully_shard_helper
-from tpu_migrate.rewrite.transforms.spmd import GLOBAL_BATCH_NORM
+from tpu_migrate.rewrite.transforms.spmd import global_batch_norm
 
 RULE = rule_code("TPU185")
 USE_SPMD = "torch_xla.runtime.use_spmd"
@@ -164,8 +163,9 @@ def _read_before(model: str, loop: ast.For, scope) -> bool:
 
 @transform("spmd_parameter_sharding", on="replace_loop")
 def sharded_parameters(loop: cst.For, sc: StatementContext):
-    """The planned loop -> `_fully_shard(_global_batch_norm(model))`, one fix at the loop; the
-    marks it held are gone (their imports may go)."""
+    """The planned loop -> `_fully_shard(_global_batch_norm(model))` (`_fully_shard(model)` where
+    the file shows a model without BatchNorm), one fix at the loop; the marks it held are gone
+    (their imports may go)."""
     model = sc.file.plans.sharded_parameter_loops.get(id(sc.info.node))
     if model is None:
         return None
@@ -176,8 +176,9 @@ def sharded_parameters(loop: cst.For, sc: StatementContext):
                 inner.consume(ref.qualname)
                 inner.removed(ref.dotted)
     sc.fixed(RULE, where=sc.where)
-    batch_norm = helper(sc, "_global_batch_norm", GLOBAL_BATCH_NORM)
-    statement = parse_stmt(f"{fully_shard_helper(sc)}({batch_norm}({model}))\n")
+    batch_norm = global_batch_norm(sc, model)
+    sharded = f"{batch_norm}({model})" if batch_norm is not None else model
+    statement = parse_stmt(f"{fully_shard_helper(sc)}({sharded})\n")
     return [statement.with_changes(leading_lines=loop.leading_lines)]
 
 

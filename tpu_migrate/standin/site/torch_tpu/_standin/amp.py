@@ -15,7 +15,7 @@ _LOWER_PRECISION = (
 _FLOAT32 = (
     "softmax.int", "log_softmax.int", "cross_entropy_loss", "nll_loss", "nll_loss2d", "mse_loss",
     "l1_loss", "smooth_l1_loss", "binary_cross_entropy_with_logits", "kl_div", "layer_norm",
-    "group_norm", "norm.Scalar", "sum.dim_IntList", "prod", "cumsum", "cumprod", "exp", "log",
+    "group_norm", "norm.Scalar", "sum", "sum.dim_IntList", "prod", "cumsum", "cumprod", "exp", "log",
     "pow.Tensor_Scalar", "acos", "asin", "cosh", "erfinv", "reciprocal", "rsqrt", "sinh", "tan",
     "softplus", "dist", "pdist", "cdist", "renorm", "logsumexp",
 )

@@ -1,0 +1,219 @@
+"""Which CPU tensors stand for host tensors, where the CPU stands in for the TPU (native backend).
+
+Every tensor is a CPU tensor then, so the device cannot say where a tensor would live on a TPU.
+This TorchFunctionMode follows each tensor from where it is made, as a TPU would place it:
+
+- a factory without `device=` (`torch.linspace`, `torch.zeros(n)`; `torch.from_numpy`, which
+  torch dispatches to no mode, is wrapped) makes a host tensor; with `device=`, and a move (`.to(device)`, `.cuda()`), the tensor goes where the
+  call's site sends it (read_places: the user's statement, or for a library the user's call into
+  it, unless the library names the CPU on the way);
+- a copy to the host (`.cpu()`, `.to("cpu")`) is a host tensor; the CPU answers it with the tensor
+  itself, so it gets an alias of its own (a view: same data) to be told apart from its source;
+- any other op makes host tensors when all its tensor inputs are host tensors (a scheduler's
+  tables and timesteps, the losses a program collects), else device tensors; an in-place op
+  leaves its tensor where it was.
+
+Only host tensors are marked; the rest (a device tensor, one made in another thread, in compiled
+code, in C++ by autograd) counts as it did without the marks: the source decides (read_places).
+So a library's read of its own host tensors (Diffusers' DDPMScheduler: `if t > 0`, the
+`nonzero` of its timesteps) is no sync, `.numpy()` of a copy `.cpu()` just made is none either,
+and a device scalar indexing a table (a read torch makes in C++) is told from a host one.
+
+The mode costs Python per torch call (about 4 us: a tiny MLP's eager step took 1.6x as long), and
+Dynamo traces modes: it follows tensors during the warm-up steps and one more, as op coverage
+checks ops, and is taken off for good then or when the program first compiles, whichever comes
+first. The marks made until then stay, and each line that read keeps what it read
+(read_places.ReadPlaces.host_sites); a program without optimizer steps is followed to its end.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import weakref
+
+from torch.overrides import TorchFunctionMode
+
+from tpu_migrate.diagnose import recording
+from tpu_migrate.diagnose.dynamo_hooks import dynamo_skips
+from tpu_migrate.diagnose.read_places import is_torch
+
+MOVES = frozenset(("to", "cuda", "tpu", "xpu"))
+COPIES = frozenset(("cpu",))
+SPECIAL = MOVES | COPIES  # ops whose result is not where their first input is
+UNSEEN_FACTORIES = ("from_numpy", "frombuffer")
+_TOOL = os.sep + "tpu_migrate" + os.sep
+
+
+class _Ref(weakref.ref):
+    __slots__ = ("key",)
+
+
+def _tensors(values, tensor_type):
+    """The tensors among `values`, and one level into the lists and tuples among them
+    (`torch.cat([a, b])`)."""
+    for value in values:
+        if isinstance(value, tensor_type):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                if isinstance(item, tensor_type):
+                    yield item
+
+
+class TensorPlaces(TorchFunctionMode):
+    def __init__(self, torch, places) -> None:
+        super().__init__()
+        self.torch = torch
+        self.tensor_type = torch.Tensor
+        self.places = places  # read_places.ReadPlaces: where a call's site sends what it makes
+        self.host: dict[int, _Ref] = {}  # id(tensor) -> weak reference, for host tensors
+        self.on = False
+        self.unseen: dict[str, object] = {}  # torch.<name> -> the original, while wrapped
+
+    # -- the marks ----------------------------------------------------------------------------
+    def is_host(self, tensor) -> bool:
+        ref = self.host.get(id(tensor))
+        return ref is not None and ref() is tensor
+
+    def _forget(self, ref: _Ref) -> None:
+        if self.host.get(ref.key) is ref:
+            del self.host[ref.key]
+
+    def _mark(self, tensor, host: bool) -> None:
+        if host:
+            if not self.is_host(tensor):
+                ref = _Ref(tensor, self._forget)
+                ref.key = id(tensor)
+                self.host[ref.key] = ref
+        elif ref := self.host.get(id(tensor)):  # an in-place op, a move of the tensor itself
+            if ref() is tensor:
+                del self.host[id(tensor)]
+
+    # -- the mode -----------------------------------------------------------------------------
+    def install(self) -> None:
+        self.__enter__()
+        self.on = True
+        # Factories of host tensors that torch dispatches to no mode.
+        self.unseen = {name: getattr(self.torch, name) for name in UNSEEN_FACTORIES if hasattr(self.torch, name)}
+        for name, original in self.unseen.items():
+            setattr(self.torch, name, self._host_factory(original))
+
+    def _host_factory(self, original):
+        marks = self
+
+        @functools.wraps(original)
+        def factory(*args, **kwargs):
+            tensor = original(*args, **kwargs)
+            if marks.on:
+                marks._mark(tensor, True)
+            return tensor
+
+        return dynamo_skips(factory)
+
+    def uninstall(self) -> None:
+        """Off the torch function mode stack, wherever the program's own modes put it."""
+        if not self.on:
+            return
+        self.on = False
+        for name, original in self.unseen.items():  # Dynamo guards on torch.* functions too
+            setattr(self.torch, name, original)
+        C = self.torch._C
+        above = []
+        while C._len_torch_function_stack() > 0:
+            mode = C._pop_torch_function_stack()
+            if mode is self:
+                break
+            above.append(mode)
+        for mode in reversed(above):
+            C._push_on_torch_function_stack(mode)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        result = func(*args, **kwargs)
+        first = args[0] if args else None
+        # The common case, kept cheap (it runs on every torch call): an op of a device tensor
+        # (its first input) makes a device tensor, which is not marked.
+        if isinstance(first, self.tensor_type) and id(first) not in self.host and "device" not in kwargs \
+                and getattr(func, "__name__", None) not in SPECIAL:
+            return result
+        try:
+            return self._place(func, args, kwargs, result)
+        except Exception:  # noqa: BLE001 - a mark we could not make costs the report, never the run
+            return result
+
+    def _place(self, func, args, kwargs, result):
+        Tensor = self.torch.Tensor
+        name = getattr(func, "__name__", None)
+        receiver = args[0] if args and isinstance(args[0], Tensor) else None
+        if name in COPIES and receiver is not None:
+            host, result = True, self._own(result, receiver)
+        elif name in MOVES and receiver is not None:
+            target = self._target(name, args, kwargs)
+            if target is None:  # .to(torch.float16): where it was
+                host = self.is_host(receiver)
+            elif isinstance(target, Tensor):  # .to(other): where `other` is
+                host = self.is_host(target)
+            else:
+                host = sends_to_the_host(self.places, sys._getframe(2))
+                if host:
+                    result = self._own(result, receiver)
+        elif kwargs.get("device") is not None:  # a factory given a device
+            host = sends_to_the_host(self.places, sys._getframe(2))
+        elif result is receiver:  # in place (`buffer.copy_(x)`): a tensor keeps its place
+            return result
+        else:
+            host = True
+            for tensor in _tensors((*args, *kwargs.values()), Tensor):
+                if not self.is_host(tensor):
+                    host = False
+                    break
+        if isinstance(result, Tensor):
+            self._mark(result, host)
+        elif isinstance(result, (tuple, list)):
+            for item in result:
+                if isinstance(item, Tensor):
+                    self._mark(item, host)
+        return result
+
+    def _target(self, name, args, kwargs):
+        """Where `.to(...)` / `.cuda(...)` sends a tensor: None (nowhere new: a dtype only), a
+        tensor (`.to(other)`), or a device."""
+        if name != "to":
+            return "device"
+        device = kwargs.get("device")
+        if device is not None:
+            return device
+        for value in args[1:]:
+            if isinstance(value, (str, int, self.torch.device, self.torch.Tensor)) and not isinstance(value, bool):
+                return value
+        return None
+
+    def _own(self, result, receiver):
+        """The CPU answers a copy to the host with the tensor itself: an alias (same data) of its
+        own, so the device tensor it came from keeps its place."""
+        if result is receiver:
+            try:
+                return receiver.view_as(receiver)
+            except RuntimeError:  # a layout without views: the tensor itself
+                return result
+        return result
+
+
+def sends_to_the_host(places, frame) -> bool:
+    """Whether the call at `frame` (inside torch or the tool: the first frame out of both) makes
+    or moves a tensor to the host. The user's statement decides (its `.to("cpu")`, or a device
+    the source puts on the host: `device = torch.device("cpu")`); in a library, the library when
+    it names the CPU on the way, else the user's call into it."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if _TOOL in filename or (recording.is_library(filename) and not recording.is_shown_library(filename)) \
+                or is_torch(filename):
+            frame = frame.f_back
+            continue
+        break
+    if frame is None:
+        return False
+    return places.destination_is_host(frame)

@@ -1,0 +1,212 @@
+"""Launches that stay torch_xla's: the converted collectives and rank reads they run see one process.
+
+torch_xla's launchers (`xmp.spawn`, `torch_xla.launch`, `pjrt.run_multiprocess`) started workers
+that needed no process group: its runtime answered their ranks and reduced across them. The
+converted code asks `torch.distributed`, whose group a converted launch makes (TPU060) or a
+launcher's environment gives (torchrun's RANK and WORLD_SIZE). A launch the rewrite leaves
+torch_xla's (a TPU060 refusal, a launcher no rule converts, TPU060 not selected) makes no group
+and sets neither: until it is ported, each converted collective reaches its own process alone
+and each rank read answers rank 0 of 1. Those lines get a TODO that says so (`mark`).
+
+The launch is known to stay torch_xla's:
+1. in the file itself;
+2. in another module of the project (`kept_launch_modules`, read before the rewrite as
+   spmd_programs.py reads SPMD): a module that imports this one, directly or through others (its
+   workers run this code), or a module this one imports (its launcher: Lightning's
+   `XLAStrategy` and `strategies/launchers/xla.py`);
+3. where the project shows no launch at all, in a class named for XLA (`XLAStrategy`,
+   `_XlaDistModel`): a library's torch_xla backend, whose processes only a torch_xla launcher
+   started (its library's, in a module not at hand).
+Nothing is marked where a converted launch runs the code (this file's, or one in a module that
+imports it), or where the file makes a process group itself. A module with no launch in sight
+and no XLA class (accelerate's optimizer.py, run by whatever launched the user's script, which
+may be torchrun) is not marked: the tool does not know that its launch stays torch_xla's.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from tpu_migrate.rewrite.names import Analysis, finding_position
+from tpu_migrate.rewrite.plans import SPAWN_NAMES, init_process_group_calls, spawn_worker
+from tpu_migrate.rewrite.registry import rule_code
+
+# torch_xla's launchers no rule converts (TPU099): their workers never join a process group.
+OTHER_LAUNCHERS = frozenset({
+    "torch_xla._internal.pjrt.run_multiprocess", "torch_xla._internal.pjrt.spawn_threads",
+    "torch_xla._internal.pjrt.spawn", "torch_xla.experimental.pjrt.run_multiprocess",
+    "torch_xla.experimental.pjrt.spawn_threads",
+})
+# The rank rules whose conversion reads the process group or the launcher's environment.
+PROCESS_QUERIES = frozenset({
+    rule_code("TPU020"), rule_code("TPU021"), rule_code("TPU022"), rule_code("TPU023"), rule_code("TPU024"),
+    rule_code("TPU166"), rule_code("TPU167"), rule_code("TPU168"),
+})
+# Bytes a module that calls a torch_xla launcher holds (a file without any is not parsed).
+_LAUNCH_MARKERS = (b"xla_multiprocessing", b"pjrt", b"torch_xla.launch", b"import launch", b", launch")
+# `XLAStrategy`, `_XlaDistModel`, `TorchXLATrainer`; not `Xlarge`, `MAXLAYERS`.
+_XLA_CLASS = re.compile(r"(?:^|[_a-z0-9])(?:XLA|Xla)(?![a-z])")
+
+COLLECTIVE, RANK, GROUP = "collective", "rank", "group"
+_MESSAGES = {
+    COLLECTIVE: ("torch_xla reduced across every process without a process group; {reason} and creates none: "
+                 "start the workers with RANK and WORLD_SIZE set, or call dist.init_process_group in them, or "
+                 "this collective reaches this process alone"),
+    RANK: ("torch_xla's runtime answered this in every worker without a process group; {reason} and creates "
+           "none: start the workers with RANK and WORLD_SIZE set, or call dist.init_process_group in them, or "
+           "every process reads rank 0 of 1 here"),
+    GROUP: ("torch_xla's xla:// took rank and world size from its runtime; {reason} and sets no RANK or "
+            "WORLD_SIZE: start the workers with them set (torchrun, or the launch ported), or each worker "
+            "makes a group of its own here (rank 0 of 1)"),
+}
+
+
+def launch_calls(analysis: Analysis, canonical) -> Iterable[tuple[ast.stmt, str, bool]]:
+    """(statement, callee as written, whether TPU060 can convert it) of each call of a torch_xla
+    launcher in the module."""
+    calls = {finding_position(node.func): node for node in analysis.nodes if isinstance(node, ast.Call)}
+    for info in analysis.infos.values():
+        for ref in info.refs:
+            if ref.qualname not in SPAWN_NAMES and ref.qualname not in OTHER_LAUNCHERS:
+                continue
+            call = calls.get((ref.line, ref.col))
+            if call is None:
+                continue
+            worker = spawn_worker(call, info, analysis, canonical) if ref.qualname in SPAWN_NAMES and \
+                isinstance(info.node, ast.Expr) and info.node.value is call else None
+            yield info.node, ref.dotted, worker is not None and worker.name is not None
+
+
+def kept_launch(sc) -> str | None:
+    """Why the launch that runs this statement stays torch_xla's (a clause that `... and creates
+    none` ends); None where that is not known, or where a process group is made for it."""
+    file = sc.file
+    if "kept_launch" not in file.memo:
+        file.memo["kept_launch"] = _file_reason(file)
+    reason = file.memo["kept_launch"]
+    if reason is not None or file.kept_launch_why is not None or file.memo.get("group_made"):
+        return reason
+    scope = sc.info.scope
+    while scope is not None:
+        if scope.kind == "class" and _XLA_CLASS.search(scope.path[-1]):
+            return (f"`{scope.path[-1]}` is a torch_xla backend: the launch that starts its processes (not "
+                    "found in this project) is torch_xla's")
+        scope = scope.parent
+    return None
+
+
+def _file_reason(file) -> str | None:
+    plans = file.plans
+    if plans is None or plans.launcher_group or plans.group_backends:
+        file.memo["group_made"] = True
+        return None
+    kept = None
+    for statement, dotted, _ in launch_calls(file.analysis, file.catalog.canonical):
+        if id(statement) in plans.spawn_refusals:
+            return "this file's launch is left to you"
+        if id(statement) not in plans.spawn_workers:
+            kept = kept or f"this file's launch `{dotted}` stays torch_xla's"
+    if kept is not None:
+        return kept
+    # The file makes its group itself ("xla" included: under torchrun that group is the real one).
+    file.memo["group_made"] = bool(init_process_group_calls(file.analysis.nodes))
+    return file.kept_launch_why or None
+
+
+def mark(sc, code: str, where: tuple[int, int] | None, what: str) -> None:
+    """A TODO on the converted line (`what`: COLLECTIVE, RANK or GROUP) where its launch stays
+    torch_xla's."""
+    reason = kept_launch(sc)
+    if reason is not None:
+        sc.needs_manual(code, _MESSAGES[what].format(reason=reason), where=where)
+
+
+# -- the project ------------------------------------------------------------------------------
+
+
+def kept_launch_modules(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str, str], ...]:
+    """(module's real path, why its launch stays torch_xla's; "" where a converted launch runs it)
+    for the project's modules that name torch_xla and are run by a launch in another module,
+    sorted. Only the files that name torch_xla and a launch are parsed first; the import graph
+    is read from those, as spmd_programs.py reads it."""
+    from tpu_migrate.rewrite import spmd_programs as project
+    from tpu_migrate.rewrite.names import analyze
+    from tpu_migrate.rules import load_catalog
+
+    root = Path(os.path.realpath(root)) if root is not None else None
+    candidates = list(project._source_files(root)) if root is not None else None
+    if candidates is None or len(candidates) > project.MAX_FILES:
+        candidates = [os.path.realpath(f) for f in run_files if f.endswith(".py")]
+    candidates = [path for path in candidates if path.endswith(".py")]
+    bases = [str(root), str(root / "src")] if root is not None else []
+    texts = project._Texts()
+    canonical = load_catalog().canonical
+    kept: dict[str, str] = {}  # module -> its kept launch's callee
+    converted: set[str] = set()
+    xla_files = []
+    for path in candidates:
+        data = texts.read(path)
+        if data is None or b"torch_xla" not in data:
+            continue
+        xla_files.append(path)
+        if not any(marker in data for marker in _LAUNCH_MARKERS):
+            continue
+        tree = project._parse(path, data)
+        if tree is None:
+            continue
+        launches = list(launch_calls(analyze(tree, canonical), canonical))
+        if any(convertible for _, _, convertible in launches):
+            converted.add(path)
+        elif launches:
+            kept[path] = launches[0][1]
+    if not kept and not converted:
+        return ()
+
+    def shown(path: str) -> str:
+        return os.path.relpath(path, root) if root is not None else os.path.basename(path)
+
+    imports = project._Imports(bases, texts)
+    by_converted = project._first_importers(sorted(converted), imports.of) if converted else {}
+    found: dict[str, str] = dict.fromkeys(by_converted, "")
+    for module, program in (project._first_importers(sorted(kept), imports.of) if kept else {}).items():
+        found.setdefault(module, f"{shown(program)} imports this module and launches with `{kept[program]}`, "
+                                 "which stays torch_xla's")
+    # The modules that import a launcher module (its caller: a strategy), by a byte search of
+    # their `from ... import` lines (parameter_flows.py's), resolved as Python would.
+    stems = {os.path.splitext(os.path.basename(path))[0] for path in kept}
+    for path in xla_files:
+        if path in found or path in kept or path in converted:
+            continue
+        launcher = _imported_launcher(path, texts.read(path) or b"", stems, kept, bases)
+        if launcher is not None:
+            found[path] = f"this file imports {shown(launcher)}, whose launch `{kept[launcher]}` stays torch_xla's"
+    named = set(xla_files)
+    return tuple(sorted((path, why) for path, why in found.items()
+                        if path in named and path not in kept and path not in converted))
+
+
+def _imported_launcher(path: str, data: bytes, stems: set[str], kept: dict[str, str], bases: list[str]) -> str | None:
+    """The first module of `kept` that the file imports with `from ... import` (`from
+    pkg.launchers.xla import _XLALauncher`, `from .launchers import xla`), None if none."""
+    from tpu_migrate.rewrite import spmd_programs as project
+    from tpu_migrate.rewrite.parameter_flows import from_imports
+
+    for level, module, names in from_imports(data):
+        here = os.path.dirname(path)
+        for _ in range(max(level - 1, 0)):
+            here = os.path.dirname(here)
+        for dotted in (module, *(f"{module}.{name}" for name, _ in names)):
+            if dotted.rpartition(".")[2] not in stems:
+                continue
+            for candidate in project._module_files(dotted, [here] if level else [here, *bases]):
+                if candidate in kept and candidate.endswith(os.path.join(*dotted.split(".")) + ".py"):
+                    return candidate
+    return None
+
+
+__all__ = ["COLLECTIVE", "GROUP", "RANK", "PROCESS_QUERIES", "kept_launch", "kept_launch_modules", "launch_calls",
+           "mark"]
