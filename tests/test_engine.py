@@ -98,6 +98,24 @@ def test_output_that_does_not_parse_keeps_the_original(monkeypatch):
     assert result.fixes == [] and result.manual == []
 
 
+@pytest.mark.parametrize("tail", ["", "await step()\n", "if device is 1:\n    pass\n", "from __future__ import annotations\n"],
+                         ids=["plain", "top-level-await", "compiler-warning", "late-future-import"])
+def test_the_output_check_builds_no_ast_unless_compile_refuses_or_warns(monkeypatch, tail):
+    """compile() checks the printed output without ast's objects; where it refuses what parses
+    (a notebook's top-level await) or warns, ast.parse decides as before: same output, no warning."""
+    import warnings
+
+    parses = []
+    parse = ast.parse
+    monkeypatch.setattr(engine.ast, "parse", lambda text, *rest, **kw: parses.append(text) or parse(text, *rest, **kw))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        result = run((SOURCE + tail).encode())
+    assert result.changed and result.error is None and result.output.decode().endswith(tail)
+    assert len(parses) == (1 if not tail else 2)  # the input's; the output's only where compile balks
+    assert engine._late_future_import(parse(SOURCE + tail)) == tail.startswith("from __future__")
+
+
 def test_generated_code_that_does_not_parse_is_an_internal_error(monkeypatch):
     """Fault injection: a rule that parses text it built wrong. The input parsed, so this is not
     the user's syntax error: it is reported as the tool's, and the file is kept."""

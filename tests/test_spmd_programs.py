@@ -261,3 +261,50 @@ def test_the_import_statements_come_in_ast_walk_s_order():
                      "finally:\n    import e\nif x:\n    def f():\n        import g\nelse:\n    import h\n"
                      "match y:\n    case 1:\n        import i\nclass C:\n    import j\nimport k\n")
     assert _import_statements(tree) == [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+def test_files_that_say_a_module_s_name_without_importing_it_are_not_parsed(tmp_path, monkeypatch):
+    """The SPMD module is `lib/device.py`: 30 files say `device` and import nothing, and are not
+    parsed (in this repository the word test let 1,045 files through, for 331 now). Every form
+    that can import it still counts: through its folder's name, from its folder or below it, a
+    directory added to sys.path, a symbolic link to its folder; the answer is the one the word
+    test alone gives."""
+    from tpu_migrate.rewrite import spmd_programs
+
+    write(tmp_path, {
+        "lib/__init__.py": "", "lib/sub/__init__.py": "",
+        "lib/device.py": "import torch_xla.runtime as xr\n\n\ndef start():\n    xr.use_spmd()\n",
+        "a.py": "from lib import device\n", "lib/b.py": "from . import device\n",
+        "lib/sub/c.py": "from .. import device\n" + QUERY,
+        "tools/d.py": "import os\nimport sys\n\nsys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'lib'))\n"
+                      "import device\n",
+        "tools/e.py": "from linked import device\n",
+        **{f"other{i}.py": "device = 'cpu'\n" for i in range(30)},
+    })
+    (tmp_path / "linked").symlink_to(tmp_path / "lib", target_is_directory=True)
+    parsed = []
+    parse = spmd_programs._parse
+    monkeypatch.setattr(spmd_programs, "_parse", lambda path, *rest: parsed.append(path) or parse(path, *rest))
+    found = spmd_modules([], tmp_path)
+    assert not [path for path in parsed if "other" in path]
+    assert {path for path, why in found if why.startswith("this file imports lib/device.py")} == {
+        real(tmp_path, name) for name in ("a.py", "lib/b.py", "lib/sub/c.py", "tools/d.py", "tools/e.py")}
+    monkeypatch.setattr(spmd_programs._Named, "MAX_NAMES", -1)  # the word test alone
+    assert spmd_modules([], tmp_path) == found
+    assert len([path for path in parsed if "other" in path]) == 30
+
+
+def test_a_module_that_says_sys_and_path_but_adds_no_directory_is_not_walked_whole(tmp_path, monkeypatch):
+    """Only a file that may call `sys.path.append / insert` or an import function has its whole
+    tree walked for those calls; `sys` and `path` apart are common (`import sys`, `os.path`)."""
+    from tpu_migrate.rewrite import spmd_programs
+
+    write(tmp_path, {"run.py": "import torch_xla.distributed.spmd as xs\nimport plain\nimport adds\n",
+                     "plain.py": "import os\nimport sys\n\nprint(sys.argv, os.path.sep)\n",
+                     "adds.py": "import os\nimport sys\n\nsys . path.append(os.path.dirname(__file__) + '/lib')\n"})
+    walked = []
+    import_nodes = spmd_programs._import_nodes
+    monkeypatch.setattr(spmd_programs, "_import_nodes", lambda tree: walked.append(tree) or import_nodes(tree))
+    found = dict(spmd_modules([], tmp_path))
+    assert set(found) == {real(tmp_path, "plain.py"), real(tmp_path, "adds.py")}
+    assert len(walked) == 1  # adds.py (run.py names no sys.path)

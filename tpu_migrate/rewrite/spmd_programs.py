@@ -10,10 +10,11 @@ and the project's modules they import, directly or through others. The rewrite t
 those modules' process queries with a TODO that says why (transforms/common.py `spmd_reason`).
 
 The pass reads every Python file and notebook of the project (a byte search; a parse only
-where SPMD, or a module found to run it, is named), on every run: a pre-commit run that passes
-only a helper module must still know that the training script beside it runs SPMD. The result
-is part of the rewrite's settings, so the result cache of a file stays valid only while the
-project's SPMD programs import the same modules.
+where SPMD, or a module found to run it, is named, with its folder where an import needs that:
+`_Named`), on every run: a pre-commit run that passes only a helper module must still know
+that the training script beside it runs SPMD. The result is part of the rewrite's settings, so
+the result cache of a file stays valid only while the project's SPMD programs import the same
+modules.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import stat
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from tpu_migrate.rewrite.names import is_xla_name
+from tpu_migrate.rewrite.names import is_xla_name, walk
 
 # Bytes a file that runs SPMD holds (a file without any of them is not parsed).
 # (b"spmd": also `from torch_xla.distributed import spmd`, which names no module path whole.)
@@ -48,9 +50,11 @@ def spmd_modules(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str
     without naming it, sorted; the why ends the TODOs of its process queries. `root`: the
     project root, None where there is none (then only `run_files` are looked at)."""
     root = Path(os.path.realpath(root)) if root is not None else None
-    candidates = list(_source_files(root)) if root is not None else None
+    unseen: set[str] | None = set()  # what the walk did not list (links, skipped directories)
+    candidates = list(_source_files(root, unseen)) if root is not None else None
     if candidates is None or len(candidates) > MAX_FILES:
         candidates = [os.path.realpath(f) for f in run_files if f.endswith(_SOURCES)]
+        unseen = None  # the run's files' directories were not listed
     bases = [str(root), str(root / "src")] if root is not None else []
 
     def shown(path: str) -> str:
@@ -64,7 +68,7 @@ def spmd_modules(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str
     imports = _Imports(bases, texts)
     for path, tree in programs.items():
         imports.add(path, tree, texts.read(path))
-    importers = _importers(programs, candidates, imports)
+    importers = _importers(programs, candidates, imports, None if unseen is None else (bases, unseen))
     for path, origin in importers.items():
         found[path] = f"this file imports {shown(origin)}, which turns SPMD on (one process per host)"
     for module, program in _first_importers([*programs, *importers], imports.of).items():
@@ -191,7 +195,7 @@ class _Imports:
         self._files: dict[str, str | None] = {}
 
     def add(self, path: str, tree: ast.Module, data: bytes) -> None:
-        self._of[path] = list(_local_imports(path, tree, self.bases, self.real_file, _calls_named(data)))
+        self._of[path] = list(_local_imports(path, tree, self.bases, self.real_file, _calls_named(data, path)))
 
     def of(self, path: str, data: bytes | None = None) -> list[str] | None:
         """The files `path` imports, None where it does not parse."""
@@ -199,7 +203,7 @@ class _Imports:
             data = self.texts.read(path) if data is None else data
             tree = _parse(path, data)
             self._of[path] = None if tree is None else \
-                list(_local_imports(path, tree, self.bases, self.real_file, _calls_named(data)))
+                list(_local_imports(path, tree, self.bases, self.real_file, _calls_named(data, path)))
         return self._of[path]
 
     def real_file(self, candidate: str) -> str | None:
@@ -208,21 +212,23 @@ class _Imports:
         return self._files[candidate]
 
 
-def _importers(programs: dict[str, ast.Module], candidates: list[str], imports: _Imports) -> dict[str, str]:
+def _importers(programs: dict[str, ast.Module], candidates: list[str], imports: _Imports,
+               tree: tuple[list[str], set[str]] | None = None) -> dict[str, str]:
     """The files that import an SPMD module (`from utils import setup_spmd`), directly or through
     others, each with the SPMD module it reaches: a module that turns SPMD on in a function turns
     it on for the program that calls it, so that program's process queries, and its other
-    modules', counted hosts too. A file is parsed only where it names such a module."""
+    modules', counted hosts too. A file is parsed only where its bytes can name such a module
+    (`_Named`; `tree`: the project's import roots and what its walk did not list, or None)."""
     found: dict[str, str] = {}
     origins = {path: path for path in programs}  # a module of the chain -> the SPMD module it reaches
     for _ in range(MAX_LEVELS):
-        names = {_module_name(path).encode() for path in origins}
+        named = _Named(origins, tree)
         new = {}
         for path in candidates:
             if path in programs or path in found:
                 continue
             data = imports.texts.read(path)
-            if data is None or not any(name in data for name in names):
+            if data is None or not named.may_import(path, data):
                 continue
             reached = [m for m in imports.of(path, data) or () if m in origins]
             if reached:
@@ -234,20 +240,103 @@ def _importers(programs: dict[str, ast.Module], candidates: list[str], imports: 
     return found
 
 
+# Between the tokens of `sys.path` (ASCII source): whitespace, line continuations, comments.
+_GAP = rb"(?:[ \t\f\r\n\\]|#[^\r\n]*)*"
+_SYS_PATH = re.compile(rb"(?<![A-Za-z0-9_])sys" + _GAP + rb"\." + _GAP + rb"path(?![A-Za-z0-9_])")
+
+
+# A coding declaration on one of the first two lines, and the encodings in which ASCII bytes
+# read as themselves (in UTF-7, say, ASCII bytes spell other characters).
+_CODING = re.compile(rb"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
+_ASCII_CODINGS = ("utf-8", "utf8", "utf_8", "ascii", "us-ascii", "latin-1", "latin1", "latin_1", "iso-8859", "iso8859",
+                  "iso_8859", "cp125")
+
+
+def _plain_identifiers(path: str, data: bytes) -> bool:
+    """Whether each identifier of the file is spelled in its bytes as itself: ASCII source in an
+    encoding that reads ASCII as ASCII (not a notebook, whose JSON may escape any character)."""
+    if path.endswith(".ipynb") or not data.isascii():
+        return False
+    for line in data.split(b"\n", 2)[:2]:
+        match = _CODING.match(line)
+        if match:
+            return match[1].decode().lower().startswith(_ASCII_CODINGS)
+    return True
+
+
+class _Named:
+    """Which files may import one of `origins` (real paths), from their bytes.
+
+    A file imports a module named `m` (`_module_name`) only where its bytes hold `m`: the test
+    the pass always made, which alone lets through every file that says `device` or `utils`.
+    More can be asked without a parse where the project's tree was walked (`tree`: its import
+    roots, and the names of the links and skipped directories the walk did not list) and the
+    file is plain ASCII source (`_plain_identifiers`) that names none of those and calls no
+    import function: its imports then name modules by their real paths, in identifiers. An
+    import's dotted name is the module's path below the directory it is searched from: the
+    file's own (`import m`; a relative import with no package part), one above it (`from ..
+    import m`), a project root, or a directory the file adds to sys.path (`sys . path` in its
+    bytes). From any other directory the path, so the name, holds the module's folder
+    (`pkg.m`, `from .pkg import m`). So such a file whose bytes do not name that folder imports
+    `m` only from its own directory or one below the folder, or from a project root.
+    """
+
+    # With more names than this (a library whose every module imports the SPMD one), nearly
+    # every file names one: the folder test would cost a search per name and file, for nothing.
+    MAX_NAMES = 64
+
+    def __init__(self, origins: Iterable[str], tree: tuple[list[str], set[str]] | None):
+        self.bases, unseen = tree if tree is not None else (None, set())
+        self.unseen = [name.encode() for name in unseen]
+        self.places: dict[bytes, list[tuple[bytes, str]]] = {}  # name -> (its folder's name, its folder)
+        for path in origins:
+            folder = os.path.dirname(path)
+            if os.path.basename(path) == "__init__.py":
+                folder = os.path.dirname(folder)
+            self.places.setdefault(_module_name(path).encode(), []).append(
+                (os.path.basename(folder).encode(), folder))
+        if len(self.places) > self.MAX_NAMES:
+            self.bases = None
+
+    def may_import(self, path: str, data: bytes) -> bool:
+        if self.bases is None:
+            return any(name in data for name in self.places)
+        named = [name for name in self.places if name in data]
+        if not named:
+            return False
+        if not _plain_identifiers(path, data) or b"import_module" in data \
+                or b"__import__" in data or _SYS_PATH.search(data) or any(name in data for name in self.unseen):
+            return True
+        here = os.path.dirname(path)
+        return any(folder_name in data or folder in self.bases or here == folder or here.startswith(folder + os.sep)
+                   for name in named for folder_name, folder in self.places[name])
+
+
 def _module_name(path: str) -> str:
     """The last part of the dotted name a file is imported by: a package's for its __init__.py."""
     stem = os.path.splitext(os.path.basename(path))[0]
     return os.path.basename(os.path.dirname(path)) if stem == "__init__" else stem
 
 
-def _source_files(root: Path) -> Iterator[str]:
+def _source_files(root: Path, unseen: set[str] | None = None) -> Iterator[str]:
+    """The project's Python files and notebooks. `unseen`, when given, gets the names of what
+    an import may pass through that the walk did not list: symbolic links (to files and
+    directories) and the directories it skips, but for hidden ones (`.venv`: no import names
+    them, a dotted name holds no dot)."""
     for directory, subdirectories, names in os.walk(root):
+        kept = [d for d in subdirectories if not d.startswith(".") and d not in _SKIPPED
+                and not os.path.exists(os.path.join(directory, d, "pyvenv.cfg"))]
+        if unseen is not None:
+            unseen.update(d for d in subdirectories if not d.startswith(".") and
+                          (d not in kept or os.path.islink(os.path.join(directory, d))))
         # Hidden directories (.git, .venv, .tox) and virtual environments hold no project module.
-        subdirectories[:] = [d for d in subdirectories if not d.startswith(".") and d not in _SKIPPED
-                             and not os.path.exists(os.path.join(directory, d, "pyvenv.cfg"))]
+        subdirectories[:] = kept
         for name in names:
             if name.endswith(_SOURCES):  # real already below a real root (walk follows no links)
-                yield os.path.join(directory, name)
+                path = os.path.join(directory, name)
+                if unseen is not None and os.path.islink(path):
+                    unseen.add(os.path.splitext(name)[0])
+                yield path
 
 
 def _spmd_tree(path: str, data: bytes | None) -> ast.Module | None:
@@ -260,17 +349,23 @@ def _spmd_tree(path: str, data: bytes | None) -> ast.Module | None:
     if tree is None:
         return None
     imported, called, environment = set(), False, False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+    Import, ImportFrom, Attribute, Name, Constant, keyword = \
+        ast.Import, ast.ImportFrom, ast.Attribute, ast.Name, ast.Constant, ast.keyword
+    for node in walk(tree):  # the parser makes these classes exactly (no subclass): `type(node) is`
+        kind = type(node)
+        if kind is Import:
             imported.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            imported.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
-        elif isinstance(node, ast.Attribute) and node.attr in _SPMD_CALLS or \
-                isinstance(node, ast.Name) and node.id in _SPMD_CALLS:
-            called = True
-        elif isinstance(node, ast.Constant) and node.value == SPMD_ENV or \
-                isinstance(node, ast.keyword) and node.arg == SPMD_ENV:  # os.environ.update(XLA_USE_SPMD="1")
-            environment = True
+        elif kind is ImportFrom:
+            if node.module and node.level == 0:
+                imported.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+        elif kind is Attribute:
+            called = called or node.attr in _SPMD_CALLS
+        elif kind is Name:
+            called = called or node.id in _SPMD_CALLS
+        elif kind is Constant:
+            environment = environment or node.value == SPMD_ENV
+        elif kind is keyword:  # os.environ.update(XLA_USE_SPMD="1")
+            environment = environment or node.arg == SPMD_ENV
     if environment or any(name.startswith(_SPMD_MODULES) for name in imported):
         return tree
     return tree if called and any(is_xla_name(name) for name in imported) else None
@@ -396,12 +491,15 @@ def _import_nodes(tree: ast.Module) -> tuple[list[ast.AST], list[ast.Call]]:
     return imports, path_calls
 
 
-def _calls_named(data: bytes | None) -> bool:
+def _calls_named(data: bytes | None, path: str = "") -> bool:
     """Whether the source may call an import function (`_IMPORT_CALLS`) or `sys.path.append` /
-    `insert`: it holds their names (a file that is not all ASCII may spell them otherwise, as
-    NFKC-equal identifiers, so it counts too)."""
-    return data is None or not data.isascii() or b"import_module" in data or b"__import__" in data \
-        or b"sys" in data and b"path" in data
+    `insert`: it holds their names (a file whose identifiers its bytes may not spell as
+    themselves, `_plain_identifiers`, counts where it holds `sys` and `path` anywhere)."""
+    if data is None or b"import_module" in data or b"__import__" in data:
+        return True
+    if not (b"sys" in data and b"path" in data):
+        return not data.isascii()
+    return not _plain_identifiers(path, data) or _SYS_PATH.search(data) is not None
 
 
 # The fields that hold statements, of the nodes that do (a statement cannot sit in an expression).
