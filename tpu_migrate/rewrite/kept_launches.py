@@ -16,10 +16,12 @@ The launch is known to stay torch_xla's:
    `XLAStrategy` and `strategies/launchers/xla.py`);
 3. where the project shows no launch at all, in a class named for XLA (`XLAStrategy`,
    `_XlaDistModel`): a library's torch_xla backend, whose processes only a torch_xla launcher
-   started (its library's, in a module not at hand).
+   started (its library's, in a module not at hand); or in a branch whose test compares with an
+   enum member named XLA (accelerate's `distributed_type == DistributedType.XLA`), which holds
+   only under torch_xla's runtime.
 Nothing is marked where a converted launch runs the code (this file's, or one in a module that
 imports it), or where the file makes a process group itself. A module with no launch in sight
-and no XLA class (accelerate's optimizer.py, run by whatever launched the user's script, which
+and no XLA class or branch (a library's helper, run by whatever launched the user's script, which
 may be torchrun) is not marked: the tool does not know that its launch stays torch_xla's.
 """
 
@@ -51,7 +53,11 @@ _LAUNCH_MARKERS = (b"xla_multiprocessing", b"pjrt", b"torch_xla.launch", b"impor
 # `XLAStrategy`, `_XlaDistModel`, `TorchXLATrainer`; not `Xlarge`, `MAXLAYERS`.
 _XLA_CLASS = re.compile(r"(?:^|[_a-z0-9])(?:XLA|Xla)(?![a-z])")
 
-COLLECTIVE, RANK, GROUP = "collective", "rank", "group"
+# The rank rules whose conversion reads the launcher's per-host variables (LOCAL_RANK,
+# LOCAL_WORLD_SIZE), which only a launcher sets: a process group does not give them.
+HOST_QUERIES = frozenset({rule_code("TPU022"), rule_code("TPU166")})
+
+COLLECTIVE, RANK, LOCAL, GROUP = "collective", "rank", "local", "group"
 _MESSAGES = {
     COLLECTIVE: ("torch_xla reduced across every process without a process group; {reason} and creates none: "
                  "start the workers with RANK and WORLD_SIZE set, or call dist.init_process_group in them, or "
@@ -59,6 +65,9 @@ _MESSAGES = {
     RANK: ("torch_xla's runtime answered this in every worker without a process group; {reason} and creates "
            "none: start the workers with RANK and WORLD_SIZE set, or call dist.init_process_group in them, or "
            "every process reads rank 0 of 1 here"),
+    LOCAL: ("torch_xla's runtime answered this in every worker; {reason} and sets no LOCAL_RANK or "
+            "LOCAL_WORLD_SIZE: start the workers with them set (torchrun, or the launch ported), or every process "
+            "reads local rank 0, of 1 process on its host, here"),
     GROUP: ("torch_xla's xla:// took rank and world size from its runtime; {reason} and sets no RANK or "
             "WORLD_SIZE: start the workers with them set (torchrun, or the launch ported), or each worker "
             "makes a group of its own here (rank 0 of 1)"),
@@ -96,6 +105,25 @@ def kept_launch(sc) -> str | None:
             return (f"`{scope.path[-1]}` is a torch_xla backend: the launch that starts its processes (not "
                     "found in this project) is torch_xla's")
         scope = scope.parent
+    for ancestor in reversed(sc.ancestors or ()):
+        member = _xla_member_test(ancestor)
+        if member is not None:
+            return (f"this branch runs only under torch_xla's runtime (its test compares with `{member}`): the "
+                    "launch that starts its processes (not found in this project) is torch_xla's")
+    return None
+
+
+def _xla_member_test(statement: ast.AST) -> str | None:
+    """`DistributedType.XLA` where `statement` is an `if`/`while` whose test compares with an
+    enum member named XLA (accelerate's `state.distributed_type == DistributedType.XLA`): a
+    library's torch_xla branch, which holds only in processes torch_xla's runtime runs."""
+    if not isinstance(statement, (ast.If, ast.While)):
+        return None
+    for node in ast.walk(statement.test):
+        if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.Is)) for op in node.ops):
+            for side in (node.left, *node.comparators):
+                if isinstance(side, ast.Attribute) and side.attr == "XLA":
+                    return ast.unparse(side)
     return None
 
 
@@ -118,7 +146,7 @@ def _file_reason(file) -> str | None:
 
 
 def mark(sc, code: str, where: tuple[int, int] | None, what: str) -> None:
-    """A TODO on the converted line (`what`: COLLECTIVE, RANK or GROUP) where its launch stays
+    """A TODO on the converted line (`what`: COLLECTIVE, RANK, LOCAL or GROUP) where its launch stays
     torch_xla's."""
     reason = kept_launch(sc)
     if reason is not None:

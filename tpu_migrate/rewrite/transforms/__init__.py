@@ -87,7 +87,8 @@ def apply_call_rule(rule, qualname: str, call: cst.Call, sc: StatementContext):
             return call
         where = sc.fixed(rule.code, qualname)
         if rule.code in kept_launches.PROCESS_QUERIES:
-            kept_launches.mark(sc, rule.code, where, kept_launches.RANK)
+            kept_launches.mark(sc, rule.code, where, kept_launches.LOCAL if rule.code in kept_launches.HOST_QUERIES
+                               else kept_launches.RANK)
         return parse_expr(expression)
     transform = CALL.get(rule.transform or "")
     if transform is not None:

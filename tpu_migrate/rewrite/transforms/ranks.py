@@ -37,7 +37,7 @@ def is_master_ordinal(call, qualname, sc: StatementContext, rule):
                         "host; TorchTPU runs one process per TPU: port the SPMD code first, then test the rank "
                         "(one process of the job) or LOCAL_RANK (one process per host)", qualname)
         return call
-    kept_launches.mark(sc, rule.code, sc.fixed(rule.code, qualname), kept_launches.RANK)
+    kept_launches.mark(sc, rule.code, sc.fixed(rule.code, qualname), kept_launches.LOCAL if local else kept_launches.RANK)
     return parse_expr(sc.fill(LOCAL_MASTER if local else GLOBAL_MASTER))
 
 
@@ -90,7 +90,7 @@ def _master_print_parts(call, qualname, sc: StatementContext, rule, hoist: list 
                 targets=[cst.AssignTarget(target=cst.Name(value))], value=standalone(arg.value))]))
             arg = arg.with_changes(value=cst.Name(value))
         args.append(arg)
-    kept_launches.mark(sc, rule.code, sc.fixed(rule.code, qualname), kept_launches.RANK)
+    kept_launches.mark(sc, rule.code, sc.fixed(rule.code, qualname), kept_launches.LOCAL if local else kept_launches.RANK)
     condition = sc.fill(LOCAL_MASTER if local else GLOBAL_MASTER)
     return condition, cst.Call(func=cst.Name("print"), args=clean_args(args))
 
