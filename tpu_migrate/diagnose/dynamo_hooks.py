@@ -98,7 +98,7 @@ class DynamoHooks:
         that compile only. Any other compile while it is on the stack (`torch._dynamo.optimize`,
         a frame compiled outside those calls) traces it: it goes for good (its marks stay)."""
         marks = self.places.tensor_places
-        if marks is None or not marks.stacked:
+        if marks is None or not marks.on_this_stack():
             return
         trigger = getattr(getattr(args, "callback_trigger", None), "name", None)
         if trigger == "LAZY_BACKWARD":

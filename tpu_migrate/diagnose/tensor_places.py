@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import weakref
 
 from torch.overrides import TorchFunctionMode
@@ -75,6 +76,7 @@ class TensorPlaces(TorchFunctionMode):
         self.on = False  # following tensors: from install() to uninstall()
         self.stacked = False  # on the torch function mode stack (off it inside compiled calls)
         self.above = 0  # while suspended: how many of the program's modes were above it
+        self.thread = None  # the thread whose mode stack holds it
         self.unseen: dict[str, object] = {}  # torch.<name> -> the original, while wrapped
         self.wrapped: dict[str, object] = {}  # torch.<name> -> its wrapper
 
@@ -101,6 +103,7 @@ class TensorPlaces(TorchFunctionMode):
     def install(self) -> None:
         self.__enter__()
         self.on = self.stacked = True
+        self.thread = threading.get_ident()
         # Factories of host tensors that torch dispatches to no mode.
         self.unseen = {name: getattr(self.torch, name) for name in UNSEEN_FACTORIES if hasattr(self.torch, name)}
         self.wrapped = {name: self._host_factory(original) for name, original in self.unseen.items()}
@@ -137,10 +140,14 @@ class TensorPlaces(TorchFunctionMode):
     def suspend(self) -> bool:
         """Off the stack for a compiled call or a compile (Dynamo would trace the mode, and guard
         on it), the factories unwrapped; whether it was on it (then `resume()` after)."""
-        if not self.stacked:
+        if not self.on_this_stack():
             return False
         self.above = self._off_stack()
         return True
+
+    def on_this_stack(self) -> bool:
+        """Whether it is on this thread's mode stack (each thread has its own)."""
+        return self.stacked and threading.get_ident() == self.thread
 
     def resume(self) -> None:
         """Back where `suspend()` took it from, under the program's modes that were above it."""
