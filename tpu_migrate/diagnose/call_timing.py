@@ -33,6 +33,9 @@ class CallTimer:
         # (file, line, name, signature) -> [first seconds, first compiled, later calls, later
         # seconds, later fastest, later calls that compiled]
         self.stats: dict[tuple, list] = {}
+        # tensor_places.TensorPlaces (the CPU standing in), off the mode stack inside each call:
+        # Dynamo would trace the mode, and guard on it.
+        self.aside = None
 
     def wrap(self, compiled, model):
         """What torch.compile returned for `model`, with its calls timed (a module's forward, or
@@ -57,10 +60,14 @@ class CallTimer:
             file, line = recording.user_frame()
             signature = timer.signature(args, kwargs)
             compiles = timer.compiles()
+            marks = timer.aside
+            aside = marks is not None and marks.suspend()
             started = time.perf_counter()
             try:
                 return function(*args, **kwargs)
             finally:
+                if aside:
+                    marks.resume()
                 timer.record((file, line, name, signature), time.perf_counter() - started,
                              timer.compiles() > compiles)
 

@@ -91,6 +91,21 @@ class DynamoHooks:
         on_compile_end(self._compile_ended)
         self.dynamo_hooked = True
 
+    def _marks_aside(self, args) -> None:
+        """tensor_places' mode (native.py, the CPU standing in) is off the stack inside each call of
+        what torch.compile returned (call_timing.py). A backward Dynamo compiles lazily, in the
+        program's `loss.backward()`, compiles a graph already traced: the mode steps aside for
+        that compile only. Any other compile while it is on the stack (`torch._dynamo.optimize`,
+        a frame compiled outside those calls) traces it: it goes for good (its marks stay)."""
+        marks = self.places.tensor_places
+        if marks is None or not marks.on_this_stack():
+            return
+        trigger = getattr(getattr(args, "callback_trigger", None), "name", None)
+        if trigger == "LAZY_BACKWARD":
+            self.marks_resume = marks.suspend()
+        else:
+            marks.uninstall()
+
     def in_standin(self, filename: str) -> bool:
         """Whether the file is the TorchTPU stand-in's (standin backend): Dynamo traces into its
         Python device guard and dispatch, which a TPU runs in C++; what breaks or recompiles
@@ -101,6 +116,7 @@ class DynamoHooks:
     def _compile_started(self, args) -> None:
         self._stop_op_coverage()
         self._drop_function_wrappers()
+        self._marks_aside(args)
         self._put_methods(wrapped=False)
         if self.optimizer_hook is not None:  # a compiled optimizer step would trace our hook
             self.optimizer_hook.remove()
@@ -118,6 +134,9 @@ class DynamoHooks:
                                            seconds=seconds))
             self.compile_started = None
         self._put_methods(wrapped=True)
+        if self.marks_resume:
+            self.marks_resume = False
+            self.places.tensor_places.resume()
         if self.optimizer_hook is None:
             from torch.optim.optimizer import register_optimizer_step_post_hook
 

@@ -78,6 +78,7 @@ class NativeHooks(OpCoverage, DynamoHooks):
         self.compile_started: float | None = None
         self.compiles = 0  # compiles Dynamo started: a timed call that saw one compiled
         self.timer = call_timing.CallTimer(recorder, torch, lambda: self.compiles)
+        self.marks_resume = False  # tensor_places stepped aside for a lazily compiled backward
         recorder.finishers.append(self.timer.report)
         self.table: dict[str, str] | None = None  # rules/torchtpu-ops.json, read when first needed
         self.verdicts: dict[object, str] = {}  # OpOverload -> its name if TorchTPU cannot run it
@@ -87,7 +88,7 @@ class NativeHooks(OpCoverage, DynamoHooks):
         if self.cpu_stands_in and not standin and _places_anything_yet():  # which CPU tensors stand for host ones
             from tpu_migrate.diagnose.tensor_places import TensorPlaces
 
-            self.places.tensor_places = TensorPlaces(torch, self.places)
+            self.places.tensor_places = self.timer.aside = TensorPlaces(torch, self.places)
         self.last_read: float | None = None  # perf_counter at the end of the last counted host read
         self.compiling = 0.0  # seconds Dynamo spent compiling so far
         self.compiling_at_read = 0.0  # ... at the end of the last counted host read
@@ -162,10 +163,8 @@ class NativeHooks(OpCoverage, DynamoHooks):
 
     def _drop_function_wrappers(self) -> None:
         """Dynamo guards on the identity of torch.* functions: a wrapper installed at run time
-        and taken out at compile time would fail those guards and recompile. It traces torch
-        function modes too: tensor_places' mode goes with them (its marks stay)."""
-        if self.places.tensor_places is not None:
-            self.places.tensor_places.uninstall()
+        and taken out at compile time would fail those guards and recompile. (tensor_places'
+        mode steps aside for each compiled call instead: see _compile_started.)"""
         for name, original in self.function_originals.items():
             setattr(self.torch, name, original)
             self.functions_dropped = True
@@ -203,6 +202,8 @@ class NativeHooks(OpCoverage, DynamoHooks):
         """Back to the untraced program (auto backend: the program turned out to use torch_xla)."""
         self._put_methods(wrapped=False)
         self._drop_function_wrappers()
+        if self.places.tensor_places is not None:
+            self.places.tensor_places.uninstall()
         self._stop_op_coverage()
         if self.optimizer_hook is not None:
             self.optimizer_hook.remove()

@@ -19,11 +19,14 @@ So a library's read of its own host tensors (Diffusers' DDPMScheduler: `if t > 0
 `nonzero` of its timesteps) is no sync, `.numpy()` of a copy `.cpu()` just made is none either,
 and a device scalar indexing a table (a read torch makes in C++) is told from a host one.
 
-The mode costs Python per torch call (about 4 us: a tiny MLP's eager step took 1.6x as long), and
-Dynamo traces modes: it follows tensors during the warm-up steps and one more, as op coverage
-checks ops, and is taken off for good then or when the program first compiles, whichever comes
-first. The marks made until then stay, and each line that read keeps what it read
+The mode costs Python per torch call (about 4 us: a tiny MLP's eager step took 1.6x as long): it
+follows tensors during the warm-up steps and one more, as op coverage checks ops, and is taken off
+for good then. The marks made until then stay, and each line that read keeps what it read
 (read_places.ReadPlaces.host_sites); a program without optimizer steps is followed to its end.
+Dynamo traces modes and guards on them, so the mode steps off the stack for each call of what
+torch.compile returned (call_timing.py: `suspend`, `resume`; what the compiled code makes counts
+as the source places it) and for a backward Dynamo compiles lazily; a compile it did not see
+coming (`torch._dynamo.optimize`, a frame compiled outside those calls) takes it off for good.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import threading
 import weakref
 
 from torch.overrides import TorchFunctionMode
@@ -69,8 +73,12 @@ class TensorPlaces(TorchFunctionMode):
         self.tensor_type = torch.Tensor
         self.places = places  # read_places.ReadPlaces: where a call's site sends what it makes
         self.host: dict[int, _Ref] = {}  # id(tensor) -> weak reference, for host tensors
-        self.on = False
+        self.on = False  # following tensors: from install() to uninstall()
+        self.stacked = False  # on the torch function mode stack (off it inside compiled calls)
+        self.above = 0  # while suspended: how many of the program's modes were above it
+        self.thread = None  # the thread whose mode stack holds it
         self.unseen: dict[str, object] = {}  # torch.<name> -> the original, while wrapped
+        self.wrapped: dict[str, object] = {}  # torch.<name> -> its wrapper
 
     # -- the marks ----------------------------------------------------------------------------
     def is_host(self, tensor) -> bool:
@@ -94,11 +102,20 @@ class TensorPlaces(TorchFunctionMode):
     # -- the mode -----------------------------------------------------------------------------
     def install(self) -> None:
         self.__enter__()
-        self.on = True
+        self.on = self.stacked = True
+        self.thread = threading.get_ident()
         # Factories of host tensors that torch dispatches to no mode.
         self.unseen = {name: getattr(self.torch, name) for name in UNSEEN_FACTORIES if hasattr(self.torch, name)}
-        for name, original in self.unseen.items():
-            setattr(self.torch, name, self._host_factory(original))
+        self.wrapped = {name: self._host_factory(original) for name, original in self.unseen.items()}
+        self._wrap_factories()
+
+    def _wrap_factories(self) -> None:
+        for name, wrapper in self.wrapped.items():
+            setattr(self.torch, name, wrapper)
+
+    def _unwrap_factories(self) -> None:
+        for name, original in self.unseen.items():  # Dynamo guards on torch.* functions too
+            setattr(self.torch, name, original)
 
     def _host_factory(self, original):
         marks = self
@@ -113,12 +130,42 @@ class TensorPlaces(TorchFunctionMode):
         return dynamo_skips(factory)
 
     def uninstall(self) -> None:
-        """Off the torch function mode stack, wherever the program's own modes put it."""
+        """Off the torch function mode stack for good (its marks stay)."""
         if not self.on:
             return
         self.on = False
-        for name, original in self.unseen.items():  # Dynamo guards on torch.* functions too
-            setattr(self.torch, name, original)
+        if self.stacked:
+            self._off_stack()
+
+    def suspend(self) -> bool:
+        """Off the stack for a compiled call or a compile (Dynamo would trace the mode, and guard
+        on it), the factories unwrapped; whether it was on it (then `resume()` after)."""
+        if not self.on_this_stack():
+            return False
+        self.above = self._off_stack()
+        return True
+
+    def on_this_stack(self) -> bool:
+        """Whether it is on this thread's mode stack (each thread has its own)."""
+        return self.stacked and threading.get_ident() == self.thread
+
+    def resume(self) -> None:
+        """Back where `suspend()` took it from, under the program's modes that were above it."""
+        if not self.on or self.stacked:
+            return
+        C = self.torch._C
+        above = [C._pop_torch_function_stack() for _ in range(min(self.above, C._len_torch_function_stack()))]
+        C._push_on_torch_function_stack(self)
+        for mode in reversed(above):
+            C._push_on_torch_function_stack(mode)
+        self.stacked = True
+        self._wrap_factories()
+
+    def _off_stack(self) -> int:
+        """Off the torch function mode stack, wherever the program's own modes put it: how many
+        were above it."""
+        self.stacked = False
+        self._unwrap_factories()
         C = self.torch._C
         above = []
         while C._len_torch_function_stack() > 0:
@@ -128,6 +175,7 @@ class TensorPlaces(TorchFunctionMode):
             above.append(mode)
         for mode in reversed(above):
             C._push_on_torch_function_stack(mode)
+        return len(above)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
