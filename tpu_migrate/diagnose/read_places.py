@@ -172,6 +172,12 @@ class ReadPlaces:
             self.host_copies[key] = found
         if found != _LIBRARY:
             return found
+        names_cpu, frame = self._library_names_the_cpu(frame)
+        return names_cpu or (frame is not None and self.library_read_place(frame) == placement.HOST)
+
+    def _library_names_the_cpu(self, frame):
+        """(whether a library frame from `frame` out names the CPU, the first frame outside the
+        library: the user's call, or None)."""
         names_cpu = False
         while frame is not None and recording.is_library(frame.f_code.co_filename):
             key = (frame.f_code, frame.f_lineno, "cpu")
@@ -180,7 +186,7 @@ class ReadPlaces:
                 named = self.host_copies[key] = placement.names_the_cpu(frame.f_code.co_filename, frame.f_lineno)
             names_cpu = names_cpu or named
             frame = frame.f_back
-        return names_cpu or (frame is not None and self.library_read_place(frame) == placement.HOST)
+        return names_cpu, frame
 
     def remember_host_copy(self, copy) -> None:
         """`copy` is a library's copy to the host (see library_host_copy)."""
@@ -239,12 +245,5 @@ class ReadPlaces:
         the CPU itself on the way (a pipeline's `device=torch.device("cpu")` for its outputs),
         in a call from a user line that works on the device; else the library moving a tensor to
         the user's device, which the CPU only stands in for."""
-        names_cpu = False
-        while frame is not None and recording.is_library(frame.f_code.co_filename):
-            key = (frame.f_code, frame.f_lineno, "cpu")
-            named = self.host_copies.get(key)
-            if named is None:
-                named = self.host_copies[key] = placement.names_the_cpu(frame.f_code.co_filename, frame.f_lineno)
-            names_cpu = names_cpu or named
-            frame = frame.f_back
+        names_cpu, frame = self._library_names_the_cpu(frame)
         return names_cpu and frame is not None and self.library_read_place(frame) != placement.HOST
