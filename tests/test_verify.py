@@ -443,14 +443,14 @@ def test_at_the_timeout_torchrun_s_workers_are_stopped_with_it(tmp_path):
         "    time.sleep(600)\n")
     try:
         proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--target", "portable", "--nproc", "2",
-                               "--timeout", "20", "train.py"], capture_output=True, text=True, cwd=tmp_path,
+                               "--timeout", "12", "train.py"], capture_output=True, text=True, cwd=tmp_path,
                               timeout=120)
     finally:
         workers = _pids(pids)
         outlived = _gone(workers)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "the migrated, torchrun, 2 processes run failed (exit status 124)" in proc.stdout, proc.stdout
-    assert "stopped after 20 s" in proc.stdout
+    assert "stopped after 12 s" in proc.stdout
     assert len(workers) == 2, proc.stdout + proc.stderr  # both started before the timeout
     assert outlived == [], "torchrun's workers outlived verify"
 
