@@ -146,8 +146,9 @@ def test_advice_fits_the_cause():
     graph_break = next(f for f in document["findings"] if f["kind"] == "graph-break")
     assert "capture_scalar_outputs = True" in graph_break["explanation"]
     assert "capture_scalar_outputs = True" in log
-    # The read of every step (a training step queued before it) ranks above the more frequent read
-    # of evaluation steps only (a forward each): by the work queued before them, estimated on the CPU.
+    # The read of every step ranks above the more frequent read of evaluation steps only: by what
+    # removing each saves, the shorter of the work queued before and after it (four forwards and
+    # backwards against one forward), estimated on the CPU.
     syncs = [f for f in document["findings"] if f["kind"] == "sync"]
     lines = [f["line"] for f in syncs]
     evaluation, every = line_of(name, "sync in evaluation steps"), line_of(name, "sync every step")
