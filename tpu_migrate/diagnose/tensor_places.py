@@ -8,7 +8,8 @@ This TorchFunctionMode follows each tensor from where it is made, as a TPU would
   call's site sends it (read_places: the user's statement, or for a library the user's call into
   it, unless the library names the CPU on the way);
 - a copy to the host (`.cpu()`, `.to("cpu")`) is a host tensor; the CPU answers it with the tensor
-  itself, so it gets an alias of its own (a view: same data) to be told apart from its source;
+  itself, so it gets an alias of its own (a view: same data) to be told apart from its source
+  (not a leaf that requires grad nor a Parameter, which the program must get back themselves);
 - any other op makes host tensors when all its tensor inputs are host tensors (a scheduler's
   tables and timesteps, the losses a program collects), else device tensors; an in-place op
   leaves its tensor where it was.
@@ -198,6 +199,8 @@ class TensorPlaces(TorchFunctionMode):
         receiver = args[0] if args and isinstance(args[0], Tensor) else None
         if name in COPIES and receiver is not None:
             host, result = True, self._own(result, receiver)
+            if result is None:
+                return receiver
         elif name in MOVES and receiver is not None:
             target = self._target(name, args, kwargs)
             if target is None:  # .to(torch.float16): where it was
@@ -208,6 +211,8 @@ class TensorPlaces(TorchFunctionMode):
                 host = sends_to_the_host(self.places, sys._getframe(2))
                 if host:
                     result = self._own(result, receiver)
+                    if result is None:
+                        return receiver
         elif kwargs.get("device") is not None:  # a factory given a device
             host = sends_to_the_host(self.places, sys._getframe(2))
         elif result is receiver:  # in place (`buffer.copy_(x)`): a tensor keeps its place
@@ -241,13 +246,18 @@ class TensorPlaces(TorchFunctionMode):
 
     def _own(self, result, receiver):
         """The CPU answers a copy to the host with the tensor itself: an alias (same data) of its
-        own, so the device tensor it came from keeps its place."""
-        if result is receiver:
-            try:
-                return receiver.view_as(receiver)
-            except RuntimeError:  # a layout without views: the tensor itself
-                return result
-        return result
+        own, so the device tensor it came from keeps its place. None where the program must get
+        the tensor itself, unmarked: a leaf that requires grad (an alias is no leaf, so an
+        optimizer refuses it) or a subclass such as a Parameter (an alias is a plain Tensor); a
+        host tensor is already where it goes."""
+        if result is not receiver or self.is_host(receiver):
+            return result
+        if (receiver.requires_grad and receiver.is_leaf) or type(receiver) is not self.torch.Tensor:
+            return None
+        try:
+            return receiver.view_as(receiver)
+        except RuntimeError:  # a layout without views: the tensor itself
+            return result
 
 
 def sends_to_the_host(places, frame) -> bool:
