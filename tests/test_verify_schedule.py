@@ -34,3 +34,23 @@ def test_a_working_directory_too_large_to_watch_is_not_watched(tmp_path, monkeyp
     for name in "abcd":
         (tmp_path / name).write_text(name)
     assert schedule.snapshot(tmp_path, tmp_path / "none") is None
+
+
+def test_the_recorder_s_own_folder_named_through_a_link_is_not_a_program_write(tmp_path, monkeypatch):
+    """The run's folder behind a link (a linked TMPDIR, macOS's /var): the recorder's own files,
+    opened by the name it was given, are not the program's writes, which would put every later
+    run one after another."""
+    from tpu_migrate.verify import recorder
+
+    real = tmp_path / "real"
+    real.mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    monkeypatch.setattr(recorder, "_writes", [])
+    mine, noted = recorder._own_folder(str(link)), str(link / "writes-1")
+    recorder._note_write(str(link / "steps-1.jsonl"), mine, noted)
+    recorder._note_write(str(real / "stdout-1"), mine, noted)
+    assert recorder._writes == []
+    recorder._note_write(str(tmp_path / "checkpoint.pt"), mine, noted)
+    assert recorder._writes == [str(tmp_path / "checkpoint.pt")]
+    assert (real / "writes-1").read_text() == f"{tmp_path / 'checkpoint.pt'}\n"

@@ -94,7 +94,7 @@ def _watch_writes(directory: str) -> None:
     import functools
     import tempfile
 
-    mine = os.path.realpath(directory) + os.sep
+    mine = _own_folder(directory)
     noted = os.path.join(directory, f"writes-{os.getpid()}")
     mkdtemp = tempfile.mkdtemp
 
@@ -123,9 +123,16 @@ def _watch_writes(directory: str) -> None:
     sys.addaudithook(hook)
 
 
-def _note_write(path: str, mine: str, noted: str) -> None:
+def _own_folder(directory: str) -> tuple[str, ...]:
+    """The recorder's own folder as the program's paths may name it: as given (what `noted` and
+    the recorder's files are opened by) and with its links resolved. _note_write compares
+    absolute paths without resolving them (a realpath per write-mode open would cost each one)."""
+    return tuple(dict.fromkeys((os.path.abspath(directory) + os.sep, os.path.realpath(directory) + os.sep)))
+
+
+def _note_write(path: str, mine: tuple[str, ...], noted: str) -> None:
     full = os.path.abspath(path)
-    if full.startswith((mine, *_temporary)) or any(part in full for part in NOT_WRITES) or full in _writes \
+    if full.startswith((*mine, *_temporary)) or any(part in full for part in NOT_WRITES) or full in _writes \
             or os.path.isdir(full):  # tempfile's files open their folder (an opener makes the file)
         return
     _writes.append(full)
@@ -271,7 +278,7 @@ def _watch_save(torch, directory: str) -> None:
     original = torch.save
     if getattr(original, "_tpu_migrate_verify", False):
         return
-    mine = os.path.realpath(directory) + os.sep
+    mine = _own_folder(directory)
     noted = os.path.join(directory, f"writes-{os.getpid()}")
 
     @functools.wraps(original)
