@@ -1,10 +1,27 @@
-"""Which of verify's runs go at once (tpu_migrate/verify/schedule.py): no program runs here."""
+"""Which of verify's runs go at once (tpu_migrate/verify/schedule.py): no torch program runs here
+(the runs of a wave are programs of a few lines)."""
 
 from __future__ import annotations
 
 import os
 
 from tpu_migrate.verify import schedule
+from tpu_migrate.verify.runs import Target, Workspace
+
+# Appends a line to `starts` under a lock: the second process to start hangs, as a run starved of
+# its cores by the others of its wave would, until the timeout.
+STARVED_SECOND = """\
+import fcntl, time
+with open("starts", "a+") as starts:
+    fcntl.flock(starts, fcntl.LOCK_EX)
+    starts.write("x\\n")
+    starts.flush()
+    starts.seek(0)
+    started = len(starts.read().splitlines())
+if started == 2:
+    time.sleep(60)
+print("step 0 loss 0.5")
+"""
 
 
 def test_runs_go_at_once_as_far_as_the_cores_hold_their_processes():
@@ -54,3 +71,25 @@ def test_the_recorder_s_own_folder_named_through_a_link_is_not_a_program_write(t
     recorder._note_write(str(tmp_path / "checkpoint.pt"), mine, noted)
     assert recorder._writes == [str(tmp_path / "checkpoint.pt")]
     assert (real / "writes-1").read_text() == f"{tmp_path / 'checkpoint.pt'}\n"
+
+
+def test_a_run_that_timed_out_beside_others_runs_again_alone_with_the_whole_timeout(tmp_path, monkeypatch):
+    """A timeout (exit status 124) beside other runs is likely theirs (the cores they took): the
+    run goes again alone, and what is kept says so. Before, only a crash was run again."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(STARVED_SECOND)
+    workspace = Workspace(target="portable")
+    program = Target(tmp_path / "train.py", None, False)
+    wave = [("original, again", "original", program, 1, 1), ("migrated, 1 process", "original", program, 1, 1)]
+    said = []
+    try:
+        done = schedule.run_wave(wave, lambda item: workspace.run(item[0], item[1], item[2], [], 1, 4), said.append)
+    finally:
+        workspace.close()
+    assert [run.returncode for run in done] == [0, 0], [run.output for run in done]
+    assert sorted(run.beside_others is None for run in done) == [False, True]  # one of them, run again
+    again = next(run for run in done if run.beside_others is not None)
+    assert again.beside_others == schedule.TIMED_OUT and again.printed == "step 0 loss 0.5\n"
+    assert f"verify: the {again.name} run timed out beside the others (exit status 124): running it again alone ..." \
+        in said, said
+    assert (tmp_path / "starts").read_text().count("x") == 3

@@ -150,24 +150,13 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
 
 
 def _run_wave(workspace: Workspace, wave: list, args: list[str], timeout: float, echo) -> list[Run]:
-    """The runs of one wave (schedule.waves), at once, in the plan's order. A run that failed beside
-    others runs again alone: its failure is its own, never a collision of the two (a port, a file)."""
-    names = [item[0] for item in wave]
-    echo(f"verify: running the {' and the '.join(names)}{' at once' if len(wave) > 1 else ''} ...")
+    """The runs of one wave at once (schedule.run_wave: one that failed beside others runs again alone)."""
 
     def one(item) -> Run:
         name, kind, runnable, world, nodes = item
         return workspace.run(name, kind, runnable, args, world // nodes, timeout, nodes)
 
-    if len(wave) == 1:
-        done = [one(wave[0])]
-    else:
-        with ThreadPoolExecutor(len(wave)) as pool:
-            done = list(pool.map(one, wave))
-        for index, run in enumerate(done):
-            if run.returncode not in (0, 124, 130):
-                echo(f"verify: the {run.name} run failed beside the others: running it again alone ...")
-                done[index] = one(wave[index])
+    done = schedule.run_wave(wave, one, echo)
     for run in done:
         _left(run, echo)
     return done
@@ -236,10 +225,11 @@ def _processes(n: int, nnodes: int = 1) -> str:
 
 def _failed(run: Run, echo) -> dict:
     tail = error_tail(run.output)
-    echo(f"verify: the {run.name} run failed (exit status {run.returncode}); the end of its output:")
+    again = "" if run.beside_others is None else f", run alone after exit status {run.beside_others} beside other runs"
+    echo(f"verify: the {run.name} run failed (exit status {run.returncode}{again}); the end of its output:")
     echo(tail.rstrip())
     return {"error": f"the {run.name} run failed", "run": run.name, "side": run.side,
-            "returncode": run.returncode, "output": tail}
+            "returncode": run.returncode, "beside_others": run.beside_others, "output": tail}
 
 
 TORCHRUN_FAILURE = ("torch.distributed.elastic.multiprocessing.errors.ChildFailedError", "ChildFailedError:")
@@ -296,6 +286,8 @@ def _text(script, side: str, reference: compare.Original, verdicts, code: list[s
             for index, hunk in enumerate(code):
                 label = "code that differs from tpu-migrate's migration: " if index == 0 else "  "
                 lines.append(f"    {label}{hunk}")
+        if verdict.run.beside_others is not None:
+            lines.append(f"    run again alone: it {_beside(verdict.run.beside_others)} beside the other runs")
         if verdict.excursions:
             lines.append(f"    {compare.excursions_text(verdict.excursions)}")
         for item in (verdict.printed.world_only if verdict.printed else [])[:5]:
@@ -305,13 +297,17 @@ def _text(script, side: str, reference: compare.Original, verdicts, code: list[s
     return lines
 
 
+def _beside(returncode: int) -> str:
+    return "timed out" if returncode == schedule.TIMED_OUT else f"failed (exit status {returncode})"
+
+
 def _document(script, against, target: str, torch: str | None, reference: compare.Original, verdicts) -> dict:
     return {
         "script": script, "against": against, "target": target,
         "standin": None if torch is None else {"torch": torch}, "unit": reference.unit, "steps": len(reference.steps),
         "noise": reference.floor, "same": not any(v.divergence for v in verdicts),
         "runs": [{"run": v.run.name, "processes": v.run.world, "steps": v.steps, "tolerance": v.tolerance,
-                  "excursions": v.excursions,
+                  "excursions": v.excursions, "beside_others": v.run.beside_others,
                   "printed": None if v.printed is None else
                   {"same": v.printed.compared, "noisy": v.printed.noisy, "one_side": v.printed.one_side,
                    "world_only": v.printed.world_only},

@@ -60,6 +60,7 @@ class Run:
     #   (rank, whether it is the first of its node, what it printed); empty without a launcher
     reduced: list[float] = field(default_factory=list)  # what xm.mesh_reduce / xm.all_reduce returned
     writes: list[str] = field(default_factory=list)  # files its processes opened for writing (the first few)
+    beside_others: int | None = None  # run again alone: the exit status it had beside other runs (schedule.py)
 
     @property
     def single_process(self) -> bool:
