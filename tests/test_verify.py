@@ -95,7 +95,8 @@ def original_run(workspace: Workspace, name: str, program: Target, args: list[st
     exactly (the noise floor has tests of its own, and the command's test runs an original
     twice), so the mutations and the stand-in's tests share one."""
     key = f"verify original {shared_runs.file_key(program.path)} {args}"
-    run = shared_runs.once(key, lambda: _WORKSPACE_RUN(workspace, "original", "original", program, args, 1, 300))
+    run = shared_runs.once(key, lambda: _WORKSPACE_RUN(workspace, "original", "original", program, args, 1, 300,
+                                                             watch_writes=True))
     return dataclasses.replace(run, name=name)
 
 
@@ -105,10 +106,10 @@ _WORKSPACE_RUN = Workspace.run  # shared_originals' patch calls through to it
 @pytest.fixture
 def shared_originals(monkeypatch):
     """run_verify's originals of the fixture programs from original_run (two runs of the same)."""
-    def shared(self, name, side, program, args, nproc, timeout, nnodes=1):
+    def shared(self, name, side, program, args, nproc, timeout, nnodes=1, watch_writes=False):
         if side == "original" and program.path.is_relative_to(ROOT / "fixtures"):
-            return original_run(self, name, program, args)
-        return _WORKSPACE_RUN(self, name, side, program, args, nproc, timeout, nnodes)
+            return original_run(self, name, program, args)  # its writes noted: it may be the first run
+        return _WORKSPACE_RUN(self, name, side, program, args, nproc, timeout, nnodes, watch_writes)
 
     monkeypatch.setattr(Workspace, "run", shared)
 

@@ -229,7 +229,8 @@ def test_under_torch_xla_the_recorder_adds_no_graph_execution(tmp_path):
     (tmp_path / "train.py").write_text(SYNCED_STEPS)
     workspace = Workspace(target="portable")
     try:
-        run = workspace.run("original", "original", Target(tmp_path / "train.py", None, False), [], 1, 300)
+        run = workspace.run("original", "original", Target(tmp_path / "train.py", None, False), [], 1, 300,
+                            watch_writes=True)
     finally:
         workspace.close()
     assert run.returncode == 0, run.output
@@ -256,6 +257,24 @@ def test_the_recorder_notes_the_files_a_process_writes_not_its_temporary_ones(tm
                "open('/dev/null', 'w').write('x')\n")
     subprocess.run([sys.executable, "-c", "from tpu_migrate.verify import recorder\nrecorder.install()\n" + program],
                    cwd=tmp_path, check=True, timeout=120,
-                   env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "TPU_MIGRATE_VERIFY_DIR": str(records)})
+                   env={**__import__("os").environ, "PYTHONPATH": str(ROOT), "TPU_MIGRATE_VERIFY_DIR": str(records),
+                        "TPU_MIGRATE_VERIFY_WRITES": "1"})
     [noted] = records.glob("writes-*")
     assert noted.read_text().splitlines() == [str(tmp_path / "log.txt"), str(tmp_path / "model.pt")]
+
+
+def test_only_the_run_that_decides_the_schedule_watches_its_writes(tmp_path):
+    """The other runs' writes are never read: their processes get no audit hook (called on every
+    audited event, never removed), no tempfile.mkdtemp and no torch.save wrapper."""
+    records = tmp_path / "records"
+    records.mkdir()
+    program = ("import tempfile, torch\n"
+               "open('log.txt', 'a').write('x')\n"
+               "torch.save({'a': 1}, 'model.pt')\n"
+               "print(hasattr(tempfile.mkdtemp, '__wrapped__'), hasattr(torch.save, '_tpu_migrate_verify'))\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TPU_MIGRATE_VERIFY_WRITES"}
+    proc = subprocess.run([sys.executable, "-c", "from tpu_migrate.verify import recorder\nrecorder.install()\n"
+                           + program], cwd=tmp_path, check=True, timeout=120, capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(ROOT), "TPU_MIGRATE_VERIFY_DIR": str(records)})
+    assert proc.stdout == "False False\n"
+    assert list(records.glob("writes-*")) == [] and list(records.glob("stdout-*"))  # recorded, unwatched

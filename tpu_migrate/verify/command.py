@@ -81,7 +81,7 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
             migrating = pool.submit(workspace.migrate, program, root)
             echo("verify: running the original ...")
             before = schedule.snapshot(Path.cwd(), workspace.path)
-            first = workspace.run("original", "original", program, args, 1, timeout)
+            first = workspace.run("original", "original", program, args, 1, timeout, watch_writes=True)
             after = schedule.snapshot(Path.cwd(), workspace.path)
             _left(first, echo)
             if first.returncode != 0:

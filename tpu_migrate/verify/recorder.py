@@ -14,10 +14,12 @@ pid and launcher rank; printed.py compares the numbers in it), and a process tha
 to `backward()` but never stepped an optimizer (a hand-written update, a loop without an
 optimizer) records them at exit, one per call, to be compared call by call.
 
-Each process notes the first files it opens for writing (`writes-*`: Python's opens, audited,
-and torch.save's paths; not its temporary files, nor what the recorder and the import system
-write): verify runs at once only the runs of a program that writes none, which cannot overwrite
-what another run reads (command.py).
+In the original's first run ($TPU_MIGRATE_VERIFY_WRITES=1), each process notes the first files
+it opens for writing (`writes-*`: Python's opens, audited, and torch.save's paths; not its
+temporary files, nor what the recorder and the import system write): verify runs the rest at
+once only for a program that writes none, which cannot overwrite what another run reads
+(schedule.py). The other runs' writes are never read: their processes have no audit hook (one
+cannot be removed, and it is called on every audited event).
 
 Where the program does not seed torch's and Python's generators itself, they start from 0 in
 every process of every run, and torch uses its deterministic algorithms: an unseeded program is
@@ -48,6 +50,7 @@ import sys
 import time
 
 ENV_DIR = "TPU_MIGRATE_VERIFY_DIR"
+ENV_WRITES = "TPU_MIGRATE_VERIFY_WRITES"  # "1": note the files written (the original's first run only)
 
 _losses: list = []
 _steps: dict[int, int] = {}  # id(optimizer) -> its last step's index, in order of first step
@@ -73,7 +76,8 @@ def install() -> None:
         import random
 
         random.seed(0)
-        _watch_writes(directory)
+        if os.environ.get(ENV_WRITES) == "1":
+            _watch_writes(directory)
         after_import("torch", lambda: _hook(os.path.join(directory, f"steps-{os.getpid()}.jsonl")))
 
 
@@ -243,7 +247,8 @@ def _hook(path: str) -> None:
         return backward(self, *args, **kwargs)
 
     torch.Tensor.backward = recording_backward
-    _watch_save(torch, os.path.dirname(path))
+    if os.environ.get(ENV_WRITES) == "1":
+        _watch_save(torch, os.path.dirname(path))
     _watch_autocast(torch)
     # torch_xla's processes only (the original's): no other draws from its device generator.
     after_import("torch_xla.torch_xla", lambda: (_wrap_xla_compile(), _watch_device_rng(torch)))

@@ -28,7 +28,7 @@ from tpu_migrate import standin
 from tpu_migrate.standin import launcher as standin_launcher
 from tpu_migrate.diagnose.runner import sitecustomize
 from tpu_migrate.verify import processes
-from tpu_migrate.verify.recorder import ENV_DIR
+from tpu_migrate.verify.recorder import ENV_DIR, ENV_WRITES
 
 BLOCKER = 'raise ImportError("torch_xla is unimportable in tpu-migrate verify\'s migrated runs")\n'
 # Launcher variables a plain run must not inherit (verify may itself run under a launcher).
@@ -59,7 +59,8 @@ class Run:
     ranks: list[tuple[int, bool, str]] = field(default_factory=list)  # every launcher rank's printing:
     #   (rank, whether it is the first of its node, what it printed); empty without a launcher
     reduced: list[float] = field(default_factory=list)  # what xm.mesh_reduce / xm.all_reduce returned
-    writes: list[str] = field(default_factory=list)  # files its processes opened for writing (the first few)
+    writes: list[str] = field(default_factory=list)  # files its processes opened for writing (the first
+    #                                                  few; noted only where run with watch_writes)
     beside_others: int | None = None  # run again alone: the exit status it had beside other runs (schedule.py)
 
     @property
@@ -214,11 +215,15 @@ class Workspace:
         return Target(copy / target.path.resolve().relative_to(tree), None, True, _imports(copy))
 
     def run(self, name: str, side: str, target: Target, args: list[str], nproc: int, timeout: float,
-            nnodes: int = 1) -> Run:
+            nnodes: int = 1, watch_writes: bool = False) -> Run:
         """`nproc` processes (under torchrun above 1); with `nnodes` above 1, that many torchruns of
         `nproc` at once, one per node (`--node_rank K`, one rendezvous on 127.0.0.1), as on the
-        hosts of a pod: a world of nproc * nnodes."""
+        hosts of a pod: a world of nproc * nnodes. `watch_writes`: its processes note the files
+        they write (Run.writes; the original's first run, which decides the schedule)."""
         env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+        env.pop(ENV_WRITES, None)
+        if watch_writes:
+            env[ENV_WRITES] = "1"
         path = [str(self.site), str(self.tool)]
         if target.module or target.is_copy:
             # The module's tree first; for a copy, its own tree, not the original's that the
