@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from tpu_migrate.verify import schedule
@@ -93,3 +94,11 @@ def test_a_run_that_timed_out_beside_others_runs_again_alone_with_the_whole_time
     assert f"verify: the {again.name} run timed out beside the others (exit status 124): running it again alone ..." \
         in said, said
     assert (tmp_path / "starts").read_text().count("x") == 3
+    # Had it timed out alone too, its failure would say where it ran.
+    from tpu_migrate.verify.command import _failed
+
+    said.clear()
+    failed = _failed(dataclasses.replace(again, returncode=124), said.append)
+    assert failed["beside_others"] == 124 and said[0] == (
+        f"verify: the {again.name} run failed (exit status 124, run alone after exit status 124 beside other runs); "
+        "the end of its output:")
