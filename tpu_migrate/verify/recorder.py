@@ -432,6 +432,7 @@ def _sums(tensors, power: int, deferred: bool) -> tuple:
 
 
 def _power_sum(flat, power: int):
+    """The sum of `flat`'s elements to `power` (a square as a product: one fused multiply)."""
     return (flat if power == 1 else flat * flat if power == 2 else flat.pow(power)).sum()
 
 
