@@ -450,9 +450,12 @@ def test_at_the_timeout_torchrun_s_workers_are_stopped_with_it(tmp_path):
         workers = _pids(pids)
         outlived = _gone(workers)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "the migrated, torchrun, 2 processes run failed (exit status 124)" in proc.stdout, proc.stdout
+    # On 3 cores or more it timed out beside the original's second run first, and went again alone.
+    again = "run alone after exit status 124 beside other runs" in proc.stdout
+    assert ("the migrated, torchrun, 2 processes run failed (exit status 124" + (", " if again else ")")) \
+        in proc.stdout, proc.stdout
     assert "stopped after 12 s" in proc.stdout
-    assert len(workers) == 2, proc.stdout + proc.stderr  # both started before the timeout
+    assert len(workers) == 2 * (1 + again), proc.stdout + proc.stderr  # all started before the timeout
     assert outlived == [], "torchrun's workers outlived verify"
 
 
