@@ -85,7 +85,8 @@ class Original:
     printed: list[printed.Line]
     printed_noise: set[tuple[int, int]]
     once: set[int] = field(default_factory=set)                 # printed lines printed by one process only
-    reduced: set[tuple[int, int]] = field(default_factory=set)  # printed numbers a reduction returned
+    reduced: set[tuple[int, int]] = field(default_factory=set)  # printed numbers a reduction returned, or
+    #                                                              computed from reduced values
 
     @property
     def unit(self) -> str:
@@ -124,7 +125,7 @@ def original(first: Run, second: Run) -> Original:
     figures = steps(first)
     lines = printed.lines(first.printed)
     return Original(figures, noise(figures, steps(second)), lines, printed.noise(lines, printed.lines(second.printed)),
-                    first.once, printed.reduced(lines, first.reduced))
+                    first.once, printed.reduced(lines, first.reduced) | printed.derived(lines, first.derived))
 
 
 def steps(run: Run) -> list[Step]:
