@@ -318,6 +318,13 @@ def ported_collective_statement(small, sc: StatementContext):
     return None
 
 
+@transform("all_reduce", on="class_header")
+def ported_collective_class(stmt: cst.ClassDef, sc: StatementContext):
+    """The TODO of a class whose base is the tool's SyncBatchNorm copy."""
+    _mark(sc)
+    return stmt
+
+
 @transform("all_reduce", on="if_test")
 def ported_collective_block(test: cst.BaseExpression, sc: StatementContext):
     """The TODO of a ported collective's group on the `if _process_group():` block it runs in."""
