@@ -180,7 +180,7 @@ class ModuleRewriter:
         if not any(i.interesting for i in infos):
             return [line], []
         pieces: list[cst.BaseSmallStatement | list[cst.BaseStatement]] = []
-        todos = []
+        todos, superseded = [], set()
         mark = self.findings_mark()
         for small, info in zip(line.body, infos):
             if not info.interesting:
@@ -194,11 +194,12 @@ class ModuleRewriter:
                     body=[result.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])]  # `a; b`: a line of its own
                 result = [*sc.before, *statements, *sc.after]
             todos.extend(sc.todos_to_write())
+            superseded |= sc.superseded
             pieces.append(result)
         if not todos and all(p is small for p, small in zip(pieces, line.body)):
             return [line], []
-        line = self.without_done_todos(line, infos[0], *self.codes_since(mark))
-        present = self.comments_above(infos[0]) if todos else frozenset()
+        line = self.without_done_todos(line, infos[0], *self.codes_since(mark), superseded)
+        present = self.comments_above(infos[0], superseded) if todos else frozenset()
         return rebuild_line(line, pieces, todos, present)
 
     def findings_mark(self) -> tuple[int, int]:
@@ -210,16 +211,18 @@ class ModuleRewriter:
         return ({f.code for f in self.file.fixes[mark[0]:]},
                 {m.code for m in self.file.manual[mark[1]:]})
 
-    def without_done_todos(self, stmt, info, fixed: set[str], reported: set[str]):
+    def without_done_todos(self, stmt, info, fixed: set[str], reported: set[str], superseded=frozenset()):
         """`stmt` without the TODO(tpu-migrate) comments directly above it of the rules it
         converted (`fixed`) and reported nothing more of (`reported`: the statement's manual
         findings): an earlier run's note on code this run converts (the portable target left
         `xm.get_memory_info()` with one; the tpu target converts it). Their lines are no
-        longer open work (engine._report_open_work)."""
+        longer open work (engine._report_open_work). Nor those a finding rewords
+        (`superseded`: StatementContext.supersede)."""
         done = fixed - reported
-        if not done:
+        if not done and not superseded:
             return stmt
-        stmt, lines = drop_done_todos(stmt, info.first_line, self.file.source_lines, done)
+        superseded = frozenset(" ".join(text.split()) for text in superseded)
+        stmt, lines = drop_done_todos(stmt, info.first_line, self.file.source_lines, done, superseded)
         self.file.done_todo_lines.update(lines)
         return stmt
 
@@ -293,8 +296,9 @@ class ModuleRewriter:
         self.report_leftovers(sc)
         return small
 
-    def comments_above(self, info) -> frozenset[str]:
-        """The comment lines directly above a statement in the input."""
+    def comments_above(self, info, superseded=frozenset()) -> frozenset[str]:
+        """The comment lines directly above a statement in the input, but those a finding of
+        this run rewords (`superseded`)."""
         lines = self.file.source_lines
         found = set()
         index = info.first_line - 2
@@ -305,7 +309,8 @@ class ModuleRewriter:
             if text:
                 found.add(text)
             index -= 1
-        return frozenset(found)
+        gone = {" ".join(text.split()) for text in superseded}
+        return frozenset(text for text in found if " ".join(text.split()) not in gone)
 
     @emits("TPU099")
     def report_leftovers(self, sc: StatementContext) -> None:
@@ -372,9 +377,9 @@ class ModuleRewriter:
             self.report_leftovers(sc)
             todos = sc.todos_to_write()
             more_fixed, more_reported = self.codes_since(mark)
-            stmt = self.without_done_todos(stmt, info, fixed | more_fixed, reported | more_reported)
+            stmt = self.without_done_todos(stmt, info, fixed | more_fixed, reported | more_reported, sc.superseded)
             if todos:
-                stmt = add_todos(stmt, todos, self.comments_above(info))
+                stmt = add_todos(stmt, todos, self.comments_above(info, sc.superseded))
         if not elif_ and (self._emptied_if(stmt, sc) or self._emptied_range_loop(stmt, sc)):
             return [], comments_of_removed_if(stmt)
         if not elif_:
