@@ -68,7 +68,7 @@ class NativeHooks(OpCoverage, DynamoHooks):
         self.device_types = {accelerator} if accelerator else {"cpu"}
         self.cpu_stands_in = accelerator is None
         # table[t] with a device scalar t, named as the stand-in names it (the CPU stands in for a tpu)
-        self.scalar_indexing = f"indexing with a {accelerator or 'tpu'} scalar"
+        self.scalar_indexing = recording.scalar_indexing(accelerator or "tpu")
         self.recorder.emit(BackendEvent(kind=Kind.BACKEND, op="standin" if standin else "native", file=None,
                                         line=None, device=accelerator or "cpu", started=recorder.started))
         self.method_originals: dict[str, object] = {}  # Tensor.__dict__ entries (None: inherited)
