@@ -599,6 +599,11 @@ def python_for(env: dict[str, str], modules: tuple[str, ...], keep_path: bool = 
                 import warnings
                 warnings.warn(f"no warm python, the programs start cold: {error}")
                 _SERVERS[key] = None
+        if key not in _SERVERS:
+            # Past MAX_SERVERS: say which runs start cold for it (the servers' logs cannot).
+            _ROOT.mkdir(parents=True, exist_ok=True)
+            with open(_ROOT / f"cold-past-max-servers-{os.getpid()}.log", "a") as log:
+                log.write(f"{interpreter} {modules[-1]} PYTHONPATH={path} {dict(key[3])}\n")
         server = _SERVERS.get(key)
         return server.client if server else interpreter
 
