@@ -213,13 +213,15 @@ def test_a_value_the_original_reduced_agrees_at_one_process_only_where_every_ran
     references, same, _ = mutated_runs
     reference = references[V01]
     # The steps' all-reduced losses and the eval error were reduced; the master printed the steps.
-    assert reference.reduced == {(1, 1), (2, 1), (3, 1), (4, 0)} and reference.once == {1, 2, 3}
+    # The rmse (total / count of two reductions) is computed from reduced values: reduced too (issue
+    # 48, item 1c; it was compared with the original's and failed the correct migration at 2).
+    assert reference.reduced == {(1, 1), (2, 1), (3, 1), (4, 0), (5, 0), (5, 1)} and reference.once == {1, 2, 3}
     run = same[V01, 2]
     assert run.returncode == 0, run.output
     assert [(rank, first) for rank, first, _ in run.ranks] == [(0, True), (1, False)]
     result = compare.verdict(reference, run, 1e-4, 1e-5)
     assert result.divergence is None, result.divergence
-    assert [item["line"] for item in result.printed.world_only] == [4]
+    assert [item["line"] for item in result.printed.world_only] == [4, 5, 5]
     assert "a reduction over the 2 processes' own data" in result.printed.world_only[0]["why"]
 
 

@@ -217,7 +217,10 @@ def verdict(reference: Original, run: Run, rtol: float, atol: float, alone: Dive
                                                   printed_rtol, atol)
         result.printed = printed.compare(reference.printed, printed.lines(run.printed), reference.printed_noise,
                                          printed_rtol, atol, run.world, agreed, lines_rtol)
-        mismatch = result.printed.divergence or across
+        # The first line either finds: across_ranks stops at its first, so numbers it would have
+        # found agreed further down are unknown to compare (a later line is no first divergence).
+        mismatch = min((m for m in (result.printed.divergence, across) if m is not None), key=lambda m: m.line,
+                       default=None)
         if mismatch is not None:
             cause = _device_rng_cause(reference, None) or \
                 _printed_cause(run.world, reference.unit if reference.steps else None, mismatch)
