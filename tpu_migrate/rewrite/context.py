@@ -226,6 +226,9 @@ class FileContext:
     # Whole-file scans a rule needs at many statements, made once per file (by the rule's key):
     # a scan per statement would make the rewrite quadratic in the file's size.
     memo: dict[str, object] = field(default_factory=dict)
+    # The numbers of the skeleton's placeholders a rule dropped, or replaced by their statements
+    # to move them (skeleton.py, transformer.ModuleRewriter.expanded).
+    gone: set[int] = field(default_factory=set)
 
     def mark(self, node: cst.CSTNode, role: str, condition: str | None = None) -> None:
         self.generated[id(node)] = (node, role, condition)

@@ -31,6 +31,7 @@ from tpu_migrate.rewrite.layout import (
     rebuild_line,
 )
 from tpu_migrate.rewrite.plans import Plans
+from tpu_migrate.rewrite.skeleton import Skeleton, SkeletonMiss
 from tpu_migrate.rewrite.registry import REGISTRY, emits
 from tpu_migrate.rewrite.transforms.common import GLOBAL_MASTER, LOCAL_MASTER
 from tpu_migrate.rewrite.transforms.launch import insert_at_body_start
@@ -55,8 +56,13 @@ class WalkError(Exception):
 
 
 class ModuleRewriter:
-    def __init__(self, file: FileContext, plans: Plans):
+    def __init__(self, file: FileContext, plans: Plans, skeleton: Skeleton | None = None):
         self.file = file
+        # libcst parsed a skeleton (skeleton.py): its placeholders, name -> (number, how many
+        # ast statements each stands for); those a rule dropped or replaced go to file.gone.
+        self.skeleton = skeleton
+        self.placeholders = skeleton.placeholders if skeleton is not None else {}
+        self.module: cst.Module | None = None
         self.plans = plans
         self.analysis = file.analysis
         names = file.import_plan.names  # formatted, not filled: comparing uses no module
@@ -69,6 +75,7 @@ class ModuleRewriter:
     # -- blocks -----------------------------------------------------------------------------
 
     def rewrite_module(self, module: cst.Module, tree: ast.Module) -> cst.Module:
+        self.module = module
         body, carry = self.block(module.body, tree.body)
         if body is module.body:
             return module
@@ -85,12 +92,18 @@ class ModuleRewriter:
         unchanged = True
         for stmt in stmts:
             if isinstance(stmt, cst.SimpleStatementLine):
-                count = len(stmt.body)
+                stands_for = self.placeholders and self.stands_for(stmt)
+                count = stands_for[1] if stands_for else len(stmt.body)
                 nodes = ast_stmts[cursor : cursor + count]
                 cursor += count
                 if len(nodes) != count:
                     raise WalkError("statement count mismatch")
-                produced, removed_comments = self.simple_line(stmt, nodes)
+                if stands_for:
+                    if any(self.analysis.info(node).subtree_interesting for node in nodes):
+                        raise SkeletonMiss("a left-out statement must be visited")
+                    produced, removed_comments = [stmt], []
+                else:
+                    produced, removed_comments = self.simple_line(stmt, nodes)
             else:
                 if cursor >= len(ast_stmts):
                     raise WalkError("statement count mismatch")
@@ -117,6 +130,38 @@ class ModuleRewriter:
         if unchanged:
             return stmts, []
         return self.tidy(out), carry
+
+    def stands_for(self, line: cst.BaseStatement) -> tuple[int, int] | None:
+        """(number, how many ast statements) of the placeholder `line`, if it is one."""
+        if type(line) is not cst.SimpleStatementLine:
+            return None
+        small = line.body[0]
+        if len(line.body) == 1 and type(small) is cst.Expr and type(small.value) is cst.Name:
+            return self.placeholders.get(small.value.value)
+        return None
+
+    def expanded(self, statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """`statements`, which a rule moves to another indentation, with each placeholder among
+        them (at any depth) replaced by the statements it stands for (Skeleton.statements)."""
+        if not self.placeholders:
+            return statements
+        out = []
+        for stmt in statements:
+            found = self.stands_for(stmt)
+            if found is None:
+                out.append(stmt.visit(_Expand(self)) if not isinstance(stmt, cst.SimpleStatementLine) else stmt)
+                continue
+            number, _ = found
+            inner = self.skeleton.statements(number, self.module)
+            inner[0] = prepend_lines(inner[0], list(stmt.leading_lines))
+            self.file.gone.add(number)
+            out.extend(inner)
+        return out
+
+    def dropped(self, node: cst.CSTNode | None) -> None:
+        """A rule dropped `node`: the placeholders in it go with it."""
+        if self.placeholders and node is not None:
+            node.visit(_Dropped(self))
 
     def tidy(self, out: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """Generated rank guards, as a reviewer would write them: consecutive guards with the
@@ -358,6 +403,7 @@ class ModuleRewriter:
                 for hook in HOOKS["replace_loop"]:
                     replaced = hook(stmt, sc)
                     if replaced is not None:
+                        self.dropped(stmt)
                         self.report_leftovers(sc)
                         return replaced, []
                 for hook in HOOKS["loop"]:
@@ -451,11 +497,12 @@ class ModuleRewriter:
                if isinstance(inner, ast.stmt)):
             return None
         sc.dropped_code(dropped)  # an import only the dead branch used goes with it
+        self.dropped(stmt.orelse if truth else stmt.body)
         if truth:
-            kept, footer = list(stmt.body.body), stmt.body.footer
+            kept, footer = self.expanded(list(stmt.body.body)), stmt.body.footer
         elif isinstance(stmt.orelse, cst.Else):
-            kept, footer = list(stmt.orelse.body.body), stmt.orelse.body.footer
-        elif isinstance(stmt.orelse, cst.If):  # the `elif` is now the `if`
+            kept, footer = self.expanded(list(stmt.orelse.body.body)), stmt.orelse.body.footer
+        elif isinstance(stmt.orelse, cst.If):  # the `elif` is now the `if`, at its column
             kept, footer = [stmt.orelse], []
         else:
             kept, footer = [], []
@@ -468,7 +515,7 @@ class ModuleRewriter:
 
     def unwrapped(self, statements, node, info, sc):
         """`with torch_xla.step():` is gone: its body takes its place in the enclosing block."""
-        body, carry = self.block(statements, node.body)
+        body, carry = self.block(self.expanded(statements), node.body)
         self.report_leftovers(sc)
         todos = sc.todos_to_write()
         if body and todos:
@@ -534,6 +581,36 @@ class ModuleRewriter:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+class _Expand(cst.CSTTransformer):
+    """The placeholders in the blocks of a moved statement, replaced (ModuleRewriter.expanded)."""
+
+    def __init__(self, walker: ModuleRewriter):
+        super().__init__()
+        self.walker = walker
+
+    def visit_SimpleStatementLine(self, node) -> bool:
+        return False  # no blocks inside
+
+    def leave_IndentedBlock(self, original, updated):
+        if not any(self.walker.stands_for(stmt) for stmt in updated.body):
+            return updated
+        return updated.with_changes(body=self.walker.expanded(list(updated.body)))
+
+
+class _Dropped(cst.CSTVisitor):
+    """Records the placeholders in a dropped statement as gone."""
+
+    def __init__(self, walker: ModuleRewriter):
+        super().__init__()
+        self.walker = walker
+
+    def visit_SimpleStatementLine(self, node) -> bool:
+        found = self.walker.stands_for(node)
+        if found is not None:
+            self.walker.file.gone.add(found[0])
+        return False
 
 
 def _is_name(node: cst.CSTNode, name: str) -> bool:
