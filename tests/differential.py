@@ -264,9 +264,10 @@ def _mp_env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def run_bounded(path: Path, env: dict[str, str], args: list[str] = (), launcher: list[str] | None = None,
-                timeout: float = MP_TIMEOUT) -> Run:
+                timeout: float = MP_TIMEOUT, started=None) -> Run:
     """run_program for programs that start processes: in a session of its own, so that a run
-    past its time is killed with all its processes (torchrun's workers, spawned children)."""
+    past its time is killed with all its processes (torchrun's workers, spawned children).
+    `started(proc)`, when given, gets the run's process as soon as it starts (to stop it early)."""
     env = dict(env)
     command = _command(path, list(args), env, launcher)
     with tempfile.TemporaryDirectory(prefix="tpu-migrate-run-") as tmp:
@@ -274,6 +275,8 @@ def run_bounded(path: Path, env: dict[str, str], args: list[str] = (), launcher:
                                 env={**env, "TMPDIR": tmp}, cwd=path.parent, start_new_session=True)
         with _LIVE_LOCK:
             _LIVE.add(proc)
+        if started is not None:
+            started(proc)
         with ThreadPoolExecutor(2) as readers:
             stdout, stderr = readers.submit(proc.stdout.read), readers.submit(proc.stderr.read)
             try:

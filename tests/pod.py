@@ -21,12 +21,15 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import differential as harness
+import process_groups
+import shared_runs
 from tpu_migrate.standin import launcher
 
 POD_PROGRAMS = harness.PROGRAMS / "pod"
@@ -45,8 +48,13 @@ import os
 import torch
 import torch.distributed
 
-_NODE = os.environ["POD_NODE_RANK"]
 _init = torch.distributed.init_process_group
+
+
+def _node():
+    # Read when asked, not at import: a warm python (tests/warm_python.py) imports this module
+    # once for the hosts of every pod, and refuses a run whose variables read at import differ.
+    return os.environ["POD_NODE_RANK"]
 
 
 def init_process_group(backend=None, *args, **kwargs):
@@ -58,7 +66,7 @@ def init_process_group(backend=None, *args, **kwargs):
     print("@pod " + json.dumps({
         "rank": torch.distributed.get_rank(), "world": torch.distributed.get_world_size(),
         "master": env.get("MASTER_ADDR", "") + ":" + env.get("MASTER_PORT", ""),
-        "node": env.get("NODE_RANK"), "host": _NODE, "local_rank": env.get("LOCAL_RANK"),
+        "node": env.get("NODE_RANK"), "host": _node(), "local_rank": env.get("LOCAL_RANK"),
     }), flush=True)
 
 
@@ -82,7 +90,7 @@ def set_tpu_launch_env(*, nnodes=None, nproc_per_node=None):
     """As torch_tpu 0.2.0's on a multi-host slice: only where unset; neither RANK nor WORLD_SIZE."""
     for name, value in (("TORCH_TPU_XPROF_SESSION_ID", "pod-test"),
                         ("TORCH_TPU_SLICEBUILDER_ADDRESSES", "127.0.0.1:8471,127.0.0.1:8472"),
-                        ("NNODES", str(nnodes or 2)), ("NODE_RANK", _NODE),
+                        ("NNODES", str(nnodes or 2)), ("NODE_RANK", _node()),
                         ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", _PORT),
                         ("TORCH_TPU_TOPOLOGY", "2x2")):
         os.environ.setdefault(name, value)
@@ -184,15 +192,49 @@ def shim_dir(workdir: Path) -> Path:
     return harness.torch_patch_dir(workdir / "pod-shim", "_pod_shim", SHIM)
 
 
-def _pod(workdir: Path, command, standin: bool = False) -> Pod:
-    """`command(k, env)` (a Run) on every host at once: they rendezvous with each other. With
-    `standin`, each host is a TPU VM of the TorchTPU stand-in, told which host it is by what tells
-    a real one (TPU_WORKER_HOSTNAMES, JOB_COMPLETION_INDEX); only the observer is added."""
+_STANDIN_PATH_LOCK = threading.Lock()
+_standin_path: str | None = None
+
+
+def _standin_path_once() -> str:
+    """The stand-in pods' PYTHONPATH (the blocker and the observer), one for every pod this
+    process runs: the stand-in's warm python is kept per PYTHONPATH, so they all share one
+    server (a directory per pod cost a server, and a torch import, per pod)."""
+    global _standin_path
+    with _STANDIN_PATH_LOCK:
+        if _standin_path is None:
+            directory = shared_runs.session_directory(f"standin-pod-{os.getpid()}")
+            patch = harness.torch_patch_dir(directory / "pod-observer", "_pod_observer", OBSERVER)
+            _standin_path = os.pathsep.join([str(harness.blocker_dir(directory)), str(patch)])
+        return _standin_path
+
+
+def _pod(workdir: Path, command, standin: bool = False, stop_on_failure: bool = False) -> Pod:
+    """`command(k, env, port, started)` (a Run) on every host at once: they rendezvous with each
+    other. With `standin`, each host is a TPU VM of the TorchTPU stand-in, told which host it is
+    by what tells a real one (TPU_WORKER_HOSTNAMES, JOB_COMPLETION_INDEX); only the observer is
+    added. With `stop_on_failure`, a host that fails stops the others at once, as a pod's job
+    ends when one of its hosts fails (instead of their waiting out the rendezvous)."""
     port = str(harness.free_port())
-    patch = (harness.torch_patch_dir(workdir / "pod-observer", "_pod_observer", OBSERVER) if standin
-             else shim_dir(workdir))
-    path = os.pathsep.join([str(harness.blocker_dir(workdir)), str(patch)])
+    if standin:
+        path = _standin_path_once()
+    else:
+        path = os.pathsep.join([str(harness.blocker_dir(workdir)), str(shim_dir(workdir))])
     started = time.monotonic()
+    lock = threading.Lock()
+    processes: dict[int, object] = {}
+    failed: list[int] = []
+
+    def stop_others(k: int) -> None:
+        for other, process in processes.items():
+            if other != k:
+                process_groups.kill_group(process)
+
+    def on_start(k: int, process) -> None:
+        with lock:
+            processes[k] = process
+            if failed:
+                stop_others(failed[0])
 
     def host(k: int) -> harness.Run:
         env = harness._mp_env({"PYTHONPATH": path, "POD_NODE_RANK": str(k), "POD_MASTER_PORT": port,
@@ -200,7 +242,13 @@ def _pod(workdir: Path, command, standin: bool = False) -> Pod:
         if standin:
             env = launcher.pod_host_environment(harness.standin_env(env), HOSTS, k)
             env["MASTER_PORT"] = port  # set_tpu_launch_env keeps it, as it keeps any set before it
-        return command(k, env, port)
+        run = command(k, env, port, (lambda process: on_start(k, process)) if stop_on_failure else None)
+        if stop_on_failure and run.returncode != 0:
+            with lock:
+                if not failed:
+                    failed.append(k)
+                    stop_others(k)
+        return run
 
     with ThreadPoolExecutor(max_workers=HOSTS, thread_name_prefix="pod-host") as hosts:
         runs = list(hosts.map(host, range(HOSTS)))
@@ -208,16 +256,17 @@ def _pod(workdir: Path, command, standin: bool = False) -> Pod:
 
 
 def run_python_pod(copy: Path, workdir: Path, args: list[str] = (), timeout: float = 150,
-                   init_timeout: float | None = None, standin: bool = False) -> Pod:
+                   init_timeout: float | None = None, standin: bool = False,
+                   stop_on_failure: bool = False) -> Pod:
     """`python copy args` on every host of the emulated pod at once: the program's own launcher
     (the migrated xmp.spawn) starts the processes of each host (2 chips a host)."""
-    def command(k, env, port):
+    def command(k, env, port, started):
         if init_timeout is not None:
             env["POD_INIT_TIMEOUT"] = str(init_timeout)
         python = [harness.standin_python()] if standin else None
-        return harness.run_bounded(copy, env, list(args), launcher=python, timeout=timeout)
+        return harness.run_bounded(copy, env, list(args), launcher=python, timeout=timeout, started=started)
 
-    return _pod(workdir, command, standin)
+    return _pod(workdir, command, standin, stop_on_failure)
 
 
 def run_torchrun_pod(copy: Path, workdir: Path, args: list[str] = (), timeout: float = 150,
@@ -225,13 +274,13 @@ def run_torchrun_pod(copy: Path, workdir: Path, args: list[str] = (), timeout: f
     """`torchrun --nnodes 2 --nproc_per_node 2 --node_rank K` on every host at once (static
     rendezvous on 127.0.0.1). torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; the shim only
     stands in for the backend and reports the group."""
-    def command(k, env, port):
+    def command(k, env, port, started):
         python = harness.standin_python() if standin else sys.executable
         launcher = [python, "-m", "torch.distributed.run", "--nnodes", str(HOSTS),
                     "--nproc_per_node", str(CHIPS_PER_HOST), "--node_rank", str(k),
                     "--master_addr", "127.0.0.1", "--master_port", port, "--rdzv-backend", "static",
                     "--monitor_interval", "0.1"]
-        return harness.run_bounded(copy, env, list(args), launcher=launcher, timeout=timeout)
+        return harness.run_bounded(copy, env, list(args), launcher=launcher, timeout=timeout, started=started)
 
     return _pod(workdir, command, standin)
 

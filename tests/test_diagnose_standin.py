@@ -123,8 +123,9 @@ def test_auto_diagnoses_the_tools_tpu_output_on_the_stand_in():
     lines = text.splitlines()
     read = next(i for i, line in enumerate(lines, 1) if "round(loss.item(), 4)" in line)
     closure = next(i for i, line in enumerate(lines, 1) if '"doubled"' in line)
+    picked = next(i for i, line in enumerate(lines, 1) if '"picked"' in line)  # a host table[tpu scalar]
     assert {(f["kind"], f["line"], f["op"], f["count"]) for f in document["findings"]} == {
-        ("sync", read, "item", 9), ("sync", closure, "item", 2)}
+        ("sync", read, "item", 9), ("sync", closure, "item", 2), ("sync", picked, "indexing with a tpu scalar", 2)}
     # The closure's read became a read in a loop after the training steps: a finding, as a loop is.
     assert "in a loop after the last step" in next(f for f in document["findings"] if f["line"] == closure)["message"]
     # Read once after the training loop: not repeated, noted.

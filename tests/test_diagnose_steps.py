@@ -104,6 +104,8 @@ def test_optimizer_state_accumulator_and_step_closure_are_named_not_blamed():
     computing = next(f for f in document["findings"] if f["kind"] == "closure-read" and f["line"] == 40)
     assert "computes on the device first" in computing["message"]
     assert "runs a small graph of its own" in computing["explanation"]
+    # A host table indexed with a device scalar in a closure: torch's read in C++, also the closure's.
+    assert ("closure-read", "training_state_and_closure.py", 46, 2, 17, "indexing with a device scalar") in found
 
 
 def plain_beside_traced(plain_command: list[str], traced_args: list[str], env: dict, cwd):

@@ -70,9 +70,12 @@ class PodRuns:
         direct_dir = self._dir("direct", DIRECT)
         self._submit("direct", harness.run_bounded, self.portable[DIRECT.name],
                      harness._mp_env({"PYTHONPATH": str(harness.blocker_dir(direct_dir))}), ["--direct"])
-        # The broken conversion fails its rendezvous (two rank 0s): a short timeout ends it.
+        # The broken conversion fails its rendezvous (two rank 0s): the host whose rank 0 cannot
+        # open the master's port fails at once and stops the other, which would wait out its
+        # rendezvous (20 s; the bound should the stop come too late).
         self._submit("mutated", lambda: pod.run_python_pod(self.mutated.result(), self._dir("mutated", DIRECT),
-                                                           timeout=90, init_timeout=20, standin=True))
+                                                           timeout=90, init_timeout=20, standin=True,
+                                                           stop_on_failure=True))
 
     def _dir(self, kind: str, program: Path) -> Path:
         path = self.workdir / "runs" / f"{kind}-{program.stem}"

@@ -164,19 +164,24 @@ def mutated_runs(tmp_path_factory):
     2 too (its correct reduction). Two runs at a time."""
     workspace = Workspace(warm, "portable")
     try:
-        migrated, copies = {}, {}
-        for program in (PROGRAM, M08, V01):
-            migrated[program] = workspace.migrate(Target(program, None, False)).path
-        for name, (program, old, new, *_) in MUTATIONS.items():
-            text = migrated[program].read_text()
-            assert text.count(old) == 1, f"{name}: the migration changed, update the mutation"
-            copies[name] = Target(migrated[program].with_name(f"mutated-{len(copies)}.py"), None, True)
-            copies[name].path.write_text(text.replace(old, new))
         with ThreadPoolExecutor(2) as pool:
             # Each original once (original_run). Both are xmp.spawn launches from one warm python
-            # at once (tests/test_warm_python_fds.py: what that once broke).
+            # at once (tests/test_warm_python_fds.py: what that once broke). They start first: the
+            # migrations go meanwhile.
             originals = {p: pool.submit(original_run, workspace, "original", Target(p, None, False), [])
-                         for p in migrated}
+                         for p in (PROGRAM, M08, V01)}
+            # A migration rewrites the program's whole folder: m05 and m08 share one (the same
+            # files a migration of each would make).
+            migrated, copies, trees = {}, {}, {}
+            for program in originals:
+                if program.parent not in trees:
+                    trees[program.parent] = workspace.migrate(Target(program, None, False)).path.parent
+                migrated[program] = trees[program.parent] / program.name
+            for name, (program, old, new, *_) in MUTATIONS.items():
+                text = migrated[program].read_text()
+                assert text.count(old) == 1, f"{name}: the migration changed, update the mutation"
+                copies[name] = Target(migrated[program].with_name(f"mutated-{len(copies)}.py"), None, True)
+                copies[name].path.write_text(text.replace(old, new))
             runs = {name: pool.submit(workspace.run, name, "migrated", copy, [],
                                       1 if name in ONE_PROCESS | TWO_NODES else 2, 300, 2 if name in TWO_NODES else 1)
                     for name, copy in copies.items()}
@@ -209,13 +214,15 @@ def test_a_value_the_original_reduced_agrees_at_one_process_only_where_every_ran
     references, same, _ = mutated_runs
     reference = references[V01]
     # The steps' all-reduced losses and the eval error were reduced; the master printed the steps.
-    assert reference.reduced == {(1, 1), (2, 1), (3, 1), (4, 0)} and reference.once == {1, 2, 3}
+    # The rmse (total / count of two reductions) is computed from reduced values: reduced too (issue
+    # 48, item 1c; it was compared with the original's and failed the correct migration at 2).
+    assert reference.reduced == {(1, 1), (2, 1), (3, 1), (4, 0), (5, 0), (5, 1)} and reference.once == {1, 2, 3}
     run = same[V01, 2]
     assert run.returncode == 0, run.output
     assert [(rank, first) for rank, first, _ in run.ranks] == [(0, True), (1, False)]
     result = compare.verdict(reference, run, 1e-4, 1e-5)
     assert result.divergence is None, result.divergence
-    assert [item["line"] for item in result.printed.world_only] == [4]
+    assert [item["line"] for item in result.printed.world_only] == [4, 5, 5]
     assert "a reduction over the 2 processes' own data" in result.printed.world_only[0]["why"]
 
 

@@ -4,6 +4,8 @@ steps, printed numbers (rounding, noise, the world size), and the first divergen
 
 from __future__ import annotations
 
+import io
+
 from tpu_migrate.verify import compare, printed
 from tpu_migrate.verify.runs import Run
 
@@ -250,6 +252,65 @@ def test_every_rank_s_lines_against_the_original_s_once_printed_and_reduced_numb
     other = printed.lines("eval error 0.200000\n")
     divergence, _ = printed.across_ranks(original, {1}, reduced, [(0, True, rank0), (1, False, other)], 1e-4, 1e-5)
     assert (divergence.kind, divergence.line, divergence.original, divergence.migrated) == ("ranks", 2, 0.3, 0.2)
+
+
+# A program that prints a value computed from reduced ones (issue 48, item 1c): each process's
+# error over its own rows, a total and a count reduced, their ratio printed by every process.
+REDUCED_RATIO = """\
+def evaluate(xm, out, error):
+    print(f"epoch 1 eval before {error:.6f}", file=out)
+    total = xm.mesh_reduce("eval_total", 8 * error, sum)
+    count = xm.mesh_reduce("eval_count", 8, sum)
+    print(f"epoch 1 eval rmse {(total / count) ** 0.5:.6f} over {count} rows", file=out)
+"""
+
+
+def _printed_through_the_recorder(tmp_path, errors: list[float], world: int) -> list[str]:
+    """What each rank prints (REDUCED_RATIO, mesh_reduce over `errors`), the first through the
+    recorder's stdout (recorder._Tee, as in the original's process) into `tmp_path`."""
+    from types import SimpleNamespace
+
+    from tpu_migrate.verify import recorder
+
+    source = tmp_path / "train.py"
+    source.write_text(REDUCED_RATIO)
+    namespace = {}
+    exec(compile(REDUCED_RATIO, str(source), "exec"), namespace)
+    mesh_reduce = (lambda tag, value, reduce: reduce([value * world])) if world == 1 else \
+        (lambda tag, value, reduce: reduce([8 * e for e in errors]) if tag == "eval_total" else reduce([8] * world))
+    texts = []
+    for rank, error in enumerate(errors):
+        tee = recorder._Tee(io.StringIO(), str(tmp_path / f"stdout-1-{100 + rank}-{rank}.txt"))
+        namespace["evaluate"](SimpleNamespace(mesh_reduce=mesh_reduce), tee if rank == 0 else tee._stream, error)
+        texts.append(tee._stream.getvalue())
+    return texts
+
+
+def test_a_value_computed_from_reduced_ones_must_agree_across_the_ranks(tmp_path):
+    """`print(total / count)` of two mesh_reduces: its numbers are reduced (not the epoch, not the
+    rank's own value printed before the reduction), read from the original's source by the
+    recorder as it prints. A migration that dropped the reductions prints each rank's own ratio,
+    rank 0's the one-process value: it passed (not a value any reduction returned); now the ranks
+    disagree there. The correct migration's ratio over 16 rows agrees at one process only."""
+    from tpu_migrate.verify.runs import _read_printed
+
+    original_text, = _printed_through_the_recorder(tmp_path, [0.25], 1)
+    text, once, derived = _read_printed(tmp_path)
+    assert text == original_text and set(derived) == {2}
+    reference = compare.original(*[Run("original", "original", 1, 0, "", [], text, once=once, derived=derived)] * 2)
+    assert reference.reduced == {(2, 1), (2, 2)}  # the rmse and the count; not the epoch
+    dropped = Run("migrated", "migrated", 2, 0, "", [], original_text,
+                  ranks=[(0, True, original_text), (1, False, original_text.replace("0.250000", "0.360000")
+                                                    .replace("0.500000", "0.600000"))])
+    divergence = compare.verdict(reference, dropped, 1e-4, 1e-5).divergence
+    assert (divergence.unit, divergence.step, divergence.ranks) == ("printed line", 2, [1])
+    assert (divergence.original, divergence.migrated) == (0.5, 0.6)
+    (tmp_path / "two").mkdir()
+    rank0, rank1 = _printed_through_the_recorder(tmp_path / "two", [0.25, 0.36], 2)
+    correct = Run("migrated", "migrated", 2, 0, "", [], rank0, ranks=[(0, True, rank0), (1, False, rank1)])
+    result = compare.verdict(reference, correct, 1e-4, 1e-5)
+    assert result.divergence is None, result.divergence
+    assert [item["line"] for item in result.printed.world_only] == [2, 2]  # the rmse and the 16 rows
 
 
 # --- The cause uses every run, the step counts and the per-rank figures (issue 48, item 4) ------

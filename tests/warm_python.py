@@ -48,8 +48,12 @@ LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOMP_", "L
 # TPU_MIGRATE_*: the tool's own (verify's record directory), read by its sitecustomize, which runs
 # per run. (TORCH_TPU_* is not: the TorchTPU stand-in's server imports torch_tpu, which reads
 # TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS at import.)
+# TORCH_TPU_SLICEBUILDER_ADDRESSES, TORCH_TPU_TOPOLOGY, TORCH_TPU_XPROF_SESSION_ID: what the stand-in's
+# set_tpu_launch_env sets before a launch (the children of a pod host start with them) and reads only
+# then (torch_tpu/_standin/launch.py), never while importing: each spawned worker of a pod started cold.
 PER_RUN = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC", "TMPDIR", "TEMP", "TMP",
-           "PJRT_DYNAMIC_PLUGINS", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
+           "PJRT_DYNAMIC_PLUGINS", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+           "TORCH_TPU_SLICEBUILDER_ADDRESSES", "TORCH_TPU_TOPOLOGY", "TORCH_TPU_XPROF_SESSION_ID"}
 PER_RUN_PREFIXES = ("TPU_MIGRATE_",)
 
 
@@ -595,6 +599,11 @@ def python_for(env: dict[str, str], modules: tuple[str, ...], keep_path: bool = 
                 import warnings
                 warnings.warn(f"no warm python, the programs start cold: {error}")
                 _SERVERS[key] = None
+        if key not in _SERVERS:
+            # Past MAX_SERVERS: say which runs start cold for it (the servers' logs cannot).
+            _ROOT.mkdir(parents=True, exist_ok=True)
+            with open(_ROOT / f"cold-past-max-servers-{os.getpid()}.log", "a") as log:
+                log.write(f"{interpreter} {modules[-1]} PYTHONPATH={path} {dict(key[3])}\n")
         server = _SERVERS.get(key)
         return server.client if server else interpreter
 

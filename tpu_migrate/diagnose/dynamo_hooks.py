@@ -49,6 +49,19 @@ def dynamo_skips(function):
     return function
 
 
+def _run_first(end_callback) -> None:
+    """Dynamo runs its compile-end callbacks in order, and one that raises (the program's, or
+    another tool's) skips those after it: ours runs first, so that a compile whose end failed
+    still gets our wrappers, the optimizer hook and tensor_places' mode back (a lazily compiled
+    backward would otherwise leave them out for the rest of the run)."""
+    from torch._dynamo.callback import callback_handler
+
+    ends = getattr(callback_handler, "end_callbacks", None)
+    if isinstance(ends, list) and end_callback in ends:
+        ends.remove(end_callback)
+        ends.insert(0, end_callback)
+
+
 class DynamoHooks:
     """The Dynamo part of native.NativeHooks."""
 
@@ -89,6 +102,7 @@ class DynamoHooks:
         dynamo_skips(self._compile_ended)
         on_compile_start(self._compile_started)
         on_compile_end(self._compile_ended)
+        _run_first(self._compile_ended)
         self.dynamo_hooked = True
 
     def _marks_aside(self, args) -> None:
@@ -127,20 +141,23 @@ class DynamoHooks:
         self.compile_started = time.perf_counter()
 
     def _compile_ended(self, args) -> None:
-        if self.compile_started is not None:  # Dynamo's compile time, for the cost of a recompile
-            seconds = time.perf_counter() - self.compile_started
-            self.compiling += seconds
-            self.recorder.emit(DynamoEvent(kind=Kind.COMPILE_TIME, op=None, file=None, line=None,
-                                           seconds=seconds))
-            self.compile_started = None
-        self._put_methods(wrapped=True)
-        if self.marks_resume:
-            self.marks_resume = False
-            self.places.tensor_places.resume()
-        if self.optimizer_hook is None:
-            from torch.optim.optimizer import register_optimizer_step_post_hook
+        """Everything _compile_started took out goes back, whatever else fails here."""
+        try:
+            if self.compile_started is not None:  # Dynamo's compile time, for the cost of a recompile
+                seconds = time.perf_counter() - self.compile_started
+                self.compiling += seconds
+                self.compile_started = None
+                self.recorder.emit(DynamoEvent(kind=Kind.COMPILE_TIME, op=None, file=None, line=None,
+                                               seconds=seconds))
+        finally:
+            self._put_methods(wrapped=True)
+            if self.marks_resume:
+                self.marks_resume = False
+                self.places.tensor_places.resume()
+            if self.optimizer_hook is None:
+                from torch.optim.optimizer import register_optimizer_step_post_hook
 
-            self.optimizer_hook = register_optimizer_step_post_hook(dynamo_skips(self._optimizer_step))
+                self.optimizer_hook = register_optimizer_step_post_hook(dynamo_skips(self._optimizer_step))
 
 
     def _inference_mode_wrapper(self, original):

@@ -68,7 +68,7 @@ class NativeHooks(OpCoverage, DynamoHooks):
         self.device_types = {accelerator} if accelerator else {"cpu"}
         self.cpu_stands_in = accelerator is None
         # table[t] with a device scalar t, named as the stand-in names it (the CPU stands in for a tpu)
-        self.scalar_indexing = f"indexing with a {accelerator or 'tpu'} scalar"
+        self.scalar_indexing = recording.scalar_indexing(accelerator or "tpu")
         self.recorder.emit(BackendEvent(kind=Kind.BACKEND, op="standin" if standin else "native", file=None,
                                         line=None, device=accelerator or "cpu", started=recorder.started))
         self.method_originals: dict[str, object] = {}  # Tensor.__dict__ entries (None: inherited)
@@ -89,6 +89,7 @@ class NativeHooks(OpCoverage, DynamoHooks):
             from tpu_migrate.diagnose.tensor_places import TensorPlaces
 
             self.places.tensor_places = self.timer.aside = TensorPlaces(torch, self.places)
+            self.places.program_places = True  # what places_anything() will find: said once
         self.last_read: float | None = None  # perf_counter at the end of the last counted host read
         self.compiling = 0.0  # seconds Dynamo spent compiling so far
         self.compiling_at_read = 0.0  # ... at the end of the last counted host read
@@ -255,9 +256,9 @@ class NativeHooks(OpCoverage, DynamoHooks):
                 return original(self, *args, **kwargs)
             elif args[0].dtype == torch.bool:
                 where = counts(self, 2)
-            elif args[0].dim() == 0 and places.scalar_index(args[0], 2):
-                # table[t]: torch reads the device scalar t in C++, as .item() does
-                where, op, found = placement.DEVICE, scalar_indexing, Kind.SYNC
+            elif args[0].dim() == 0:
+                # table[t]: torch reads the scalar t in C++, as t.item() does, and counts as that would
+                where, op, found = places.scalar_index(args[0], 2), scalar_indexing, Kind.SYNC
             else:
                 return original(self, *args, **kwargs)
             if where is None:

@@ -88,7 +88,7 @@ class ReadPlaces:
         """Whether `tensor`, a CPU tensor standing in for the TPU's, is a host tensor of the
         program's (tensor_places.py): its reads wait for nothing, whoever reads it."""
         marks = self.tensor_places
-        return marks is not None and marks.is_host(tensor) and self.places_anything()
+        return marks is not None and marks.is_host(tensor)
 
     def counts(self, tensor, caller_depth: int) -> str | None:
         """Would this read of `tensor` wait for the TPU: placement.DEVICE, placement.UNKNOWN
@@ -124,10 +124,9 @@ class ReadPlaces:
     def _host_read(self, tensor, key: tuple) -> bool:
         """Whether a read at `key` is of a host tensor: its mark while tensor_places follows
         tensors (learned for the line); once it stepped aside, the mark of a tensor made before,
-        or what the line read while followed."""
+        or what the line read while followed. (tensor_places exists only in a program that
+        places tensors: native.py.)"""
         marks = self.tensor_places
-        if not self.places_anything():
-            return False
         if marks.on:
             host = marks.is_host(tensor)
             seen = self.host_sites.get(key, host)
@@ -135,25 +134,29 @@ class ReadPlaces:
             return host
         return marks.is_host(tensor) or self.host_sites.get(key) is True
 
-    def scalar_index(self, index, caller_depth: int) -> bool:
-        """`table[index]` with a 0-d integer tensor `index` on the device: torch reads the index
-        in C++ (`.item()`) to select with it, which waits for the device, wherever the table
-        lives (a scheduler's host `alphas_cumprod[t]`, a device `timesteps[i + 1]`). Not torch's
-        own indexing; with the CPU standing in, not a host tensor's (tensor_places.py)."""
+    def scalar_index(self, index, caller_depth: int) -> str | None:
+        """`table[index]` with a 0-d integer tensor `index`: torch reads the index in C++
+        (`.item()`) to select with it, which waits for the device when the index is on it,
+        wherever the table lives (a scheduler's host `alphas_cumprod[t]`, a device
+        `timesteps[i + 1]`). Where the read counts, as `counts` answers for `index.item()` at
+        the same line: placement.DEVICE, placement.UNKNOWN, or None. Never torch's own indexing;
+        with the CPU standing in, not a host tensor's (tensor_places.py); once tensor_places
+        stepped aside, only at a line it saw indexing with device scalars alone."""
         if index.is_floating_point() or index.is_complex():
-            return False
+            return None
         frame = sys._getframe(caller_depth)
         if recording.is_library(frame.f_code.co_filename) and (
                 not recording.is_shown_library(frame.f_code.co_filename) or is_torch(frame.f_code.co_filename)):
-            return False
-        if not self.cpu_stands_in:
-            return index.device.type in self.device_types
-        if self.tensor_places is None:
-            return False
+            return None
+        marks = self.tensor_places
+        if not self.cpu_stands_in or marks is None:  # the device, or the source, says (a program
+            return self.counts(index, caller_depth + 1)  # that places nothing runs on the device)
         key = (frame.f_code, frame.f_lineno, "index")
-        if self.tensor_places.on:
-            return not self._host_read(index, key)
-        return self.places_anything() and self.host_sites.get(key) is False  # a line seen indexing with device scalars
+        if marks.on:
+            return None if self._host_read(index, key) else placement.DEVICE
+        if marks.is_host(index) or self.host_sites.get(key) is not False:
+            return None
+        return placement.DEVICE
 
     def destination_is_host(self, frame) -> bool:
         """Whether a tensor made or moved at `frame` (`.to(device)`, `device=`; a user's or a

@@ -51,6 +51,13 @@ _LIBRARY_MARKERS = (
 SYNC_METHODS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__",
                 "__repr__", "__format__")
 DYNAMIC_FUNCTIONS = ("nonzero", "masked_select", "unique", "argwhere")
+
+
+def scalar_indexing(device: str) -> str:
+    """The op of a read torch makes in C++ (`table[t]`, t a 0-d integer tensor on `device`: it
+    reads t to select with it), as every backend names it: "device" for torch_xla's xla
+    tensors, the device type elsewhere ("tpu" on the stand-in and where the CPU stands in)."""
+    return f"indexing with a {device} scalar"
 EXPECTED_ATEN = {"aten::_local_scalar_dense": "sync", "aten::nonzero": "dynamic",
                  "aten::masked_select": "dynamic", "aten::_unique2": "dynamic",
                  "aten::unique_consecutive": "dynamic", "aten::unique_dim": "dynamic"}

@@ -39,7 +39,7 @@ DYNAMIC_NAMES = {
 }
 # The stand-in's own methods that copy to the host, by the name the native backend gives the call.
 STANDIN_METHODS = {"tolist": "tolist", "__repr__": "__repr__", "__reduce_ex__": "pickle"}
-INDEXING = "indexing with a tpu scalar"
+INDEXING = recording.scalar_indexing("tpu")
 _SUBSCRIPT_OPS = frozenset(dis.opmap[name] for name in (
     "BINARY_SUBSCR", "STORE_SUBSCR", "DELETE_SUBSCR", "BINARY_SLICE", "STORE_SLICE") if name in dis.opmap)
 _TOOL = os.sep + "tpu_migrate" + os.sep

@@ -26,8 +26,11 @@ for good then. The marks made until then stay, and each line that read keeps wha
 (read_places.ReadPlaces.host_sites); a program without optimizer steps is followed to its end.
 Dynamo traces modes and guards on them, so the mode steps off the stack for each call of what
 torch.compile returned (call_timing.py: `suspend`, `resume`; what the compiled code makes counts
-as the source places it) and for a backward Dynamo compiles lazily; a compile it did not see
+as the source places it) and for a backward Dynamo compiles lazily (back at the compile's end,
+even when another end callback fails: dynamo_hooks runs ours first); a compile it did not see
 coming (`torch._dynamo.optimize`, a frame compiled outside those calls) takes it off for good.
+Taken off from another thread than the one that installed it (mode stacks are per thread), it
+passes calls through on its own thread until a compile or compiled call there takes it off.
 """
 
 from __future__ import annotations
@@ -87,8 +90,10 @@ class TensorPlaces(TorchFunctionMode):
         return ref is not None and ref() is tensor
 
     def _forget(self, ref: _Ref) -> None:
+        """A host tensor's weakref callback: in any thread, maybe while another drops the entry
+        (pop, never a del that could raise into the program's stderr)."""
         if self.host.get(ref.key) is ref:
-            del self.host[ref.key]
+            self.host.pop(ref.key, None)
 
     def _mark(self, tensor, host: bool) -> None:
         if host:
@@ -98,7 +103,7 @@ class TensorPlaces(TorchFunctionMode):
                 self.host[ref.key] = ref
         elif ref := self.host.get(id(tensor)):  # an in-place op, a move of the tensor itself
             if ref() is tensor:
-                del self.host[id(tensor)]
+                self.host.pop(id(tensor), None)
 
     # -- the mode -----------------------------------------------------------------------------
     def install(self) -> None:
@@ -131,11 +136,14 @@ class TensorPlaces(TorchFunctionMode):
         return dynamo_skips(factory)
 
     def uninstall(self) -> None:
-        """Off the torch function mode stack for good (its marks stay)."""
-        if not self.on:
-            return
-        self.on = False
-        if self.stacked:
+        """Off for good (its marks stay): it follows no more tensors, and leaves the torch
+        function mode stack. Each thread has its own stack: called from another thread than the
+        installer's, the mode stays on the installer's, passing every call through, until that
+        thread's next compile or compiled call takes it off (`suspend`, which no `resume` undoes)."""
+        if self.on:
+            self.on = False
+            self._unwrap_factories()
+        if self.on_this_stack():
             self._off_stack()
 
     def suspend(self) -> bool:
@@ -187,6 +195,8 @@ class TensorPlaces(TorchFunctionMode):
         # (its first input) makes a device tensor, which is not marked.
         if isinstance(first, self.tensor_type) and id(first) not in self.host and "device" not in kwargs \
                 and getattr(func, "__name__", None) not in SPECIAL:
+            return result
+        if not self.on:  # uninstalled from another thread: still on this one's stack (uninstall)
             return result
         try:
             return self._place(func, args, kwargs, result)

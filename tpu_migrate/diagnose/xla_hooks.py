@@ -24,22 +24,30 @@ def _sync_wrapper(original, name):
         recorder = recording.RECORDER
         if recorder is None or recorder.busy() or getattr(self, "device", None) is None or self.device.type != "xla":
             return original(self, *args, **kwargs)
-        recorder.local.busy = True
-        closure = getattr(recorder.local, "closure", None)  # "sync" / "async" in a step closure
-        runs_graph = closure is not None and _pending(self)
-        started = time.perf_counter()
-        try:
-            return original(self, *args, **kwargs)
-        finally:  # recorded once the read returned, with how long the host waited for it
-            waited = time.perf_counter() - started
-            if closure is None:
-                recorder.at_user_line(Kind.SYNC, name, wait=waited)
-            elif runs_graph:
-                recorder.at_user_line(Kind.SYNC, name, closure=closure, graph=True, wait=waited)
-            else:
-                recorder.at_user_line(Kind.SYNC, name, closure=closure, wait=waited)
-            recorder.local.busy = False
+        return _host_read(recorder, name, self, original, self, *args, **kwargs)
     return wrapper
+
+
+def _host_read(recorder, op, tensor, read, *args, **kwargs):
+    """`read(*args, **kwargs)`, a host read of the xla tensor `tensor`, recorded as a sync named
+    `op` once it returned, with how long the host waited for it; inside a step closure
+    (_step_closure_wrapper) as the closure's read, which runs a graph of its own only when the
+    tensor is more than the step's computed data."""
+    recorder.local.busy = True
+    closure = getattr(recorder.local, "closure", None)  # "sync" / "async" in a step closure
+    runs_graph = closure is not None and _pending(tensor)
+    started = time.perf_counter()
+    try:
+        return read(*args, **kwargs)
+    finally:
+        waited = time.perf_counter() - started
+        if closure is None:
+            recorder.at_user_line(Kind.SYNC, op, wait=waited)
+        elif runs_graph:
+            recorder.at_user_line(Kind.SYNC, op, closure=closure, graph=True, wait=waited)
+        else:
+            recorder.at_user_line(Kind.SYNC, op, closure=closure, wait=waited)
+        recorder.local.busy = False
 
 
 def _pending(tensor) -> bool:
@@ -85,17 +93,11 @@ def _getitem_wrapper(original):
             return original(self, index)
         # table[t], t a 0-d integer xla tensor: torch reads t in C++ (aten::_local_scalar_dense)
         # to select with it, whatever device the table is on, and the host waits for the device.
-        recorder.local.busy = True
-        started = time.perf_counter()
-        try:
-            return original(self, index)
-        finally:
-            recorder.local.busy = False
-            recorder.at_user_line(Kind.SYNC, SCALAR_INDEXING, wait=time.perf_counter() - started)
+        return _host_read(recorder, SCALAR_INDEXING, index, original, self, index)
     return wrapper
 
 
-SCALAR_INDEXING = "indexing with a device scalar"
+SCALAR_INDEXING = recording.scalar_indexing("device")
 
 
 # torch.compile(backend="openxla") syncs while it compiles: not a step of the program.

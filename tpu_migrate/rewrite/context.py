@@ -13,6 +13,7 @@ import libcst as cst
 from tpu_migrate.findings import Fix, Manual
 from tpu_migrate.rewrite import named_expressions
 from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE
+from tpu_migrate.rewrite.layout import TODO_PREFIX
 from tpu_migrate.rewrite.names import Analysis, ImportBinding, Ref, Scope, StmtInfo, finding_position, statement_ancestors
 from tpu_migrate.rewrite.plans import Plans
 from tpu_migrate.rules import Catalog, Rule
@@ -225,6 +226,9 @@ class FileContext:
     # Whole-file scans a rule needs at many statements, made once per file (by the rule's key):
     # a scan per statement would make the rewrite quadratic in the file's size.
     memo: dict[str, object] = field(default_factory=dict)
+    # The numbers of the skeleton's placeholders a rule dropped, or replaced by their statements
+    # to move them (skeleton.py, transformer.ModuleRewriter.expanded).
+    gone: set[int] = field(default_factory=set)
 
     def mark(self, node: cst.CSTNode, role: str, condition: str | None = None) -> None:
         self.generated[id(node)] = (node, role, condition)
@@ -303,6 +307,9 @@ class StatementContext:
         # `or`: code there may run several times or not at all, so nothing is hoisted out.
         self.hoist_blocked = 0
         self.new_names: set[str] = set()  # names fresh_name gave out in this statement
+        # The TODO comments directly above the statement that this run's findings reword
+        # (`supersede`): they go, and the findings' own are written in their place.
+        self.superseded: set[str] = set()
 
     @property
     def in_joined_worker(self) -> bool:
@@ -465,6 +472,23 @@ class StatementContext:
         self.file.manual.append(finding)
         if todo:
             self.todos.append(finding)
+
+    def todo_above(self, code: str, message: str) -> bool:
+        """Whether the TODO comment `code message`, in the tool's form, stands directly above
+        the statement in the input (among the comments there; a blank line ends them)."""
+        text, lines = f"{TODO_PREFIX}{code} {message}", self.file.source_lines
+        index = self.info.first_line - 2
+        while index >= 0 and lines[index].strip().startswith("#"):
+            if " ".join(lines[index].split()) == " ".join(text.split()):
+                return True
+            index -= 1
+        return False
+
+    def supersede(self, code: str, message: str) -> None:
+        """The TODO `code message` above the statement (an earlier run's, worded for another
+        target) says what a finding of this run says otherwise: it goes, and the finding's own
+        TODO takes its place (the text a fresh run of this target writes)."""
+        self.superseded.add(f"{TODO_PREFIX}{code} {message}")
 
     def retract(self, code: str, qualname: str) -> None:
         """Take back the finding `code` made in this statement for the reference to `qualname`:

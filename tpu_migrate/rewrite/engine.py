@@ -2,8 +2,8 @@
 
 Per file: pre-filter the bytes; decode as Python does; parse with `ast` (fast, and the error
 message users know); analyse names; stop here when nothing refers to torch_xla; parse with libcst,
-leaving out the definitions no rule can change (skeleton.py); rewrite the flagged statements;
-manage imports; print; check that the print parses; put the left-out definitions back. A file
+leaving out the statements no rule can change (skeleton.py); rewrite the flagged statements;
+manage imports; print; check that the print parses; put the left-out text back. A file
 whose output does not parse is kept byte-for-byte and reported as an error.
 """
 
@@ -23,10 +23,11 @@ from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, Statem
 from tpu_migrate.rewrite.except_colons import restore_except_colons, spaced_except_colons
 from tpu_migrate.rewrite.flows import held_assignments, passed_to_functions
 from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter
-from tpu_migrate.rewrite.names import analyze, is_xla_name, mark_subtrees
+from tpu_migrate.rewrite.names import Analysis, analyze, is_xla_name, mark_subtrees
 from tpu_migrate.rewrite.plans import make_plans
 from tpu_migrate.rewrite.printing import quick_printing
 from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
+from tpu_migrate.rewrite.skeleton import SkeletonMiss
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rewrite.transforms.amp_compile import found_inf_steps
 from tpu_migrate.rewrite.transforms.spmd import mesh_attribute_reads
@@ -139,7 +140,17 @@ def flagged_names(catalog: Catalog) -> frozenset[str]:
 def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult,
                  whole: bool = False) -> str | None:
     """The rewritten text, or None when nothing in it concerns torch_xla. libcst parses the
-    definitions the rules cannot change only when `whole` (skeleton.py)."""
+    statements the rules cannot change only when `whole` (skeleton.py)."""
+    try:
+        return _rewrite_text(text, path, options, catalog, result, whole)
+    except SkeletonMiss:  # a later pass must visit a statement the skeleton left out
+        result.fixes.clear()
+        result.manual.clear()
+        return _rewrite_text(text, path, options, catalog, result, whole=True)
+
+
+def _rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult,
+                  whole: bool) -> str | None:
     tree = ast.parse(text, filename=path)
     analysis = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
     has_xla_imports = any(is_xla_name(b.qualname) for b in analysis.imports)
@@ -155,7 +166,10 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
     _check_nesting(tree, text)
     file = _file_context(text, options, catalog, result, True, analysis)
     plain_end = bool(tree.body) and _plain_tail(text, tree.body[-1].end_lineno)
-    skeleton = None if whole else skeletons.build(text, tree, analysis, keep_last=not plain_end)
+    flagged = flagged_names(catalog)
+    skeleton = None if whole else skeletons.build(
+        text, tree, analysis, keep_last=not plain_end,
+        kept_import=lambda qualname: is_xla_name(qualname) or catalog.canonical(qualname) in flagged)
     parsed = text if skeleton is None else skeleton.text
     module = cst.parse_module(parsed)
     # The skeleton's except clauses are some of the file's, with their text: none of the file's
@@ -173,7 +187,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         if _with_footer(module.code, module, footer) != text:
             raise Unreproducible("libcst does not print this file back exactly (a form feed before a "
                                  "statement, or mixed line endings)")
-    new_module = _rewrite_module(module, tree, file)
+    new_module = _rewrite_module(module, tree, file, skeleton)
     waiting_for = _held_unsafe_fix(result, options, catalog)
     if waiting_for is not None:
         wanted = list(result.fixes)  # what the waiting pass reports as going with the unsafe fix
@@ -182,29 +196,29 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
         # stack. Anew, with every conversion that assumes TorchTPU's runtime waiting too.
         result.fixes.clear()
         result.manual.clear()
-        fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
+        fresh = _unmarked(analysis)
         file = _file_context(text, options, catalog, result, True, fresh, waiting_for)
-        new_module = _rewrite_module(module, tree, file)
+        new_module = _rewrite_module(module, tree, file, skeleton)
     if (file.plans.shard_metadata_reads or file.plans.wrapped_model_reads) and _xla_fsdp_kept(file):
         # A wrap by torch_xla's FSDP is left for a human: its model is torch_xla's, whose
         # get_shard_metadata() the FSDP2 helper must not answer (it has no torch_xla shards),
         # and whose `.module` is still its wrapper's.
         result.fixes.clear()
         result.manual.clear()
-        fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
+        fresh = _unmarked(analysis)
         file = _file_context(text, options, catalog, result, file.convert_guards, fresh, file.waiting_for,
                              xla_fsdp_kept=True)
-        new_module = _rewrite_module(module, tree, file)
+        new_module = _rewrite_module(module, tree, file, skeleton)
     if file.guards_converted and file.kept_xla_imports:
         # Availability guards mean "a TPU is here" only once nothing in the file needs torch_xla
         # any more; while some use remains (a manual TODO), they keep testing for torch_xla.
         result.fixes.clear()
         result.manual.clear()
         # Anew: plans marked the first analysis.
-        fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
+        fresh = _unmarked(analysis)
         file = _file_context(text, options, catalog, result, False, fresh, file.waiting_for,
                              xla_fsdp_kept=file.xla_fsdp_kept)
-        new_module = _rewrite_module(module, tree, file)
+        new_module = _rewrite_module(module, tree, file, skeleton)
     imported = dict(options.xla_parameters).get(os.path.realpath(path), ()) if options.xla_parameters else ()
     for _ in range(3):
         # Assignments whose converted value would go to a call left to torch_xla: kept (flows.py);
@@ -217,7 +231,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
             break
         result.fixes.clear()
         result.manual.clear()
-        fresh = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
+        fresh = _unmarked(analysis)
         again = _file_context(text, options, catalog, result, file.convert_guards, fresh, file.waiting_for,
                               xla_fsdp_kept=file.xla_fsdp_kept)
         again.held = {**file.held, **held}  # keyed by the statements of `tree`, which both walk
@@ -226,7 +240,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
             fresh.infos[statement].forced = True
         mark_subtrees(tree.body, fresh.infos)
         file = again
-        new_module = _rewrite_module(module, tree, file)
+        new_module = _rewrite_module(module, tree, file, skeleton)
     if skeleton is not None and file.flow_marks.keys() - file.flow_marks_placed:
         # A call to mark stands in a definition the skeleton left out: anew, whole.
         result.fixes.clear()
@@ -246,7 +260,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
     code = _with_footer(new_module.code, module, footer)
     if code == parsed:
         return text
-    output = code if skeleton is None else skeleton.restore(code)
+    output = code if skeleton is None else skeleton.restore(code, file.gone)
     if output is None:  # a rule moved a left-out definition (re-indented its block): anew, whole
         result.fixes.clear()
         result.manual.clear()
@@ -434,6 +448,18 @@ def _span_at_most(node: ast.AST, line_starts: list[int]) -> int:
     return line_starts[end_line - 1] - line_starts[first - 1] + node.end_col_offset
 
 
+def _unmarked(analysis: Analysis) -> Analysis:
+    """`analysis` as `analyze` made it, for a pass anew: without the marks of the last pass's
+    plans (StmtInfo.forced, set by plans.py and the transforms' plans, and by the engine for
+    flow marks; nothing else in an analysis changes after `analyze`). Not analysed again: on a
+    large file whose converted values reach calls left to torch_xla, the second analysis was
+    a fifth of the time."""
+    for info in analysis.infos.values():
+        info.forced = False
+    mark_subtrees(analysis.tree.body, analysis.infos)
+    return analysis
+
+
 def _file_context(text, options, catalog, result, convert_guards, analysis, waiting_for=None,
                   xla_fsdp_kept=False) -> FileContext:
     """What the walk knows about the file, the cross-statement plans included. `xla_fsdp_kept`:
@@ -557,9 +583,10 @@ def _left_elsewhere(catalog: Catalog):
     return left
 
 
-def _rewrite_module(module: cst.Module, tree: ast.Module, file: FileContext) -> cst.Module:
+def _rewrite_module(module: cst.Module, tree: ast.Module, file: FileContext,
+                    skeleton: skeletons.Skeleton | None) -> cst.Module:
     try:
-        new_module = ModuleRewriter(file, file.plans).rewrite_module(module, tree)
+        new_module = ModuleRewriter(file, file.plans, skeleton).rewrite_module(module, tree)
     except cst.ParserSyntaxError as exc:
         # The input parsed: what does not is code a rule generated. Not the user's syntax error.
         raise BrokenOutput(f"a rule generated code that does not parse: {exc.message}") from exc

@@ -335,6 +335,11 @@ class ExprRewriter:
             updated = updated.with_changes(test=self._wrap(test))
         return self._unwrapped(updated, "test")
 
+    def leave_ClassDef(self, original, updated):
+        for hook in HOOKS["class_header"]:
+            updated = hook(updated, self.sc)
+        return updated
+
     def leave_Assert(self, original, updated):
         return self._unwrapped(updated, "test")
 

@@ -121,7 +121,9 @@ def passed_to_functions(analysis: Analysis, fixes: list[Fix], manual: list[Manua
     [(line, col, code, message)]. `imported`: this file's functions from other modules of the
     project (project_parameters); their calls count where `left_elsewhere(qualname)`: no rule
     converts them there."""
-    own, orders = reaching_parameters(analysis.tree)
+    if "reaching_parameters" not in analysis.memo:  # the same in every pass of the file
+        analysis.memo["reaching_parameters"] = reaching_parameters(analysis.tree)
+    own, orders = analysis.memo["reaching_parameters"]
     callees = {name: (orders[name], {param: [(q, c, line, col, None) for q, c, line, col in sinks]
                                      for param, sinks in params.items()})
                for name, params in own.items() if name not in analysis.module_scope.imports}

@@ -132,14 +132,16 @@ def _file_reason(file) -> str | None:
     if plans is None or plans.launcher_group or plans.group_backends:
         file.memo["group_made"] = True
         return None
-    kept = None
+    kept = []  # every launcher the file keeps, once (test_ddp: run_multiprocess and spawn_threads)
     for statement, dotted, _ in launch_calls(file.analysis, file.catalog.canonical):
         if id(statement) in plans.spawn_refusals:
             return "this file's launch is left to you"
-        if id(statement) not in plans.spawn_workers:
-            kept = kept or f"this file's launch `{dotted}` stays torch_xla's"
-    if kept is not None:
-        return kept
+        if id(statement) not in plans.spawn_workers and dotted not in kept:
+            kept.append(dotted)
+    if len(kept) == 1:
+        return f"this file's launch `{kept[0]}` stays torch_xla's"
+    if kept:
+        return f"each of this file's launches ({', '.join(f'`{d}`' for d in kept)}) stays torch_xla's"
     # The file makes its group itself ("xla" included: under torchrun that group is the real one).
     file.memo["group_made"] = bool(init_process_group_calls(file.analysis.nodes))
     return file.kept_launch_why or None

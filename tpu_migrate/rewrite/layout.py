@@ -126,7 +126,8 @@ def _todo_lines(todos, existing: set[str]) -> list[cst.EmptyLine]:
     return lines
 
 
-def drop_done_todos(stmt: cst.BaseStatement, first_line: int, source_lines: list[str], done: set[str]):
+def drop_done_todos(stmt: cst.BaseStatement, first_line: int, source_lines: list[str], done: set[str],
+                    superseded: frozenset[str] = frozenset()):
     """`stmt` without the `# TODO(tpu-migrate): CODE ...` comments directly above it (no blank
     line between) whose CODE is in `done`: rules this run converted in the statement and
     reported nothing more of, so the note an earlier run wrote there (the portable target's,
@@ -134,7 +135,8 @@ def drop_done_todos(stmt: cst.BaseStatement, first_line: int, source_lines: list
     lines of the comments dropped. Only comments in the tool's form go, and only where the
     input has them at that line (`first_line`: the statement's, decorators included; a comment
     libcst gave to the module's header stays, and so is still open work); a person's own
-    comments stay."""
+    comments stay. A comment in `superseded` (its whole text) goes too: a finding of this run
+    rewords it (StatementContext.supersede) and writes its own."""
     leading = list(stmt.leading_lines)
     dropped = []
     line = first_line - 1  # the input line of leading[index]
@@ -143,7 +145,7 @@ def drop_done_todos(stmt: cst.BaseStatement, first_line: int, source_lines: list
         if comment is None:
             break
         match = todo_comment(comment.value)
-        if match and match[1] in done and 0 < line <= len(source_lines) \
+        if match and (match[1] in done or _one_spacing(comment.value) in superseded) and 0 < line <= len(source_lines) \
                 and source_lines[line - 1].strip() == comment.value.strip():
             dropped.append(line)
             del leading[index]
@@ -151,6 +153,10 @@ def drop_done_todos(stmt: cst.BaseStatement, first_line: int, source_lines: list
     if not dropped:
         return stmt, []
     return stmt.with_changes(leading_lines=leading), dropped
+
+
+def _one_spacing(text: str) -> str:
+    return " ".join(text.split())
 
 
 def rebuild_line(line: cst.SimpleStatementLine, pieces, todos, present=frozenset()):

@@ -287,6 +287,9 @@ class Analysis:
     # Every dotted load: (scope, dotted name, statement, line, col), resolved or not.
     loads: list[tuple[Scope, str, StmtInfo, int, int]]
     tree: ast.Module
+    # Scans of the whole tree that other modules make, by key, once per analysis (an analysis
+    # serves every pass of a file's rewrite: engine._unmarked).
+    memo: dict[str, object] = field(default_factory=dict)
 
     @cached_property
     def nodes(self) -> list[ast.AST]:

@@ -66,6 +66,8 @@ SITES = {
     "dict_element": "a key: value element of a dict display",
     # `(test, sc)` -> test; a new test is parenthesised where needed.
     "if_test": "the test of an if",
+    # `(class, sc)` -> the class statement.
+    "class_header": "a class statement's header (its bases)",
     # `(small, sc)` -> replacement statements, or None to leave it to the rules.
     "statement": "a small statement, before the rules",
     # `(result, sc)` -> result: a small statement some rule changed.

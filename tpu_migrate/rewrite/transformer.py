@@ -31,6 +31,7 @@ from tpu_migrate.rewrite.layout import (
     rebuild_line,
 )
 from tpu_migrate.rewrite.plans import Plans
+from tpu_migrate.rewrite.skeleton import Skeleton, SkeletonMiss
 from tpu_migrate.rewrite.registry import REGISTRY, emits
 from tpu_migrate.rewrite.transforms.common import GLOBAL_MASTER, LOCAL_MASTER
 from tpu_migrate.rewrite.transforms.launch import insert_at_body_start
@@ -55,8 +56,13 @@ class WalkError(Exception):
 
 
 class ModuleRewriter:
-    def __init__(self, file: FileContext, plans: Plans):
+    def __init__(self, file: FileContext, plans: Plans, skeleton: Skeleton | None = None):
         self.file = file
+        # libcst parsed a skeleton (skeleton.py): its placeholders, name -> (number, how many
+        # ast statements each stands for); those a rule dropped or replaced go to file.gone.
+        self.skeleton = skeleton
+        self.placeholders = skeleton.placeholders if skeleton is not None else {}
+        self.module: cst.Module | None = None
         self.plans = plans
         self.analysis = file.analysis
         names = file.import_plan.names  # formatted, not filled: comparing uses no module
@@ -69,6 +75,7 @@ class ModuleRewriter:
     # -- blocks -----------------------------------------------------------------------------
 
     def rewrite_module(self, module: cst.Module, tree: ast.Module) -> cst.Module:
+        self.module = module
         body, carry = self.block(module.body, tree.body)
         if body is module.body:
             return module
@@ -85,12 +92,18 @@ class ModuleRewriter:
         unchanged = True
         for stmt in stmts:
             if isinstance(stmt, cst.SimpleStatementLine):
-                count = len(stmt.body)
+                stands_for = self.placeholders and self.stands_for(stmt)
+                count = stands_for[1] if stands_for else len(stmt.body)
                 nodes = ast_stmts[cursor : cursor + count]
                 cursor += count
                 if len(nodes) != count:
                     raise WalkError("statement count mismatch")
-                produced, removed_comments = self.simple_line(stmt, nodes)
+                if stands_for:
+                    if any(self.analysis.info(node).subtree_interesting for node in nodes):
+                        raise SkeletonMiss("a left-out statement must be visited")
+                    produced, removed_comments = [stmt], []
+                else:
+                    produced, removed_comments = self.simple_line(stmt, nodes)
             else:
                 if cursor >= len(ast_stmts):
                     raise WalkError("statement count mismatch")
@@ -117,6 +130,38 @@ class ModuleRewriter:
         if unchanged:
             return stmts, []
         return self.tidy(out), carry
+
+    def stands_for(self, line: cst.BaseStatement) -> tuple[int, int] | None:
+        """(number, how many ast statements) of the placeholder `line`, if it is one."""
+        if type(line) is not cst.SimpleStatementLine:
+            return None
+        small = line.body[0]
+        if len(line.body) == 1 and type(small) is cst.Expr and type(small.value) is cst.Name:
+            return self.placeholders.get(small.value.value)
+        return None
+
+    def expanded(self, statements: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """`statements`, which a rule moves to another indentation, with each placeholder among
+        them (at any depth) replaced by the statements it stands for (Skeleton.statements)."""
+        if not self.placeholders:
+            return statements
+        out = []
+        for stmt in statements:
+            found = self.stands_for(stmt)
+            if found is None:
+                out.append(stmt.visit(_Expand(self)) if not isinstance(stmt, cst.SimpleStatementLine) else stmt)
+                continue
+            number, _ = found
+            inner = self.skeleton.statements(number, self.module)
+            inner[0] = prepend_lines(inner[0], list(stmt.leading_lines))
+            self.file.gone.add(number)
+            out.extend(inner)
+        return out
+
+    def dropped(self, node: cst.CSTNode | None) -> None:
+        """A rule dropped `node`: the placeholders in it go with it."""
+        if self.placeholders and node is not None:
+            node.visit(_Dropped(self))
 
     def tidy(self, out: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """Generated rank guards, as a reviewer would write them: consecutive guards with the
@@ -180,7 +225,7 @@ class ModuleRewriter:
         if not any(i.interesting for i in infos):
             return [line], []
         pieces: list[cst.BaseSmallStatement | list[cst.BaseStatement]] = []
-        todos = []
+        todos, superseded = [], set()
         mark = self.findings_mark()
         for small, info in zip(line.body, infos):
             if not info.interesting:
@@ -194,11 +239,12 @@ class ModuleRewriter:
                     body=[result.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])]  # `a; b`: a line of its own
                 result = [*sc.before, *statements, *sc.after]
             todos.extend(sc.todos_to_write())
+            superseded |= sc.superseded
             pieces.append(result)
         if not todos and all(p is small for p, small in zip(pieces, line.body)):
             return [line], []
-        line = self.without_done_todos(line, infos[0], *self.codes_since(mark))
-        present = self.comments_above(infos[0]) if todos else frozenset()
+        line = self.without_done_todos(line, infos[0], *self.codes_since(mark), superseded)
+        present = self.comments_above(infos[0], superseded) if todos else frozenset()
         return rebuild_line(line, pieces, todos, present)
 
     def findings_mark(self) -> tuple[int, int]:
@@ -210,16 +256,18 @@ class ModuleRewriter:
         return ({f.code for f in self.file.fixes[mark[0]:]},
                 {m.code for m in self.file.manual[mark[1]:]})
 
-    def without_done_todos(self, stmt, info, fixed: set[str], reported: set[str]):
+    def without_done_todos(self, stmt, info, fixed: set[str], reported: set[str], superseded=frozenset()):
         """`stmt` without the TODO(tpu-migrate) comments directly above it of the rules it
         converted (`fixed`) and reported nothing more of (`reported`: the statement's manual
         findings): an earlier run's note on code this run converts (the portable target left
         `xm.get_memory_info()` with one; the tpu target converts it). Their lines are no
-        longer open work (engine._report_open_work)."""
+        longer open work (engine._report_open_work). Nor those a finding rewords
+        (`superseded`: StatementContext.supersede)."""
         done = fixed - reported
-        if not done:
+        if not done and not superseded:
             return stmt
-        stmt, lines = drop_done_todos(stmt, info.first_line, self.file.source_lines, done)
+        superseded = frozenset(" ".join(text.split()) for text in superseded)
+        stmt, lines = drop_done_todos(stmt, info.first_line, self.file.source_lines, done, superseded)
         self.file.done_todo_lines.update(lines)
         return stmt
 
@@ -293,8 +341,9 @@ class ModuleRewriter:
         self.report_leftovers(sc)
         return small
 
-    def comments_above(self, info) -> frozenset[str]:
-        """The comment lines directly above a statement in the input."""
+    def comments_above(self, info, superseded=frozenset()) -> frozenset[str]:
+        """The comment lines directly above a statement in the input, but those a finding of
+        this run rewords (`superseded`)."""
         lines = self.file.source_lines
         found = set()
         index = info.first_line - 2
@@ -305,7 +354,8 @@ class ModuleRewriter:
             if text:
                 found.add(text)
             index -= 1
-        return frozenset(found)
+        gone = {" ".join(text.split()) for text in superseded}
+        return frozenset(text for text in found if " ".join(text.split()) not in gone)
 
     @emits("TPU099")
     def report_leftovers(self, sc: StatementContext) -> None:
@@ -353,6 +403,7 @@ class ModuleRewriter:
                 for hook in HOOKS["replace_loop"]:
                     replaced = hook(stmt, sc)
                     if replaced is not None:
+                        self.dropped(stmt)
                         self.report_leftovers(sc)
                         return replaced, []
                 for hook in HOOKS["loop"]:
@@ -372,9 +423,9 @@ class ModuleRewriter:
             self.report_leftovers(sc)
             todos = sc.todos_to_write()
             more_fixed, more_reported = self.codes_since(mark)
-            stmt = self.without_done_todos(stmt, info, fixed | more_fixed, reported | more_reported)
+            stmt = self.without_done_todos(stmt, info, fixed | more_fixed, reported | more_reported, sc.superseded)
             if todos:
-                stmt = add_todos(stmt, todos, self.comments_above(info))
+                stmt = add_todos(stmt, todos, self.comments_above(info, sc.superseded))
         if not elif_ and (self._emptied_if(stmt, sc) or self._emptied_range_loop(stmt, sc)):
             return [], comments_of_removed_if(stmt)
         if not elif_:
@@ -446,11 +497,12 @@ class ModuleRewriter:
                if isinstance(inner, ast.stmt)):
             return None
         sc.dropped_code(dropped)  # an import only the dead branch used goes with it
+        self.dropped(stmt.orelse if truth else stmt.body)
         if truth:
-            kept, footer = list(stmt.body.body), stmt.body.footer
+            kept, footer = self.expanded(list(stmt.body.body)), stmt.body.footer
         elif isinstance(stmt.orelse, cst.Else):
-            kept, footer = list(stmt.orelse.body.body), stmt.orelse.body.footer
-        elif isinstance(stmt.orelse, cst.If):  # the `elif` is now the `if`
+            kept, footer = self.expanded(list(stmt.orelse.body.body)), stmt.orelse.body.footer
+        elif isinstance(stmt.orelse, cst.If):  # the `elif` is now the `if`, at its column
             kept, footer = [stmt.orelse], []
         else:
             kept, footer = [], []
@@ -463,7 +515,7 @@ class ModuleRewriter:
 
     def unwrapped(self, statements, node, info, sc):
         """`with torch_xla.step():` is gone: its body takes its place in the enclosing block."""
-        body, carry = self.block(statements, node.body)
+        body, carry = self.block(self.expanded(statements), node.body)
         self.report_leftovers(sc)
         todos = sc.todos_to_write()
         if body and todos:
@@ -529,6 +581,36 @@ class ModuleRewriter:
 
 
 # -- helpers ----------------------------------------------------------------------------------
+
+
+class _Expand(cst.CSTTransformer):
+    """The placeholders in the blocks of a moved statement, replaced (ModuleRewriter.expanded)."""
+
+    def __init__(self, walker: ModuleRewriter):
+        super().__init__()
+        self.walker = walker
+
+    def visit_SimpleStatementLine(self, node) -> bool:
+        return False  # no blocks inside
+
+    def leave_IndentedBlock(self, original, updated):
+        if not any(self.walker.stands_for(stmt) for stmt in updated.body):
+            return updated
+        return updated.with_changes(body=self.walker.expanded(list(updated.body)))
+
+
+class _Dropped(cst.CSTVisitor):
+    """Records the placeholders in a dropped statement as gone."""
+
+    def __init__(self, walker: ModuleRewriter):
+        super().__init__()
+        self.walker = walker
+
+    def visit_SimpleStatementLine(self, node) -> bool:
+        found = self.walker.stands_for(node)
+        if found is not None:
+            self.walker.file.gone.add(found[0])
+        return False
 
 
 def _is_name(node: cst.CSTNode, name: str) -> bool:

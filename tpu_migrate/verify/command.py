@@ -114,10 +114,12 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
             runs += [run for run in done[:done.index(failed) if failed else len(done)]]
             if failed is not None:
                 break
-        code = []  # a port's lines that tpu-migrate's migration does not have (read before the copy goes)
-        if mechanical is not None:
-            files = [source_diff.program_file(t.path, t.module, t.imports) for t in (mechanical, mine)]
-            code = source_diff.differing_code(*files) if None not in files else []
+        # The code told apart where a run differs (read before the copy goes): a port's against
+        # tpu-migrate's migration of the original; without --against, the original against that migration.
+        pair = (mechanical, mine) if mechanical is not None else (program, migrated) if against is None else None
+        files = [source_diff.program_file(t.path, t.module, t.imports) for t in pair or ()]
+        sources = source_diff.Sources.read(*files, converted=against is None) \
+            if files and None not in files else None
     finally:
         workspace.close()
     if failed is not None and (failed.side == "original" or len(runs) < 3):  # no migrated run measured
@@ -128,15 +130,15 @@ def _run_verify(script, args, against, root, nprocs, rtol, atol, timeout, echo, 
         alone = next((v.divergence for v in verdicts if v.run.world == 1), None)
         verdicts.append(compare.verdict(reference, run, rtol, atol, alone, any(r.world == 1 for r in runs[2:]),
                                         expected))
-    if not any(v.divergence for v in verdicts):
-        code = []
-    document = _document(script, against, target, torch, reference, verdicts)
-    if code:
-        document["differing_code"] = code
+    codes = [source_diff.named(sources, v.divergence) if sources and v.divergence else [] for v in verdicts]
+    document = _document(script, against, target, torch, reference, verdicts, codes)
+    code = next((c for c in codes if c), [])
+    if code:  # the first run that differs (the 1-process one where it does)
+        document["converted_code" if against is None else "differing_code"] = code
     if skipped:
         document["not_run"] = {"processes": skipped, "why": "single-process program: the original made no "
                                "process group and started no other process"}
-    for line in _text(script, side, reference, verdicts, code):
+    for line in _text(script, side, reference, verdicts, codes, converted=against is None):
         echo(line)
     if html_file is not None:
         from tpu_migrate.verify import html
@@ -260,11 +262,17 @@ def error_tail(output: str, limit: int = 3000) -> str:
     return program.rstrip() + ("\n[torchrun] " + "; ".join(summary[:6]) if summary else "")
 
 
-def _text(script, side: str, reference: compare.Original, verdicts, code: list[str] = ()) -> list[str]:
+def _text(script, side: str, reference: compare.Original, verdicts, codes: list[list[str]] = (),
+          converted: bool = False) -> list[str]:
+    """The text report; `codes`: per verdict, the code that differs (source_diff.named), the
+    original's lines the rewrite converted where `converted`."""
+    label = ("code tpu-migrate converted (the original's lines, the migration's): " if converted
+             else "code that differs from tpu-migrate's migration: ")
     lines = [f"verify: {script} (torch_xla on the CPU, 1 process) against {side}, "
              f"{compare.counted(reference)}; the original's own run-to-run noise: " + compare.noise_text(reference.floor)]
-    for verdict in verdicts:
+    for index, verdict in enumerate(verdicts):
         divergence = verdict.divergence
+        code = codes[index] if index < len(codes) else []
         if divergence is None:
             figures = "learning rate, loss, gradient norm and parameters" if reference.unit == "step" else "loss"
             lines.append(f"  {verdict.run.name}: same ({verdict.steps} {reference.unit}s: {figures} within "
@@ -283,9 +291,8 @@ def _text(script, side: str, reference: compare.Original, verdicts, code: list[s
             lines.append(f"    {compare.where_label(divergence)}: {divergence.where}")
         if divergence is not None:
             lines.append(f"    likely: {divergence.cause}")
-            for index, hunk in enumerate(code):
-                label = "code that differs from tpu-migrate's migration: " if index == 0 else "  "
-                lines.append(f"    {label}{hunk}")
+            for number, hunk in enumerate(code):
+                lines.append(f"    {label if number == 0 else '  '}{hunk}")
         if verdict.run.beside_others is not None:
             lines.append(f"    run again alone: it {_beside(verdict.run.beside_others)} beside the other runs")
         if verdict.excursions:
@@ -301,7 +308,8 @@ def _beside(returncode: int) -> str:
     return "timed out" if returncode == schedule.TIMED_OUT else f"failed (exit status {returncode})"
 
 
-def _document(script, against, target: str, torch: str | None, reference: compare.Original, verdicts) -> dict:
+def _document(script, against, target: str, torch: str | None, reference: compare.Original, verdicts,
+              codes: list[list[str]] = ()) -> dict:
     return {
         "script": script, "against": against, "target": target,
         "standin": None if torch is None else {"torch": torch}, "unit": reference.unit, "steps": len(reference.steps),
@@ -311,7 +319,8 @@ def _document(script, against, target: str, torch: str | None, reference: compar
                   "printed": None if v.printed is None else
                   {"same": v.printed.compared, "noisy": v.printed.noisy, "one_side": v.printed.one_side,
                    "world_only": v.printed.world_only},
-                  "divergence": None if v.divergence is None else vars(v.divergence)} for v in verdicts],
+                  "divergence": None if v.divergence is None else vars(v.divergence),
+                  "code": codes[k] if k < len(codes) else []} for k, v in enumerate(verdicts)],
     }
 
 

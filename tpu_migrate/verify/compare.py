@@ -85,7 +85,8 @@ class Original:
     printed: list[printed.Line]
     printed_noise: set[tuple[int, int]]
     once: set[int] = field(default_factory=set)                 # printed lines printed by one process only
-    reduced: set[tuple[int, int]] = field(default_factory=set)  # printed numbers a reduction returned
+    reduced: set[tuple[int, int]] = field(default_factory=set)  # printed numbers a reduction returned, or
+    #                                                              computed from reduced values
 
     @property
     def unit(self) -> str:
@@ -124,7 +125,7 @@ def original(first: Run, second: Run) -> Original:
     figures = steps(first)
     lines = printed.lines(first.printed)
     return Original(figures, noise(figures, steps(second)), lines, printed.noise(lines, printed.lines(second.printed)),
-                    first.once, printed.reduced(lines, first.reduced))
+                    first.once, printed.reduced(lines, first.reduced) | printed.derived(lines, first.derived))
 
 
 def steps(run: Run) -> list[Step]:
@@ -216,7 +217,10 @@ def verdict(reference: Original, run: Run, rtol: float, atol: float, alone: Dive
                                                   printed_rtol, atol)
         result.printed = printed.compare(reference.printed, printed.lines(run.printed), reference.printed_noise,
                                          printed_rtol, atol, run.world, agreed, lines_rtol)
-        mismatch = result.printed.divergence or across
+        # The first line either finds: across_ranks stops at its first, so numbers it would have
+        # found agreed further down are unknown to compare (a later line is no first divergence).
+        mismatch = min((m for m in (result.printed.divergence, across) if m is not None), key=lambda m: m.line,
+                       default=None)
         if mismatch is not None:
             cause = _device_rng_cause(reference, None) or \
                 _printed_cause(run.world, reference.unit if reference.steps else None, mismatch)

@@ -24,7 +24,8 @@ Rank 0's lines are compared with the original's as above. Every other rank's are
   every rank prints what the original printed once (the first process of another node may print
   it: `xm.is_master_ordinal()` asks for the first of each host);
 - a number the original printed from a reduction over the processes (what `xm.mesh_reduce` or
-  `xm.all_reduce` returned, recorder.py) must be the same on every rank that prints it: ranks
+  `xm.all_reduce` returned, recorder.py, or a value the printing statement computed from what
+  they returned: reductions.py, derived()) must be the same on every rank that prints it: ranks
   that print different values print a value of their own, the reduction dropped, even where
   rank 0's equals the one-process value. Where every rank prints the same and it differs from
   the original's, the migration reduced it over the processes' own data (each evaluates data of
@@ -166,6 +167,45 @@ def reduced(original: list[Line], values: list[float]) -> set[tuple[int, int]]:
                                     for v in values):
                 out.add((line.index, x.position))
     return out
+
+
+def derived(original: list[Line], parts: dict[int, list | None]) -> set[tuple[int, int]]:
+    """(line, position) of each number the original printed from a value computed from reduced
+    ones (reductions.py): per line, its parts (literal text, and values reduced or not) placed on
+    the printed text; where they are unknown (None) or do not fit it, the line's numbers with a
+    decimal point (a ratio, a mean: an integer beside them is a count or an epoch)."""
+    out = set()
+    for line in original:
+        if line.index not in parts:
+            continue
+        timeless = CLOCK.sub("<time>", line.text)
+        spans = _reduced_spans(timeless, parts[line.index])
+        for k, match in enumerate(NUMBER.finditer(timeless)):
+            number = line.numbers[k] if k < len(line.numbers) else None
+            if number is None or number.timing:
+                continue
+            inside = any(start <= match.start() < end for start, end in spans) if spans is not None \
+                else number.quantum != 0
+            if inside:
+                out.add((line.index, number.position))
+    return out
+
+
+def _reduced_spans(text: str, parts: list | None) -> list[tuple[int, int]] | None:
+    """Where in the printed text the reduced values stand, or None where the parts do not fit it."""
+    if not parts:
+        return None
+    pattern, groups = "", []
+    for k, (kind, value) in enumerate(parts):
+        if kind == "lit":
+            pattern += re.escape(value.rstrip() if k == len(parts) - 1 else value)
+        else:
+            pattern += "(.*?)"
+            groups.append(bool(value))
+    match = re.fullmatch(pattern + r"\s*", text, re.DOTALL)
+    if match is None:
+        return None
+    return [match.span(g + 1) for g, reduced in enumerate(groups) if reduced]
 
 
 def across_ranks(original: list[Line], once: set[int], reduced_numbers: set[tuple[int, int]],

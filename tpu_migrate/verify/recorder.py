@@ -148,7 +148,8 @@ class _Tee:
     """sys.stdout, also written to a file as it is printed (unbuffered: a process that dies
     keeps what it printed). A forked child (a DataLoader worker) prints to the terminal only.
     Beside it (`.once`), a character per line: "1" where the code that printed it did so for one
-    process of the world only (guards.py), else "0"."""
+    process of the world only (guards.py), else "0"; and (`.derived`, JSON lines) the lines that
+    print a value computed from reduced ones, with their parts (reductions.py)."""
 
     def __init__(self, stream, path: str):
         self._stream = stream
@@ -156,6 +157,9 @@ class _Tee:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._once_fd = os.open(path[:-len(".txt")] + ".once", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._once = None  # the line being printed: whether it is printed once (at its first write)
+        self._derived = False  # and what of it a reduction computed (reductions.printed_parts)
+        self._derived_path = path[:-len(".txt")] + ".derived"
+        self._lines = 0  # lines printed so far
 
     def write(self, text):
         written = self._stream.write(text)
@@ -168,9 +172,15 @@ class _Tee:
     def _note_lines(self, text: str) -> None:
         if self._once is None:
             self._once = _printed_once(sys._getframe(2))
+            self._derived = _printed_derived(sys._getframe(2))
         ends = text.count("\n")
         if ends:
             os.write(self._once_fd, (("1" if self._once else "0") * ends).encode())
+            if self._derived is not False:
+                with open(self._derived_path, "a", encoding="utf-8") as handle:
+                    handle.writelines(json.dumps({"line": self._lines + k, "parts": self._derived}) + "\n"
+                                      for k in range(ends))
+            self._lines += ends
             # What follows the last newline starts a line printed by the same code.
             self._once = self._once if not text.endswith("\n") else None
 
@@ -189,6 +199,16 @@ def _printed_once(frame) -> bool:
 
         return printed_once(frame, is_library)
     except Exception:  # noqa: BLE001 (never the program's failure: counted as every process's)
+        return False
+
+
+def _printed_derived(frame):
+    try:
+        from tpu_migrate.diagnose.recording import is_library
+        from tpu_migrate.verify.reductions import printed_parts
+
+        return printed_parts(frame, is_library)
+    except Exception:  # noqa: BLE001 (never the program's failure: nothing reduced)
         return False
 
 

@@ -61,6 +61,8 @@ class Run:
     reduced: list[float] = field(default_factory=list)  # what xm.mesh_reduce / xm.all_reduce returned
     writes: list[str] = field(default_factory=list)  # files its processes opened for writing (the first
     #                                                  few; noted only where run with watch_writes)
+    derived: dict[int, list | None] = field(default_factory=dict)  # lines of `printed` that print values
+    #   computed from reduced ones: their parts (reductions.py; None: not known)
     beside_others: int | None = None  # run again alone: the exit status it had beside other runs (schedule.py)
 
     @property
@@ -288,7 +290,7 @@ class Workspace:
             returncode = returncode or (124 if finished.timed_out else finished.returncode)
             left += finished.left
         directories = [records for records, _ in nodes]
-        printed, once = _read_printed(directories[0])
+        printed, once, derived = _read_printed(directories[0])
         return Run(name, side, nproc * nnodes, returncode, "\n".join(outputs)[-20000:],
                    [record for d in directories for record in _read_records(d)], printed, left,
                    sum(len(list(d.glob("stdout-*.txt"))) for d in directories),
@@ -296,7 +298,8 @@ class Workspace:
                    [rank for d in directories for rank in _read_ranks(d)],
                    [value for d in directories for value in _read_reduced(d)],
                    sorted({line for d in directories for path in d.glob("writes-*")
-                           for line in path.read_text(encoding="utf-8", errors="replace").splitlines()}))
+                           for line in path.read_text(encoding="utf-8", errors="replace").splitlines()}),
+                   derived)
 
 
 def _read_records(directory: Path) -> list[dict]:
@@ -319,21 +322,29 @@ def _stdout_files(directory: Path) -> list[tuple[int, str, Path]]:
     return sorted(files)
 
 
-def _read_printed(directory: Path) -> tuple[str, set[int]]:
+def _read_printed(directory: Path) -> tuple[str, set[int], dict[int, list | None]]:
     """What rank 0 printed: the processes of a launcher's rank 0, or where no launcher gave
     ranks, every process (a program and the children it spawned), in the order they started;
-    and which of its lines (1-based) were printed by one process of the world only."""
+    which of its lines (1-based) were printed by one process of the world only; and which print
+    values computed from reduced ones, with their parts."""
     files = _stdout_files(directory)
     ranked = any(rank != "-" for _, rank, _ in files)
-    texts, once = [], set()
+    texts, once, derived = [], set(), {}
     for _, rank, path in files:
         if rank == "0" or not ranked:
             text = path.read_text(encoding="utf-8", errors="replace")
             flags = path.with_suffix(".once").read_text() if path.with_suffix(".once").exists() else ""
             start = sum(t.count("\n") for t in texts)
             once |= {start + k + 1 for k, flag in enumerate(flags) if flag == "1"}
+            if path.with_suffix(".derived").exists():
+                for line in path.with_suffix(".derived").read_text(encoding="utf-8").splitlines():
+                    try:
+                        noted = json.loads(line)
+                        derived[start + int(noted["line"]) + 1] = noted["parts"]
+                    except (ValueError, KeyError, TypeError):
+                        continue  # a process killed mid-line
             texts.append(text)
-    return "".join(texts), once
+    return "".join(texts), once, derived
 
 
 def _read_ranks(directory: Path) -> list[tuple[int, bool, str]]:

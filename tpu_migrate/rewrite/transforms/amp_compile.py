@@ -82,6 +82,12 @@ _TPU_BACKENDS = frozenset({None, "tpu", "openxla", "openxla_eval"})
 _UNKNOWN = object()  # a backend chosen at run time (`backend=args.backend`)
 
 
+def _run_time_backend(tpu: bool) -> str:
+    """TPU130's advice on a backend chosen at run time, per target."""
+    instead = 'use "tpu"' if tpu else "leave the backend out (PyTorch's default)"
+    return f'the backend is chosen at run time: where it is torch_xla\'s "openxla" or "openxla_eval", {instead}'
+
+
 @transform("torch_compile", calls=("torch.compile",))
 def torch_compile(call: cst.Call, sc: StatementContext):
     """torch.compile in a torch_xla file (target tpu: also in one on torch.accelerator's device,
@@ -95,6 +101,11 @@ def torch_compile(call: cst.Call, sc: StatementContext):
     backend = _backend_of(call)
     rejected = {id(a) for a in call.args if _rejected_by_tpu(a)}
     if backend is _UNKNOWN or backend == "inductor":
+        # A tree the portable target migrated, checked again: its TODO on a backend chosen at
+        # run time says "leave the backend out"; a fresh tpu run of the original says otherwise.
+        portable_todo = tpu and not xla and backend is _UNKNOWN and sc.todo_above("TPU130", _run_time_backend(False))
+        if portable_todo:
+            sc.supersede("TPU130", _run_time_backend(False))
         if tpu and backend == "inductor":
             sc.needs_manual("TPU130", 'TorchTPU rejects backend="inductor" for TPU tensors: use backend="tpu"'
                             + (" without mode= and dynamic=True" if rejected else ""),
@@ -103,12 +114,10 @@ def torch_compile(call: cst.Call, sc: StatementContext):
             sc.needs_manual("TPU130", "the backend is chosen at run time: where it is TorchTPU's \"tpu\" "
                             "(or was \"openxla\"), drop mode= and dynamic=True, which it rejects",
                             where=sc.consume("torch.compile"))
-        elif backend is _UNKNOWN and xla:
+        elif backend is _UNKNOWN and (xla or portable_todo):
             # "openxla" from a variable or a flag reaches torch.compile, which without torch_xla
             # has no such backend.
-            instead = 'use "tpu"' if tpu else "leave the backend out (PyTorch's default)"
-            sc.needs_manual("TPU130", f'the backend is chosen at run time: where it is torch_xla\'s "openxla" '
-                            f'or "openxla_eval", {instead}', where=sc.consume("torch.compile"))
+            sc.needs_manual("TPU130", _run_time_backend(tpu), where=sc.consume("torch.compile"))
         return call
     if backend not in _TPU_BACKENDS:
         return call

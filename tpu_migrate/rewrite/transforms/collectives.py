@@ -89,9 +89,7 @@ def group_problem(file) -> str | None:
     plans = file.plans
     if plans is None or file.target != "tpu":
         return None
-    others = sorted({b for b in plans.group_backends
-                     if b is not None and b.strip("\"'") not in TPU_BACKENDS})
-    literal = [b for b in others if b[:1] in "\"'"]
+    literal = literal_group_backends(file)
     if literal:
         return (f"this file makes its process group with backend {', '.join(literal)}, "
                 "which cannot carry tpu tensors (gloo: CPU only); torch_xla's collectives needed "
@@ -102,6 +100,16 @@ def group_problem(file) -> str | None:
     if plans.library_groups:
         return LIBRARY_GROUPS.format(evidence="; ".join(plans.library_groups))
     return None
+
+
+def literal_group_backends(file) -> list[str]:
+    """The literal backends (as written: `'gloo'`) other than TorchTPU's that the file makes a
+    default group with, on target tpu."""
+    plans = file.plans
+    if plans is None or file.target != "tpu":
+        return []
+    return sorted({b for b in plans.group_backends
+                   if b is not None and b.strip("\"'") not in TPU_BACKENDS and b[:1] in "\"'"})
 
 
 # A library that makes its own process groups (vLLM: a gloo `cpu_group` beside each device group,

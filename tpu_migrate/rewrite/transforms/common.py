@@ -33,7 +33,7 @@ TO_DEVICE = "{map_tensors}({obj}, lambda t: t.to({device}))"
 # What xm.all_gather returned: for a tensor, the tensors of every process concatenated along
 # `dim` (a new tensor in a world of one); for a list of tensors, that for each of them.
 ALL_GATHER = '''def {name}(value, dim=0):
-    """`value` from every process, concatenated along `dim`; a list of tensors: each of them (as xm.all_gather did)."""
+    """`value` from every process along `dim`, or each tensor of a list, as xm.all_gather (added by tpu-migrate)."""
     if isinstance(value, (list, tuple)):
         return [{name}(tensor, dim) for tensor in value]
     if not {dist}.is_initialized():

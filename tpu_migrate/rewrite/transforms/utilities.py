@@ -63,7 +63,8 @@ def _reentrant_partial(sc: StatementContext) -> cst.BaseExpression:
 # (batch_norm_stats, batch_norm_gather_stats_with_counts, batch_norm_elemt, ...).
 SYNC_BATCH_NORM = '''class {name}({torch}.nn.Module):
     """torch_xla's SyncBatchNorm: in training, the batch statistics are averaged over the
-    processes (equal batches assumed) and running_var keeps the biased variance."""
+    processes (equal batches assumed) and running_var keeps the biased variance (added by
+    tpu-migrate)."""
 
     class _AllReduceSum({torch}.autograd.Function):
         """A sum over the processes whose gradient is summed over them too."""
