@@ -35,6 +35,7 @@ from pathlib import Path
 
 from tpu_migrate.rewrite.names import Analysis, finding_position
 from tpu_migrate.rewrite.plans import SPAWN_NAMES, init_process_group_calls, spawn_worker
+from tpu_migrate.rewrite.project import Project
 from tpu_migrate.rewrite.registry import rule_code
 
 # torch_xla's launchers no rule converts (TPU099): their workers never join a process group.
@@ -158,34 +159,26 @@ def mark(sc, code: str, where: tuple[int, int] | None, what: str) -> None:
 # -- the project ------------------------------------------------------------------------------
 
 
-def kept_launch_modules(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str, str], ...]:
+def kept_launch_modules(run_files: Iterable[str], root: Path | None,
+                        project: Project | None = None) -> tuple[tuple[str, str], ...]:
     """(module's real path, why its launch stays torch_xla's; "" where a converted launch runs it)
     for the project's modules that name torch_xla and are run by a launch in another module,
     sorted. Only the files that name torch_xla and a launch are parsed first; the import graph
-    is read from those, as spmd_programs.py reads it."""
-    from tpu_migrate.rewrite import spmd_programs as project
+    is spmd_programs.py's (`project`: the project already read, shared with the other passes)."""
     from tpu_migrate.rewrite.names import analyze
+    from tpu_migrate.rewrite.spmd_programs import _first_importers, import_graph
     from tpu_migrate.rules import load_catalog
 
-    root = Path(os.path.realpath(root)) if root is not None else None
-    candidates = list(project._source_files(root)) if root is not None else None
-    if candidates is None or len(candidates) > project.MAX_FILES:
-        candidates = [os.path.realpath(f) for f in run_files if f.endswith(".py")]
-    candidates = [path for path in candidates if path.endswith(".py")]
-    bases = [str(root), str(root / "src")] if root is not None else []
-    texts = project._Texts()
+    project = project if project is not None else Project(run_files, root)
     canonical = load_catalog().canonical
     kept: dict[str, str] = {}  # module -> its kept launch's callee
     converted: set[str] = set()
-    xla_files = []
-    for path in candidates:
-        data = texts.read(path)
-        if data is None or b"torch_xla" not in data:
-            continue
-        xla_files.append(path)
+    xla_files = project.xla_files()
+    for path in xla_files:
+        data = project.read(path)
         if not any(marker in data for marker in _LAUNCH_MARKERS):
             continue
-        tree = project._parse(path, data)
+        tree = project.tree(path, data)
         if tree is None:
             continue
         launches = list(launch_calls(analyze(tree, canonical), canonical))
@@ -195,14 +188,11 @@ def kept_launch_modules(run_files: Iterable[str], root: Path | None) -> tuple[tu
             kept[path] = launches[0][1]
     if not kept and not converted:
         return ()
-
-    def shown(path: str) -> str:
-        return os.path.relpath(path, root) if root is not None else os.path.basename(path)
-
-    imports = project._Imports(bases, texts)
-    by_converted = project._first_importers(sorted(converted), imports.of) if converted else {}
+    shown = project.shown
+    imports = import_graph(project)
+    by_converted = _first_importers(sorted(converted), imports.of) if converted else {}
     found: dict[str, str] = dict.fromkeys(by_converted, "")
-    for module, program in (project._first_importers(sorted(kept), imports.of) if kept else {}).items():
+    for module, program in (_first_importers(sorted(kept), imports.of) if kept else {}).items():
         found.setdefault(module, f"{shown(program)} imports this module and launches with `{kept[program]}`, "
                                  "which stays torch_xla's")
     # The modules that import a launcher module (its caller: a strategy), by a byte search of
@@ -211,7 +201,7 @@ def kept_launch_modules(run_files: Iterable[str], root: Path | None) -> tuple[tu
     for path in xla_files:
         if path in found or path in kept or path in converted:
             continue
-        launcher = _imported_launcher(path, texts.read(path) or b"", stems, kept, bases)
+        launcher = _imported_launcher(path, project, stems, kept)
         if launcher is not None:
             found[path] = f"this file imports {shown(launcher)}, whose launch `{kept[launcher]}` stays torch_xla's"
     named = set(xla_files)
@@ -219,20 +209,14 @@ def kept_launch_modules(run_files: Iterable[str], root: Path | None) -> tuple[tu
                         if path in named and path not in kept and path not in converted))
 
 
-def _imported_launcher(path: str, data: bytes, stems: set[str], kept: dict[str, str], bases: list[str]) -> str | None:
+def _imported_launcher(path: str, project: Project, stems: set[str], kept: dict[str, str]) -> str | None:
     """The first module of `kept` that the file imports with `from ... import` (`from
     pkg.launchers.xla import _XLALauncher`, `from .launchers import xla`), None if none."""
-    from tpu_migrate.rewrite import spmd_programs as project
-    from tpu_migrate.rewrite.parameter_flows import from_imports
-
-    for level, module, names in from_imports(data):
-        here = os.path.dirname(path)
-        for _ in range(max(level - 1, 0)):
-            here = os.path.dirname(here)
+    for level, module, names in project.from_imports(path):
         for dotted in (module, *(f"{module}.{name}" for name, _ in names)):
             if dotted.rpartition(".")[2] not in stems:
                 continue
-            for candidate in project._module_files(dotted, [here] if level else [here, *bases]):
+            for candidate in project.imported_files(path, level, dotted):
                 if candidate in kept and candidate.endswith(os.path.join(*dotted.split(".")) + ".py"):
                     return candidate
     return None
