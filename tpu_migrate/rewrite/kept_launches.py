@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tpu_migrate.rewrite.names import Analysis, finding_position
-from tpu_migrate.rewrite.plans import SPAWN_NAMES, init_process_group_calls, spawn_worker
+from tpu_migrate.rewrite.plans import SPAWN_NAMES, Worker, spawn_worker
 from tpu_migrate.rewrite.project import Project
 from tpu_migrate.rewrite.registry import rule_code
 
@@ -75,9 +75,11 @@ _MESSAGES = {
 }
 
 
-def launch_calls(analysis: Analysis, canonical) -> Iterable[tuple[ast.stmt, str, bool]]:
+def launch_calls(analysis: Analysis, canonical, workers: dict[int, Worker] | None = None,
+                 ) -> Iterable[tuple[ast.stmt, str, bool]]:
     """(statement, callee as written, whether TPU060 can convert it) of each call of a torch_xla
-    launcher in the module."""
+    launcher in the module (`workers`: what `spawn_worker` found of the launch statements, where
+    make_plans already asked: Plans.launch_workers)."""
     calls = {finding_position(node.func): node for node in analysis.nodes if isinstance(node, ast.Call)}
     for info in analysis.infos.values():
         for ref in info.refs:
@@ -86,8 +88,10 @@ def launch_calls(analysis: Analysis, canonical) -> Iterable[tuple[ast.stmt, str,
             call = calls.get((ref.line, ref.col))
             if call is None:
                 continue
-            worker = spawn_worker(call, info, analysis, canonical) if ref.qualname in SPAWN_NAMES and \
-                isinstance(info.node, ast.Expr) and info.node.value is call else None
+            worker = None
+            if ref.qualname in SPAWN_NAMES and isinstance(info.node, ast.Expr) and info.node.value is call:
+                worker = spawn_worker(call, info, analysis, canonical) if workers is None else \
+                    workers.get(id(info.node))
             yield info.node, ref.dotted, worker is not None and worker.name is not None
 
 
@@ -98,7 +102,7 @@ def kept_launch(sc) -> str | None:
     if "kept_launch" not in file.memo:
         file.memo["kept_launch"] = _file_reason(file)
     reason = file.memo["kept_launch"]
-    if reason is not None or file.kept_launch_why is not None or file.memo.get("group_made"):
+    if reason is not None or file.kept_launch_why is not None or _group_made(file.plans):
         return reason
     scope = sc.info.scope
     while scope is not None:
@@ -128,13 +132,18 @@ def _xla_member_test(statement: ast.AST) -> str | None:
     return None
 
 
+def _group_made(plans) -> bool:
+    """Whether a process group is made for the file's code: by its converted launch, or by the
+    file itself ("xla" included: under torchrun that group is the real one)."""
+    return plans is None or plans.launcher_group or bool(plans.group_calls)
+
+
 def _file_reason(file) -> str | None:
     plans = file.plans
     if plans is None or plans.launcher_group or plans.group_backends:
-        file.memo["group_made"] = True
         return None
     kept = []  # every launcher the file keeps, once (test_ddp: run_multiprocess and spawn_threads)
-    for statement, dotted, _ in launch_calls(file.analysis, file.catalog.canonical):
+    for statement, dotted, _ in launch_calls(file.analysis, file.catalog.canonical, plans.launch_workers):
         if id(statement) in plans.spawn_refusals:
             return "this file's launch is left to you"
         if id(statement) not in plans.spawn_workers and dotted not in kept:
@@ -143,8 +152,6 @@ def _file_reason(file) -> str | None:
         return f"this file's launch `{kept[0]}` stays torch_xla's"
     if kept:
         return f"each of this file's launches ({', '.join(f'`{d}`' for d in kept)}) stays torch_xla's"
-    # The file makes its group itself ("xla" included: under torchrun that group is the real one).
-    file.memo["group_made"] = bool(init_process_group_calls(file.analysis.nodes))
     return file.kept_launch_why or None
 
 
