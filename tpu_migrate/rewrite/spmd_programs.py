@@ -269,29 +269,35 @@ class _Named:
                 (os.path.basename(folder).encode(), folder))
         if len(self.places) > self.MAX_NAMES:
             self.bases = None
-        # One search for all the names: most files name none (the same answer as a test per name).
-        self.any_name = re.compile(b"|".join(map(re.escape, self.places))) if self.places else None
+        self._words: dict[bytes, re.Pattern] = {}
 
     def may_import(self, path: str, data: bytes) -> bool:
-        if self.any_name is None or not self.any_name.search(data):
-            return False
         if self.bases is None:
-            return True
+            return any(name in data for name in self.places)
         named = [name for name in self.places if name in data]
+        if not named:
+            return False
         if not _plain_identifiers(path, data) or b"import_module" in data or b"__import__" in data \
                 or _SYS_PATH.search(data) or (self.unseen is not None and self.unseen.search(data)):
             return True
+        # Plain source names a module, and its folder, in identifiers: as whole words.
         here = os.path.dirname(path)
-        return any(folder_name in data or folder in self.bases or here == folder or here.startswith(folder + os.sep)
-                   for name in named for folder_name, folder in self.places[name])
+        return any(self.word(name).search(data) and any(
+            folder in self.bases or here == folder or here.startswith(folder + os.sep)
+            or self.word(folder_name).search(data) for folder_name, folder in self.places[name]) for name in named)
+
+    def word(self, name: bytes) -> re.Pattern:
+        if name not in self._words:
+            self._words[name] = _words([name.decode("utf-8", "surrogateescape")])
+        return self._words[name]
 
 
 def _words(names: list[str]) -> re.Pattern | None:
     """A search for any of the identifiers as a whole word of ASCII source, None for none."""
     if not names:
         return None
-    return re.compile(rb"(?<![A-Za-z0-9_])(?:" + b"|".join(re.escape(name.encode()) for name in names)
-                      + rb")(?![A-Za-z0-9_])")
+    return re.compile(rb"(?<![A-Za-z0-9_])(?:" + b"|".join(re.escape(name.encode("utf-8", "surrogateescape"))
+                                                         for name in names) + rb")(?![A-Za-z0-9_])")
 
 
 def _module_name(path: str) -> str:
