@@ -181,6 +181,7 @@ def kept_launch_modules(run_files: Iterable[str], root: Path | None,
     kept: dict[str, str] = {}  # module -> its kept launch's callee
     converted: set[str] = set()
     xla_files = project.xla_files()
+    imports = import_graph(project)
     for path in xla_files:
         data = project.read(path)
         if not any(marker in data for marker in _LAUNCH_MARKERS):
@@ -193,10 +194,11 @@ def kept_launch_modules(run_files: Iterable[str], root: Path | None,
             converted.add(path)
         elif launches:
             kept[path] = launches[0][1]
+        if launches:  # where the import graph starts: its imports found from this parse
+            imports.add(path, tree, data)
     if not kept and not converted:
         return ()
     shown = project.shown
-    imports = import_graph(project)
     by_converted = _first_importers(sorted(converted), imports.of) if converted else {}
     found: dict[str, str] = dict.fromkeys(by_converted, "")
     for module, program in (_first_importers(sorted(kept), imports.of) if kept else {}).items():

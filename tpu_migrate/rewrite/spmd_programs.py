@@ -10,9 +10,12 @@ and the project's modules they import, directly or through others. The rewrite t
 those modules' process queries with a TODO that says why (transforms/common.py `spmd_reason`).
 
 The pass reads every Python file and notebook of the project (a byte search; a parse only
-where SPMD, or a module found to run it, is named, with its folder where an import needs that:
+where the names the walk looks for are spelled, `_may_run_spmd`, or where a module found to
+run SPMD is named as an import could name it, with its folder where an import needs that:
 `_Named`), on every run: a pre-commit run that passes only a helper module must still know
-that the training script beside it runs SPMD. The result is part of the rewrite's settings, so
+that the training script beside it runs SPMD. The project (its files, bytes, trees) is read
+once for this pass and the other project passes (project.py), and the import graph it makes
+(`import_graph`) serves kept_launches.py too. The result is part of the rewrite's settings, so
 the result cache of a file stays valid only while the project's SPMD programs import the same
 modules.
 """
@@ -259,7 +262,7 @@ class _Named:
         self.bases, unseen = tree if tree is not None else (None, set())
         # An import passes through an unseen name as a whole identifier (`env`, not `environ`);
         # a name that is none (`site-packages`) no import statement can name.
-        self.unseen = _words(sorted(name for name in unseen if name.isidentifier()))
+        self.unseen = sorted(name.encode() for name in unseen if name.isidentifier())
         self.places: dict[bytes, list[tuple[bytes, str]]] = {}  # name -> (its folder's name, its folder)
         for path in origins:
             folder = os.path.dirname(path)
@@ -269,7 +272,6 @@ class _Named:
                 (os.path.basename(folder).encode(), folder))
         if len(self.places) > self.MAX_NAMES:
             self.bases = None
-        self._words: dict[bytes, re.Pattern] = {}
 
     def may_import(self, path: str, data: bytes) -> bool:
         if self.bases is None:
@@ -278,26 +280,30 @@ class _Named:
         if not named:
             return False
         if not _plain_identifiers(path, data) or b"import_module" in data or b"__import__" in data \
-                or _SYS_PATH.search(data) or (self.unseen is not None and self.unseen.search(data)):
+                or _SYS_PATH.search(data) or any(_has_word(data, name) for name in self.unseen):
             return True
         # Plain source names a module, and its folder, in identifiers: as whole words.
         here = os.path.dirname(path)
-        return any(self.word(name).search(data) and any(
+        return any(_has_word(data, name) and any(
             folder in self.bases or here == folder or here.startswith(folder + os.sep)
-            or self.word(folder_name).search(data) for folder_name, folder in self.places[name]) for name in named)
-
-    def word(self, name: bytes) -> re.Pattern:
-        if name not in self._words:
-            self._words[name] = _words([name.decode("utf-8", "surrogateescape")])
-        return self._words[name]
+            or _has_word(data, folder_name) for folder_name, folder in self.places[name]) for name in named)
 
 
-def _words(names: list[str]) -> re.Pattern | None:
-    """A search for any of the identifiers as a whole word of ASCII source, None for none."""
-    if not names:
-        return None
-    return re.compile(rb"(?<![A-Za-z0-9_])(?:" + b"|".join(re.escape(name.encode("utf-8", "surrogateescape"))
-                                                         for name in names) + rb")(?![A-Za-z0-9_])")
+_IDENTIFIER_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def _has_word(data: bytes, word: bytes) -> bool:
+    """Whether `word` stands in the ASCII source as a whole identifier (`env`, not `environment`).
+    A search of the bytes, each place checked (a regex with a look-behind first scanned every
+    byte: 7 times the time)."""
+    start = data.find(word)
+    while start >= 0:
+        end = start + len(word)
+        if (start == 0 or data[start - 1] not in _IDENTIFIER_BYTES) and \
+                (end == len(data) or data[end] not in _IDENTIFIER_BYTES):
+            return True
+        start = data.find(word, start + 1)
+    return False
 
 
 def _module_name(path: str) -> str:
