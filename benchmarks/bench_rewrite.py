@@ -17,7 +17,7 @@ With --cli, a third: `tpu-migrate rewrite --check --jobs 1 --no-cache DIR` as a 
 (start-up, discovery and the report included), against libcst's parse+print of every file.
 A dense corpus of real torch_xla code: benchmarks/dense_corpus.py.
 
-The tool runs with the garbage collector mostly idle (paths.fewer_collections), which a bare
+The tool runs with the garbage collector mostly idle (gc_settings.fewer_collections), which a bare
 parse+print does not do; so the floor is measured both ways, and both ratios printed: against
 parse+print as it comes, and against parse+print with the same collector settings. The runs
 alternate (tool, floor, floor with those settings) and the best of each is kept.
