@@ -13,7 +13,7 @@ The pass reads every Python file and notebook of the project (a byte search; a p
 where the names the walk looks for are spelled, `_may_run_spmd`, or where a module found to
 run SPMD is named as an import could name it, with its folder where an import needs that:
 `_Named`), on every run: a pre-commit run that passes only a helper module must still know
-that the training script beside it runs SPMD. The project (its files, bytes, trees) is read
+that the training script beside it runs SPMD. The project (its files and their bytes) is read
 once for this pass and the other project passes (project.py), and the import graph it makes
 (`import_graph`) serves kept_launches.py too. The result is part of the rewrite's settings, so
 the result cache of a file stays valid only while the project's SPMD programs import the same
