@@ -76,9 +76,9 @@ def _project_passes(paths, files: list[str]) -> dict[str, tuple]:
     to torch_xla (parameter_flows.py), and the modules run by a launch in another module
     (kept_launches.py). With the garbage collector as idle as in the rewrite (the trees they
     parse form no cycles; collections took 14-19% of their CPU time over this repository)."""
+    from tpu_migrate.rewrite.gc_settings import fewer_collections
     from tpu_migrate.rewrite.kept_launches import kept_launch_modules
     from tpu_migrate.rewrite.parameter_flows import project_parameters
-    from tpu_migrate.rewrite.gc_settings import fewer_collections
     from tpu_migrate.rewrite.project import Project
     from tpu_migrate.rewrite.spmd_programs import spmd_modules
 
