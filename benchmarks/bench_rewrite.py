@@ -17,15 +17,20 @@ With --cli, a third: `tpu-migrate rewrite --check --jobs 1 --no-cache DIR` as a 
 (start-up, discovery and the report included), against libcst's parse+print of every file.
 A dense corpus of real torch_xla code: benchmarks/dense_corpus.py.
 
-The tool runs with the garbage collector mostly idle (paths.fewer_collections), which a bare
+The tool runs with the garbage collector mostly idle (gc_settings.fewer_collections), which a bare
 parse+print does not do; so the floor is measured both ways, and both ratios printed: against
 parse+print as it comes, and against parse+print with the same collector settings. The runs
 alternate (tool, floor, floor with those settings) and the best of each is kept.
+
+Each table is printed twice: wall time, and CPU time (this process's, or the CLI process's),
+which moves less on a shared machine. `--code DIR` runs the tool of another checkout (main's,
+say: its package is imported, and its CLI run from DIR), to compare two versions in one session.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import subprocess
 import sys
 import tempfile
@@ -35,53 +40,68 @@ from pathlib import Path
 import libcst as cst
 
 ROOT = Path(__file__).resolve().parent.parent
+if "--code" in sys.argv:  # the tool of another checkout, imported before anything of it
+    ROOT = Path(sys.argv[sys.argv.index("--code") + 1]).resolve()
 sys.path.insert(0, str(ROOT))
 
 from tpu_migrate.rewrite.context import Options  # noqa: E402
 from tpu_migrate.rewrite.paths import fewer_collections, rewrite_paths  # noqa: E402
 from tpu_migrate.rewrite.files import discover  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from corpus import build_corpus  # noqa: E402
 
 
-def time_tool(paths: list[str]) -> float:
-    start = time.perf_counter()
-    for result in rewrite_paths(paths, Options(), jobs=1):
-        assert result.error is None, (result.path, result.error)
-    return time.perf_counter() - start
+def timed(run) -> tuple[float, float]:
+    """(wall, CPU of this process) seconds `run()` took."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def time_parse_print(paths: list[str]) -> float:
-    start = time.perf_counter()
-    for path in paths:
-        with open(path, "rb") as handle:
-            data = handle.read()
-        cst.parse_module(data).code
-    return time.perf_counter() - start
+def time_tool(paths: list[str]) -> tuple[float, float]:
+    def run():
+        for result in rewrite_paths(paths, Options(), jobs=1):
+            assert result.error is None, (result.path, result.error)
+    return timed(run)
 
 
-def time_parse_print_same_gc(paths: list[str]) -> float:
+def time_parse_print(paths: list[str]) -> tuple[float, float]:
+    def run():
+        for path in paths:
+            with open(path, "rb") as handle:
+                data = handle.read()
+            cst.parse_module(data).code
+    return timed(run)
+
+
+def time_parse_print_same_gc(paths: list[str]) -> tuple[float, float]:
     with fewer_collections():
         return time_parse_print(paths)
 
 
-def alternating(runs, repeat: int) -> list[float]:
-    """The best time of each of `runs` (callables), run in turn `repeat` times."""
+def alternating(runs, repeat: int) -> list[tuple[float, float]]:
+    """The best (wall, CPU) of each of `runs` (callables), run in turn `repeat` times."""
     times = [[] for _ in runs]
     for _ in range(repeat):
         for spent, run in zip(times, runs):
             spent.append(run())
-    return [min(spent) for spent in times]
+    return [(min(wall for wall, _ in spent), min(cpu for _, cpu in spent)) for spent in times]
 
 
-def time_cli(root: Path) -> float:
-    start = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_cli(root: Path) -> tuple[float, float]:
+    """(wall, CPU of the CLI process) of a cold run."""
+    start, cpu = time.perf_counter(), _children_cpu()
     run = subprocess.run([sys.executable, "-m", "tpu_migrate", "rewrite", "--check", "--jobs", "1",
                           "--no-cache", str(root)], capture_output=True, cwd=ROOT)
     if run.returncode not in (0, 1):  # 1: files would change
         raise SystemExit(f"tpu-migrate failed ({run.returncode}): {run.stderr.decode()[-2000:]}")
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _children_cpu() - cpu
 
 
 def main() -> None:
@@ -90,6 +110,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=300, help="files in the synthetic corpus")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cli", action="store_true", help="also time a cold CLI run of the whole tree")
+    parser.add_argument("--code", type=Path, help="run the tool of this checkout instead")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="tpu-migrate-bench-") as tmp:
@@ -112,10 +133,12 @@ def main() -> None:
             rows["cold CLI, --jobs 1"] = alternating(
                 [lambda: time_cli(root), *(lambda f=f: f(paths) for f in floors)], args.repeat)
 
-    print(f"corpus: {len(paths)} files, {lines} lines, {len(xla_paths)} mention torch_xla")
-    print(f"{'':24}{'tpu-migrate':>12}{'parse+print':>13}{'ratio':>7}{'same GC':>10}{'ratio':>7}")
-    for label, (tool, floor, floor_gc) in rows.items():
-        print(f"{label:24}{tool:>11.3f}s{floor:>12.3f}s{tool / floor:>7.2f}{floor_gc:>9.3f}s{tool / floor_gc:>7.2f}")
+    print(f"tool from {ROOT}; corpus: {len(paths)} files, {lines} lines, {len(xla_paths)} mention torch_xla")
+    for kind, index in (("wall", 0), ("CPU", 1)):
+        print(f"{kind:24}{'tpu-migrate':>12}{'parse+print':>13}{'ratio':>7}{'same GC':>10}{'ratio':>7}")
+        for label, times in rows.items():
+            tool, floor, floor_gc = (spent[index] for spent in times)
+            print(f"{label:24}{tool:>11.3f}s{floor:>12.3f}s{tool / floor:>7.2f}{floor_gc:>9.3f}s{tool / floor_gc:>7.2f}")
 
 
 if __name__ == "__main__":

@@ -83,3 +83,27 @@ def test_a_model_of_this_file_without_batch_norm_needs_no_helper(body, expressio
 ])
 def test_a_model_not_shown_whole_keeps_the_helper(body, expression, extra):
     assert _holds(body, expression, extra)
+
+
+def test_the_wrap_s_function_is_walked_once_however_many_names_are_asked(monkeypatch):
+    """A model built from 12 locals: each name was looked up by a walk of the whole function."""
+    from tpu_migrate.rewrite import batch_norms
+
+    walks = []
+    own_nodes = batch_norms._own_nodes
+    monkeypatch.setattr(batch_norms, "_own_nodes", lambda scope: walks.append(scope) or own_nodes(scope))
+    names = [f"w{i}" for i in range(12)]
+    body = "".join(f"{name} = {i}\n" for i, name in enumerate(names)) + \
+        f"model = FSDPv2(nn.Sequential(*[torch.nn.Linear({', '.join(names)})]))\n"
+    assert not _holds(body, f"nn.Sequential(*[torch.nn.Linear({', '.join(names)})])")
+    functions = [scope for scope in walks if isinstance(scope, ast.FunctionDef) and scope.name == "main"]
+    assert len(functions) == 1, len(functions)
+
+
+def test_the_file_s_mention_of_a_batch_norm_is_looked_for_once_per_file():
+    tree = ast.parse(HEADER + "\n\ndef main(device):\n    model = FSDPv2(Net())\n    other = FSDPv2(Net())\n")
+    analysis = analyze(tree)
+    memo = {}
+    for wrap in tree.body[-1].body:
+        assert not may_hold_batch_norm("Net()", wrap, analysis, memo)
+    assert memo == {"mentions_batch_norm": False}

@@ -428,11 +428,13 @@ def test_the_nesting_check_skips_short_text_and_still_counts_like_the_full_walk(
 
 
 def test_the_collector_is_mostly_idle_during_a_run_and_as_before_after(tmp_path):
-    """paths.fewer_collections: raised young-generation threshold and frozen start-up objects
-    while files are rewritten; the caller's settings back afterwards, even when it stops early."""
+    """gc_settings.fewer_collections, which paths.py runs the rewrite in: raised young-generation
+    threshold and frozen start-up objects while files are rewritten; the caller's settings back
+    afterwards, even when it stops early."""
     import gc
 
-    from tpu_migrate.rewrite.paths import YOUNG_COLLECTION_THRESHOLD, rewrite_paths
+    from tpu_migrate.rewrite.gc_settings import YOUNG_COLLECTION_THRESHOLD
+    from tpu_migrate.rewrite.paths import rewrite_paths
 
     files = []
     for n in range(2):

@@ -159,3 +159,16 @@ def test_the_helper_wraps_what_torch_xla_wrapped(wrapped, policy, target):
 
 def test_every_policy_is_compared(wrapped):
     assert sorted(wrapped) == sorted(POLICIES)
+
+
+def test_the_file_is_asked_once_whether_a_wrap_passes_a_policy(monkeypatch):
+    """Each wrap's helper asked it of the whole file again: a walk of the file per wrap."""
+    from tpu_migrate.rewrite.transforms import fsdp
+
+    walks = []
+    passes = fsdp.passes_wrap_policy
+    monkeypatch.setattr(fsdp, "passes_wrap_policy", lambda analysis: walks.append(analysis) or passes(analysis))
+    source = SOURCE + b"".join(b"\n\ndef wrap%d(model):\n    return FSDP(model)\n" % i for i in range(4))
+    for target in TARGETS:
+        assert b"_fully_shard" in rewrite(source, target).output
+    assert len(walks) == len(TARGETS), walks

@@ -132,3 +132,22 @@ def test_under_a_converted_launch_nothing_is_marked(tmp_path):
 def test_a_project_without_a_launch_is_not_read_further(tmp_path):
     _write(tmp_path, {"helpers.py": HELPERS, "lib/strategy.py": STRATEGY})
     assert kept_launch_modules([], tmp_path) == ()
+
+
+def test_a_file_s_launches_and_process_groups_are_found_once(monkeypatch):
+    """make_plans finds what each launch starts and the file's init_process_group calls; the
+    kept-launch TODOs read them from its Plans (each was found again per file)."""
+    from tpu_migrate.rewrite import kept_launches, plans
+
+    asked = []
+    spawn_worker, group_calls = plans.spawn_worker, plans.init_process_group_calls
+    for module in (plans, kept_launches):
+        monkeypatch.setattr(module, "spawn_worker", lambda call, *rest: asked.append(id(call)) or spawn_worker(call, *rest))
+        monkeypatch.setattr(module, "init_process_group_calls",
+                            lambda nodes: asked.append("groups") or group_calls(nodes), raising=False)
+    source = ("import torch_xla.distributed.xla_multiprocessing as xmp\nimport torch_xla.runtime as xr\n\n\n"
+              "class Trainer:\n    def fit(self, index):\n        print(xr.global_ordinal(), xr.world_size())\n\n"
+              "    def run(self):\n        xmp.spawn(self.fit)\n")
+    output = rewrite_bytes(source.encode(), "train.py", Options()).output.decode()
+    assert "this file's launch is left to you" in output
+    assert sorted(asked, key=str) == sorted(set(asked), key=str) and asked.count("groups") == 1, asked

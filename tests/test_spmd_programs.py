@@ -91,9 +91,9 @@ def test_the_command_finds_the_program_from_the_project_root_and_the_cache_follo
 
 
 def test_a_tree_too_large_to_scan_falls_back_to_the_run_s_files(project, monkeypatch):
-    from tpu_migrate.rewrite import spmd_programs
+    from tpu_migrate.rewrite import project as project_files
 
-    monkeypatch.setattr(spmd_programs, "MAX_FILES", 3)
+    monkeypatch.setattr(project_files, "MAX_FILES", 3)
     assert spmd_modules([str(project / "pkg" / "utils.py")], project) == ()
 
 
@@ -199,7 +199,11 @@ QUERY = "import torch_xla.runtime as xr\nWORLD = xr.world_size()\n"
     "from torch_xla.distributed import spmd as xs\nimport trainer\n",
     # The module that turns SPMD on, and the trainer, imported by name.
     "import importlib\nimportlib.import_module('setup_spmd').start()\ntrainer = __import__('trainer')\n",
-], ids=["environ", "environ-update", "from-package", "importlib"])
+    # The variable's name not spelled whole in the bytes (the text test before the parse lets it by).
+    '# spmd launcher\nimport os\nos.environ["XLA_USE_" "SPMD"] = "1"\nimport trainer\n',
+    '# spmd launcher\nimport os\nos.environ["\\x58LA_USE_SPMD"] = "1"\nimport trainer\n',
+    "from optimum.tpu import fsdp_v2\nimport trainer\n",
+], ids=["environ", "environ-update", "from-package", "importlib", "environ-in-pieces", "environ-escaped", "optimum"])
 def test_the_forms_a_program_turns_spmd_on_and_imports_by(tmp_path, program):
     write(tmp_path, {"run.py": program, "trainer.py": QUERY,
                      "setup_spmd.py": "import torch_xla.runtime as xr\n\n\ndef start():\n    xr.use_spmd()\n"})
@@ -282,9 +286,11 @@ def test_files_that_say_a_module_s_name_without_importing_it_are_not_parsed(tmp_
         **{f"other{i}.py": "device = 'cpu'\n" for i in range(30)},
     })
     (tmp_path / "linked").symlink_to(tmp_path / "lib", target_is_directory=True)
+    from tpu_migrate.rewrite import project as project_files
+
     parsed = []
-    parse = spmd_programs._parse
-    monkeypatch.setattr(spmd_programs, "_parse", lambda path, *rest: parsed.append(path) or parse(path, *rest))
+    parse = project_files.parse
+    monkeypatch.setattr(project_files, "parse", lambda path, *rest: parsed.append(path) or parse(path, *rest))
     found = spmd_modules([], tmp_path)
     assert not [path for path in parsed if "other" in path]
     assert {path for path, why in found if why.startswith("this file imports lib/device.py")} == {
@@ -292,6 +298,44 @@ def test_files_that_say_a_module_s_name_without_importing_it_are_not_parsed(tmp_
     monkeypatch.setattr(spmd_programs._Named, "MAX_NAMES", -1)  # the word test alone
     assert spmd_modules([], tmp_path) == found
     assert len([path for path in parsed if "other" in path]) == 30
+
+
+def parses(monkeypatch) -> list[str]:
+    """The paths the project passes parse, as they parse them."""
+    from tpu_migrate.rewrite import project as project_files
+
+    parsed = []
+    parse = project_files.parse
+    monkeypatch.setattr(project_files, "parse", lambda path, *rest: parsed.append(path) or parse(path, *rest))
+    return parsed
+
+
+def test_a_file_that_says_spmd_only_in_words_is_not_parsed(tmp_path, monkeypatch):
+    """A file names SPMD's modules, calls or variable in code only where its bytes spell them
+    (plain ASCII source): one that says `spmd` and `torch_xla` in a comment is not parsed (this
+    repository's own code says them in strings); a notebook, whose JSON may escape any
+    character, still is."""
+    write(tmp_path, {"notes.py": "# torch_xla's spmd mode shards the batch\nX = 1\n",
+                     "notes.ipynb": '{"cells": [{"cell_type": "code", "source": "# spmd"}]}',
+                     "run.py": "import torch_xla.distributed.spmd as xs\n"})
+    parsed = parses(monkeypatch)
+    assert spmd_modules([], tmp_path) == ()
+    assert sorted(map(os.path.basename, parsed)) == ["notes.ipynb", "run.py"]
+
+
+def test_a_skipped_or_linked_folder_s_name_counts_only_as_a_whole_word(tmp_path, monkeypatch):
+    """An import may pass through what the walk did not list (`build/`, skipped; `env`, a link to
+    lib/): a file that names one as a word (`from env import device`) is parsed; one that only
+    says `environment` or `rebuild` is not (each was, while the names were matched anywhere)."""
+    write(tmp_path, {"lib/device.py": "import torch_xla.runtime as xr\n\n\ndef start():\n    xr.use_spmd()\n",
+                     "build/x.py": "", "a.py": "from env import device\n",
+                     **{f"other{i}.py": "device = 'cpu'\nenvironment = rebuild = 1\n" for i in range(5)}})
+    (tmp_path / "env").symlink_to(tmp_path / "lib", target_is_directory=True)
+    parsed = parses(monkeypatch)
+    found = dict(spmd_modules([], tmp_path))
+    assert found[real(tmp_path, "a.py")] == ("this file imports lib/device.py, which turns SPMD on (one process "
+                                              "per host)")
+    assert not [path for path in parsed if "other" in path]
 
 
 def test_a_module_that_says_sys_and_path_but_adds_no_directory_is_not_walked_whole(tmp_path, monkeypatch):

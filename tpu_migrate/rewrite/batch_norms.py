@@ -53,10 +53,14 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _DEPTH = 4
 
 
-def may_hold_batch_norm(expression: str, statement: ast.stmt, analysis: Analysis) -> bool:
+def may_hold_batch_norm(expression: str, statement: ast.stmt, analysis: Analysis, memo: dict | None = None) -> bool:
     """Whether the module `expression` (source text), wrapped by `statement`, may hold a
-    BatchNorm (see the module's docstring); True wherever that is not shown."""
-    if _mentions_batch_norm(analysis):
+    BatchNorm (see the module's docstring); True wherever that is not shown. `memo`: the file's
+    (FileContext.memo), where the file's mention of a batch norm is looked for once."""
+    memo = {} if memo is None else memo
+    if "mentions_batch_norm" not in memo:
+        memo["mentions_batch_norm"] = _mentions_batch_norm(analysis)
+    if memo["mentions_batch_norm"]:
         return True
     try:
         node = ast.parse(f"(\n{expression}\n)", mode="eval").body
@@ -118,6 +122,26 @@ class _Proof:
             for name in _bound_by(stmt):
                 self.module_defs.setdefault(name, []).append(stmt)
         self.seen: set[int] = set()
+        # The wrap's function, walked once however many names are asked of it.
+        self._own: list[ast.AST] | None = None
+        self._locals: set[str] | None = None
+        self._globals: set[str] | None = None
+
+    def own_nodes(self) -> list[ast.AST]:
+        """`_own_nodes` of the wrap's function, in their order."""
+        if self._own is None:
+            self._own = list(_own_nodes(self.function))
+        return self._own
+
+    def declared(self) -> set[str]:
+        if self._globals is None:
+            self._globals = _declared(self.function, self.own_nodes())
+        return self._globals
+
+    def local_names(self) -> set[str]:
+        if self._locals is None:
+            self._locals = _local_names(self.function, self.own_nodes(), self.declared())
+        return self._locals
 
     def built_here(self, node: ast.expr, depth: int) -> bool:
         node = _strip_chain(node)
@@ -134,7 +158,7 @@ class _Proof:
 
     def _local_class(self, name: str) -> bool:
         """`name` is, wherever the wrap runs, a class of this file, and its code is shown."""
-        if self.function is not None and name in _local_names(self.function):
+        if self.function is not None and name in self.local_names():
             return False
         defs = self.module_defs.get(name, [])
         if len(defs) != 1 or not isinstance(defs[0], ast.ClassDef):
@@ -145,7 +169,7 @@ class _Proof:
         """`func` is a class of torch.nn (imported at module level; its arguments are looked at
         apart): torch's own layers hold a BatchNorm only where one is named."""
         if isinstance(func, ast.Name):
-            if self.function is not None and func.id in _local_names(self.function):
+            if self.function is not None and func.id in self.local_names():
                 return False
             defs = self.module_defs.get(func.id, [])
             if len(defs) != 1 or not isinstance(defs[0], ast.ImportFrom) or defs[0].level:
@@ -157,7 +181,7 @@ class _Proof:
             while isinstance(root, ast.Attribute):
                 root = root.value
             if not isinstance(root, ast.Name) or len(self.module_defs.get(root.id, [])) != 1 or (
-                    self.function is not None and root.id in _local_names(self.function)):
+                    self.function is not None and root.id in self.local_names()):
                 return False
             qualname = _dotted_import(func, self.module_defs) or ""
         return qualname.startswith("torch.nn.") and qualname[9:10].isupper() and _allowed(qualname)
@@ -166,13 +190,13 @@ class _Proof:
         """A local of the wrap's function assigned only a model built here (and itself again),
         and read before the wrap only as a module is read."""
         function = self.function
-        if name in {a.arg for a in _arguments(function)} or name in _declared(function):
+        if name in {a.arg for a in _arguments(function)} or name in self.declared():
             return False
-        own = {id(node) for node in _own_nodes(function)}
+        own = {id(node) for node in self.own_nodes()}
         if any(isinstance(node, ast.Name) and node.id == name and id(node) not in own for node in walk(function)):
             return False  # a function or lambda in it uses the model: not followed
         parents = {}
-        for node in _own_nodes(function):
+        for node in self.own_nodes():
             for child in ast.iter_child_nodes(node):
                 parents[id(child)] = node
         child = self.statement
@@ -182,7 +206,7 @@ class _Proof:
                 return False  # a wrap in a loop: what a pass assigns reaches the next one
         wrap = {id(node) for node in ast.walk(self.statement)}
         built = False
-        for node in _own_nodes(function):
+        for node in self.own_nodes():
             if id(node) in wrap or (isinstance(node, ast.expr) and node.lineno > self.statement.lineno):
                 continue  # the wrap, and what runs after it, change nothing it wrapped
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
@@ -224,16 +248,16 @@ class _Proof:
 
     def _value_name(self, node: ast.Name, depth: int) -> bool:
         name = node.id
-        if self.function is None or name not in _local_names(self.function):
+        if self.function is None or name not in self.local_names():
             return self._global(name)
-        if depth >= _DEPTH or name in {a.arg for a in _arguments(self.function)} or name in _declared(self.function):
+        if depth >= _DEPTH or name in {a.arg for a in _arguments(self.function)} or name in self.declared():
             return False
         assigned = []
-        for stmt in _own_nodes(self.function):
+        for stmt in self.own_nodes():
             if isinstance(stmt, ast.Name) and stmt.id == name and not isinstance(stmt.ctx, ast.Load):
                 assigned.append(stmt)
         values = []
-        for stmt in _own_nodes(self.function):
+        for stmt in self.own_nodes():
             if isinstance(stmt, ast.Assign) and any(t in assigned for t in stmt.targets):
                 if len(stmt.targets) != 1 or not isinstance(stmt.targets[0], ast.Name):
                     return False
@@ -360,18 +384,19 @@ def _arguments(function: ast.AST) -> list[ast.arg]:
     return [*args.posonlyargs, *args.args, *args.kwonlyargs, *filter(None, [args.vararg, args.kwarg])]
 
 
-def _declared(function: ast.AST) -> set[str]:
-    return {name for node in _own_nodes(function) if isinstance(node, (ast.Global, ast.Nonlocal)) for name in node.names}
+def _declared(function: ast.AST, own_nodes: list[ast.AST]) -> set[str]:
+    return {name for node in own_nodes if isinstance(node, (ast.Global, ast.Nonlocal)) for name in node.names}
 
 
-def _local_names(function: ast.AST) -> set[str]:
-    """The names a function binds itself (its parameters included)."""
+def _local_names(function: ast.AST, own_nodes: list[ast.AST], declared: set[str]) -> set[str]:
+    """The names a function binds itself (its parameters included; `own_nodes`: `_own_nodes` of
+    it, `declared`: its global and nonlocal names)."""
     names = {a.arg for a in _arguments(function)}
-    for node in _own_nodes(function):
+    for node in own_nodes:
         if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
             names.add(node.id)
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, ast.alias):
             names.add(node.asname or node.name.split(".")[0])
-    return names - _declared(function)
+    return names - declared

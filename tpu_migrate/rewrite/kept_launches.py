@@ -34,7 +34,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tpu_migrate.rewrite.names import Analysis, finding_position
-from tpu_migrate.rewrite.plans import SPAWN_NAMES, init_process_group_calls, spawn_worker
+from tpu_migrate.rewrite.plans import SPAWN_NAMES, Worker, spawn_worker
+from tpu_migrate.rewrite.project import Project
 from tpu_migrate.rewrite.registry import rule_code
 
 # torch_xla's launchers no rule converts (TPU099): their workers never join a process group.
@@ -74,9 +75,11 @@ _MESSAGES = {
 }
 
 
-def launch_calls(analysis: Analysis, canonical) -> Iterable[tuple[ast.stmt, str, bool]]:
+def launch_calls(analysis: Analysis, canonical, workers: dict[int, Worker] | None = None,
+                 ) -> Iterable[tuple[ast.stmt, str, bool]]:
     """(statement, callee as written, whether TPU060 can convert it) of each call of a torch_xla
-    launcher in the module."""
+    launcher in the module (`workers`: what `spawn_worker` found of the launch statements, where
+    make_plans already asked: Plans.launch_workers)."""
     calls = {finding_position(node.func): node for node in analysis.nodes if isinstance(node, ast.Call)}
     for info in analysis.infos.values():
         for ref in info.refs:
@@ -85,8 +88,10 @@ def launch_calls(analysis: Analysis, canonical) -> Iterable[tuple[ast.stmt, str,
             call = calls.get((ref.line, ref.col))
             if call is None:
                 continue
-            worker = spawn_worker(call, info, analysis, canonical) if ref.qualname in SPAWN_NAMES and \
-                isinstance(info.node, ast.Expr) and info.node.value is call else None
+            worker = None
+            if ref.qualname in SPAWN_NAMES and isinstance(info.node, ast.Expr) and info.node.value is call:
+                worker = spawn_worker(call, info, analysis, canonical) if workers is None else \
+                    workers.get(id(info.node))
             yield info.node, ref.dotted, worker is not None and worker.name is not None
 
 
@@ -97,7 +102,7 @@ def kept_launch(sc) -> str | None:
     if "kept_launch" not in file.memo:
         file.memo["kept_launch"] = _file_reason(file)
     reason = file.memo["kept_launch"]
-    if reason is not None or file.kept_launch_why is not None or file.memo.get("group_made"):
+    if reason is not None or file.kept_launch_why is not None or _group_made(file.plans):
         return reason
     scope = sc.info.scope
     while scope is not None:
@@ -127,13 +132,18 @@ def _xla_member_test(statement: ast.AST) -> str | None:
     return None
 
 
+def _group_made(plans) -> bool:
+    """Whether a process group is made for the file's code: by its converted launch, or by the
+    file itself ("xla" included: under torchrun that group is the real one)."""
+    return plans is None or plans.launcher_group or bool(plans.group_calls)
+
+
 def _file_reason(file) -> str | None:
     plans = file.plans
     if plans is None or plans.launcher_group or plans.group_backends:
-        file.memo["group_made"] = True
         return None
     kept = []  # every launcher the file keeps, once (test_ddp: run_multiprocess and spawn_threads)
-    for statement, dotted, _ in launch_calls(file.analysis, file.catalog.canonical):
+    for statement, dotted, _ in launch_calls(file.analysis, file.catalog.canonical, plans.launch_workers):
         if id(statement) in plans.spawn_refusals:
             return "this file's launch is left to you"
         if id(statement) not in plans.spawn_workers and dotted not in kept:
@@ -142,8 +152,6 @@ def _file_reason(file) -> str | None:
         return f"this file's launch `{kept[0]}` stays torch_xla's"
     if kept:
         return f"each of this file's launches ({', '.join(f'`{d}`' for d in kept)}) stays torch_xla's"
-    # The file makes its group itself ("xla" included: under torchrun that group is the real one).
-    file.memo["group_made"] = bool(init_process_group_calls(file.analysis.nodes))
     return file.kept_launch_why or None
 
 
@@ -158,34 +166,27 @@ def mark(sc, code: str, where: tuple[int, int] | None, what: str) -> None:
 # -- the project ------------------------------------------------------------------------------
 
 
-def kept_launch_modules(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str, str], ...]:
+def kept_launch_modules(run_files: Iterable[str], root: Path | None,
+                        project: Project | None = None) -> tuple[tuple[str, str], ...]:
     """(module's real path, why its launch stays torch_xla's; "" where a converted launch runs it)
     for the project's modules that name torch_xla and are run by a launch in another module,
     sorted. Only the files that name torch_xla and a launch are parsed first; the import graph
-    is read from those, as spmd_programs.py reads it."""
-    from tpu_migrate.rewrite import spmd_programs as project
+    is spmd_programs.py's (`project`: the project already read, shared with the other passes)."""
     from tpu_migrate.rewrite.names import analyze
+    from tpu_migrate.rewrite.spmd_programs import _first_importers, import_graph
     from tpu_migrate.rules import load_catalog
 
-    root = Path(os.path.realpath(root)) if root is not None else None
-    candidates = list(project._source_files(root)) if root is not None else None
-    if candidates is None or len(candidates) > project.MAX_FILES:
-        candidates = [os.path.realpath(f) for f in run_files if f.endswith(".py")]
-    candidates = [path for path in candidates if path.endswith(".py")]
-    bases = [str(root), str(root / "src")] if root is not None else []
-    texts = project._Texts()
+    project = project if project is not None else Project(run_files, root)
     canonical = load_catalog().canonical
     kept: dict[str, str] = {}  # module -> its kept launch's callee
     converted: set[str] = set()
-    xla_files = []
-    for path in candidates:
-        data = texts.read(path)
-        if data is None or b"torch_xla" not in data:
-            continue
-        xla_files.append(path)
+    xla_files = project.xla_files()
+    imports = import_graph(project)
+    for path in xla_files:
+        data = project.read(path)
         if not any(marker in data for marker in _LAUNCH_MARKERS):
             continue
-        tree = project._parse(path, data)
+        tree = project.tree(path, data)
         if tree is None:
             continue
         launches = list(launch_calls(analyze(tree, canonical), canonical))
@@ -193,16 +194,14 @@ def kept_launch_modules(run_files: Iterable[str], root: Path | None) -> tuple[tu
             converted.add(path)
         elif launches:
             kept[path] = launches[0][1]
+        if launches:  # where the import graph starts: its imports found from this parse
+            imports.add(path, tree, data)
     if not kept and not converted:
         return ()
-
-    def shown(path: str) -> str:
-        return os.path.relpath(path, root) if root is not None else os.path.basename(path)
-
-    imports = project._Imports(bases, texts)
-    by_converted = project._first_importers(sorted(converted), imports.of) if converted else {}
+    shown = project.shown
+    by_converted = _first_importers(sorted(converted), imports.of) if converted else {}
     found: dict[str, str] = dict.fromkeys(by_converted, "")
-    for module, program in (project._first_importers(sorted(kept), imports.of) if kept else {}).items():
+    for module, program in (_first_importers(sorted(kept), imports.of) if kept else {}).items():
         found.setdefault(module, f"{shown(program)} imports this module and launches with `{kept[program]}`, "
                                  "which stays torch_xla's")
     # The modules that import a launcher module (its caller: a strategy), by a byte search of
@@ -211,7 +210,7 @@ def kept_launch_modules(run_files: Iterable[str], root: Path | None) -> tuple[tu
     for path in xla_files:
         if path in found or path in kept or path in converted:
             continue
-        launcher = _imported_launcher(path, texts.read(path) or b"", stems, kept, bases)
+        launcher = _imported_launcher(path, project, stems, kept)
         if launcher is not None:
             found[path] = f"this file imports {shown(launcher)}, whose launch `{kept[launcher]}` stays torch_xla's"
     named = set(xla_files)
@@ -219,20 +218,14 @@ def kept_launch_modules(run_files: Iterable[str], root: Path | None) -> tuple[tu
                         if path in named and path not in kept and path not in converted))
 
 
-def _imported_launcher(path: str, data: bytes, stems: set[str], kept: dict[str, str], bases: list[str]) -> str | None:
+def _imported_launcher(path: str, project: Project, stems: set[str], kept: dict[str, str]) -> str | None:
     """The first module of `kept` that the file imports with `from ... import` (`from
     pkg.launchers.xla import _XLALauncher`, `from .launchers import xla`), None if none."""
-    from tpu_migrate.rewrite import spmd_programs as project
-    from tpu_migrate.rewrite.parameter_flows import from_imports
-
-    for level, module, names in from_imports(data):
-        here = os.path.dirname(path)
-        for _ in range(max(level - 1, 0)):
-            here = os.path.dirname(here)
+    for level, module, names in project.from_imports(path):
         for dotted in (module, *(f"{module}.{name}" for name, _ in names)):
             if dotted.rpartition(".")[2] not in stems:
                 continue
-            for candidate in project._module_files(dotted, [here] if level else [here, *bases]):
+            for candidate in project.imported_files(path, level, dotted):
                 if candidate in kept and candidate.endswith(os.path.join(*dotted.split(".")) + ".py"):
                     return candidate
     return None

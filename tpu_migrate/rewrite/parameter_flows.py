@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from tpu_migrate.rewrite.names import dotted_name, finding_position, is_xla_name, walk
+from tpu_migrate.rewrite.project import Project
 
 # A parameter -> the torch_xla calls it reaches: (qualified name, as written, line, col of the callee).
 Sink = tuple[str, str, int, int]
@@ -135,38 +135,24 @@ def _qualname(dotted: str, imports: dict[str, str]) -> str | None:
 # -- the project ------------------------------------------------------------------------------
 
 
-def project_parameters(run_files: Iterable[str], root: Path | None) -> tuple:
+def project_parameters(run_files: Iterable[str], root: Path | None, project: Project | None = None) -> tuple:
     """For each file of the project that imports a function of another module of the project
     whose parameters reach torch_xla calls: (its real path, ((name bound in the file, module's
     path relative to the project, function, ((parameter, position, ((qualname, callee, line),
     ...)), ...)), ...)), sorted. Only the files that name torch_xla are read, their `from ...
     import` lines found by a byte search; only the modules they import that name torch_xla are
-    parsed."""
-    from tpu_migrate.rewrite import spmd_programs as project
-
-    root = Path(os.path.realpath(root)) if root is not None else None
-    candidates = list(project._source_files(root)) if root is not None else None
-    if candidates is None or len(candidates) > project.MAX_FILES:
-        candidates = [os.path.realpath(f) for f in run_files if f.endswith(".py")]
-    bases = [str(root), str(root / "src")] if root is not None else []
-    texts = {}
-    for path in candidates:
-        if path.endswith(".py"):
-            data = project._read(path)
-            if data is not None and b"torch_xla" in data:
-                texts[path] = data
+    parsed. `project`: the project already read (project.py), shared with the other passes."""
+    project = project if project is not None else Project(run_files, root)
+    texts = {path: project.read(path) for path in project.xla_files()}
     if len(texts) < 2:
         return ()
     # Which module each file imports functions from (defined there: `def name(` in its bytes).
     resolved: dict[str, list[tuple[str, list[tuple[str, str]]]]] = {}
     wanted: dict[str, set[str]] = {}
-    for path, data in sorted(texts.items()):
-        for level, module_name, names in from_imports(data):
-            here = os.path.dirname(path)
-            for _ in range(max(level - 1, 0)):
-                here = os.path.dirname(here)
+    for path in sorted(texts):
+        for level, module_name, names in project.from_imports(path):
             stem = module_name.replace(".", os.sep)
-            module = next((m for m in project._module_files(module_name, [here] if level else [here, *bases])
+            module = next((m for m in project.imported_files(path, level, module_name)
                            if m.endswith((stem + ".py", os.path.join(stem, "__init__.py")))), None)
             names = [(name, bound) for name, bound in names if module in texts and module != path
                      and b"def " + name.encode() + b"(" in texts[module]]
@@ -175,7 +161,7 @@ def project_parameters(run_files: Iterable[str], root: Path | None) -> tuple:
                 wanted.setdefault(module, set()).update(name for name, _ in names)
     summaries = {}
     for module, names in wanted.items():
-        tree = project._parse(module, texts[module])
+        tree = project.tree(module, texts[module])
         if tree is not None:
             summaries[module] = reaching_parameters(tree, names)
     found = []
@@ -185,7 +171,7 @@ def project_parameters(run_files: Iterable[str], root: Path | None) -> tuple:
             if module not in summaries:
                 continue
             reached, orders = summaries[module]
-            shown = os.path.relpath(module, root) if root is not None else os.path.basename(module)
+            shown = project.shown(module)
             for name, bound in names:
                 params = reached.get(name)
                 if params:
@@ -197,25 +183,4 @@ def project_parameters(run_files: Iterable[str], root: Path | None) -> tuple:
     return tuple(found)
 
 
-# `from module import a, b as c` / `from . import (a,\n b)`, at any indentation.
-_FROM_IMPORT = re.compile(rb"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.MULTILINE)
-
-
-def from_imports(data: bytes):
-    """(level, module, [(name, bound name)]) of each `from ... import ...` line in the bytes (a
-    byte search, no parse; a line in a string counts too, which at worst reads one more module)."""
-    for match in _FROM_IMPORT.finditer(data):
-        level, module, names = len(match[1]), match[2].decode("ascii", "replace"), match[3]
-        if not module:
-            continue  # `from . import x`: x is a module, not a function
-        pairs = []
-        for part in names.strip(b"()").replace(b"\\\n", b" ").split(b","):
-            words = part.split()
-            if len(words) == 1:
-                pairs.append((words[0].decode(), words[0].decode()))
-            elif len(words) == 3 and words[1] == b"as":
-                pairs.append((words[0].decode(), words[2].decode()))
-        yield level, module, pairs
-
-
-__all__ = ["reaching_parameters", "project_parameters", "from_imports", "parameter_for", "arguments", "Sink", "Parameters"]
+__all__ = ["reaching_parameters", "project_parameters", "parameter_for", "arguments", "Sink", "Parameters"]

@@ -7,16 +7,15 @@ notebook through engine.py), so neither of them needs the other's caller.
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
 
 from tpu_migrate.findings import FileResult
 from tpu_migrate.rewrite.context import Options
 from tpu_migrate.rewrite.dependencies import CODE as DEPENDENCY_CODE
 from tpu_migrate.rewrite.dependencies import is_dependency_file, scan_dependency_file
 from tpu_migrate.rewrite.engine import rewrite_bytes
+from tpu_migrate.rewrite.gc_settings import fewer_collections
 from tpu_migrate.rewrite.files import read_regular
 from tpu_migrate.rewrite.notebooks import rewrite_notebook
 from tpu_migrate.rewrite.pool import run_tasks
@@ -72,26 +71,3 @@ def rewrite_paths(
                 yield rewrite_path(path, options, sources.get(path), reals.get(path))
             return
         yield from run_tasks(_worker, [(p, options, sources.get(p), reals.get(p)) for p in paths], jobs)
-
-
-# Allocations between two young-generation collections (Python's default: 700).
-YOUNG_COLLECTION_THRESHOLD = 50_000
-
-
-@contextmanager
-def fewer_collections():
-    """Run with the cyclic garbage collector mostly idle, as mypy does.
-
-    A rewrite allocates millions of short-lived objects (ast and libcst nodes) that reference
-    counting frees: they form no cycles, yet every 700 allocations the collector scans the
-    young ones and, more rarely, everything alive. Measured on 386 dense torch_xla files: 11%
-    of a cold single-process run in collections, 1% with this (benchmarks/bench_rewrite.py).
-    The objects made before the run (modules, the catalog) are frozen out of every scan."""
-    before = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(YOUNG_COLLECTION_THRESHOLD, *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
-        gc.unfreeze()

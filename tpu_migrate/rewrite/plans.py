@@ -35,6 +35,11 @@ class Plans:
     spawn_workers: dict[int, str] = field(default_factory=dict)
     # id(ast statement of a spawn call left for a human) -> why
     spawn_refusals: dict[int, str] = field(default_factory=dict)
+    # id(ast statement) -> what the launch in it starts (`spawn_worker`), for each statement that
+    # is a launch call: kept_launches.py asks again of the same statements.
+    launch_workers: dict[int, Worker] = field(default_factory=dict)
+    # Every call of something named `init_process_group` in the file (`init_process_group_calls`).
+    group_calls: list[ast.Call] = field(default_factory=list)
     # (id(scope), name) of variables bound to a device loader that are only iterated
     loader_vars: set[tuple[int, str]] = field(default_factory=set)
     # The file creates a process group other than with the "xla" backend (set when it
@@ -106,6 +111,8 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
             continue
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             worker = spawn_worker(node.value, info, analysis, canonical)
+            if worker is not None:
+                plans.launch_workers[id(node)] = worker
             if worker is not None and worker.refusal is not None:
                 plans.spawn_refusals[id(node)] = worker.refusal
             elif worker is not None and enabled("TPU060", info):
@@ -123,17 +130,16 @@ def make_plans(analysis: Analysis, canonical, enabled) -> Plans:
                         loader = _inline_loader(analysis, node, [loop.node for loop in loops], info.scope)
                         if loader is not None:
                             plans.inline_loaders[(id(info.scope), name)] = loader
+    plans.group_calls = init_process_group_calls(analysis.nodes)
     plans.group_backends = [
         None if backend is None else ast.unparse(backend)
-        for backend in map(_backend_arg, init_process_group_calls(analysis.nodes))
+        for backend in map(_backend_arg, plans.group_calls)
         if not (isinstance(backend, ast.Constant) and backend.value == "xla")
     ]
     if plans.loader_vars:
         mark_subtrees(analysis.tree.body, analysis.infos)
     if plans.spawn_workers:
-        plans.other_inits = any(
-            not is_xla_backend_init(call) for call in init_process_group_calls(analysis.nodes)
-        )
+        plans.other_inits = any(not is_xla_backend_init(call) for call in plans.group_calls)
         plans.main_guarded = _main_guarded(analysis.tree)
         for name in plans.workers:
             if any(_starts_xla_group(stmt) for stmt in analysis.functions[name].body):

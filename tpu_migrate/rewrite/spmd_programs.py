@@ -10,9 +10,12 @@ and the project's modules they import, directly or through others. The rewrite t
 those modules' process queries with a TODO that says why (transforms/common.py `spmd_reason`).
 
 The pass reads every Python file and notebook of the project (a byte search; a parse only
-where SPMD, or a module found to run it, is named, with its folder where an import needs that:
+where the names the walk looks for are spelled, `_may_run_spmd`, or where a module found to
+run SPMD is named as an import could name it, with its folder where an import needs that:
 `_Named`), on every run: a pre-commit run that passes only a helper module must still know
-that the training script beside it runs SPMD. The result is part of the rewrite's settings, so
+that the training script beside it runs SPMD. The project (its files and their bytes) is read
+once for this pass and the other project passes (project.py), and the import graph it makes
+(`import_graph`) serves kept_launches.py too. The result is part of the rewrite's settings, so
 the result cache of a file stays valid only while the project's SPMD programs import the same
 modules.
 """
@@ -20,15 +23,14 @@ modules.
 from __future__ import annotations
 
 import ast
-import json
 import os
 import re
-import stat
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from tpu_migrate.rewrite.names import is_xla_name, walk
+from tpu_migrate.rewrite.project import Project, module_files
 
 # Bytes a file that runs SPMD holds (a file without any of them is not parsed).
 # (b"spmd": also `from torch_xla.distributed import spmd`, which names no module path whole.)
@@ -38,42 +40,36 @@ _SPMD_MODULES = ("torch_xla.distributed.spmd", "optimum.tpu.fsdp_v2")
 # environment variable that did the same before torch_xla started.
 _SPMD_CALLS = frozenset({"use_spmd", "use_fsdp_v2"})
 SPMD_ENV = "XLA_USE_SPMD"
-# Directories that hold no module of the project: installed packages, caches, version control.
-_SKIPPED = frozenset({"__pycache__", "node_modules", "site-packages", "dist-packages", "build"})
-MAX_FILES = 20_000  # a tree larger than this is not a project to scan whole: the run's files only
-# The files that may run SPMD: modules and scripts, and notebooks (their code cells).
-_SOURCES = (".py", ".ipynb")
 
 
-def spmd_modules(run_files: Iterable[str], root: Path | None) -> tuple[tuple[str, str], ...]:
+def spmd_modules(run_files: Iterable[str], root: Path | None,
+                 project: Project | None = None) -> tuple[tuple[str, str], ...]:
     """(module's real path, why it runs SPMD) for each module of the project that runs SPMD
     without naming it, sorted; the why ends the TODOs of its process queries. `root`: the
-    project root, None where there is none (then only `run_files` are looked at)."""
-    root = Path(os.path.realpath(root)) if root is not None else None
-    unseen: set[str] | None = set()  # what the walk did not list (links, skipped directories)
-    candidates = list(_source_files(root, unseen)) if root is not None else None
-    if candidates is None or len(candidates) > MAX_FILES:
-        candidates = [os.path.realpath(f) for f in run_files if f.endswith(_SOURCES)]
-        unseen = None  # the run's files' directories were not listed
-    bases = [str(root), str(root / "src")] if root is not None else []
-
-    def shown(path: str) -> str:
-        return os.path.relpath(path, root) if root is not None else os.path.basename(path)
-
-    texts = _Texts()
-    programs = {path: tree for path in candidates if (tree := _spmd_tree(path, texts.read(path))) is not None}
+    project root, None where there is none (then only `run_files` are looked at); `project`:
+    the project already read (project.py), shared with the other project passes."""
+    project = project if project is not None else Project(run_files, root)
+    programs = {path: tree for path in project.sources
+                if (tree := _spmd_tree(path, project.read(path), project)) is not None}
     found: dict[str, str] = {}
     if not programs:
         return ()
-    imports = _Imports(bases, texts)
+    imports = import_graph(project)
     for path, tree in programs.items():
-        imports.add(path, tree, texts.read(path))
-    importers = _importers(programs, candidates, imports, None if unseen is None else (bases, unseen))
+        imports.add(path, tree, project.read(path))
+    importers = _importers(programs, project)
     for path, origin in importers.items():
-        found[path] = f"this file imports {shown(origin)}, which turns SPMD on (one process per host)"
+        found[path] = f"this file imports {project.shown(origin)}, which turns SPMD on (one process per host)"
     for module, program in _first_importers([*programs, *importers], imports.of).items():
-        found.setdefault(module, f"{shown(program)} imports this module and runs SPMD (one process per host)")
+        found.setdefault(module, f"{project.shown(program)} imports this module and runs SPMD (one process per host)")
     return tuple(sorted(found.items()))
+
+
+def import_graph(project: Project) -> _Imports:
+    """The project's import graph, made once and kept on the project (kept_launches.py reads it too)."""
+    if project.graph is None:
+        project.graph = _Imports(project)
+    return project.graph
 
 
 def _first_importers(programs: list[str], imports_of: Callable[[str], list[str] | None]) -> dict[str, str]:
@@ -164,70 +160,47 @@ def _components(graph: dict[str, list[str]]) -> list[list[str]]:
 MAX_LEVELS = 8
 
 
-class _Texts:
-    """The files' bytes, read once: kept for the search of importers (a second pass over the
-    project's files) while they fit in KEPT_BYTES, read again beyond."""
-
-    KEPT_BYTES = 64 << 20
-
-    def __init__(self):
-        self._kept: dict[str, bytes | None] = {}
-        self._size = 0
-
-    def read(self, path: str) -> bytes | None:
-        if path in self._kept:
-            return self._kept[path]
-        data = _read(path)
-        if self._size + len(data or b"") <= self.KEPT_BYTES:
-            self._kept[path] = data
-            self._size += len(data or b"")
-        return data
-
-
 class _Imports:
     """The project's files each file imports (`_local_imports`), found once per file: many
     programs import the same modules, and the search for importers asks again at each level.
     Which candidate paths are files, and their real paths, are asked of the disk once too."""
 
-    def __init__(self, bases: list[str], texts: _Texts):
-        self.bases, self.texts = bases, texts
+    def __init__(self, project: Project):
+        self.project = project
         self._of: dict[str, list[str] | None] = {}
-        self._files: dict[str, str | None] = {}
 
     def add(self, path: str, tree: ast.Module, data: bytes) -> None:
-        self._of[path] = list(_local_imports(path, tree, self.bases, self.real_file, _calls_named(data, path)))
+        if path not in self._of:
+            self._of[path] = list(_local_imports(path, tree, self.project.bases, self.project.real_file,
+                                                 _calls_named(data, path)))
 
     def of(self, path: str, data: bytes | None = None) -> list[str] | None:
         """The files `path` imports, None where it does not parse."""
         if path not in self._of:
-            data = self.texts.read(path) if data is None else data
-            tree = _parse(path, data)
+            data = self.project.read(path) if data is None else data
+            tree = self.project.tree(path, data)
             self._of[path] = None if tree is None else \
-                list(_local_imports(path, tree, self.bases, self.real_file, _calls_named(data, path)))
+                list(_local_imports(path, tree, self.project.bases, self.project.real_file, _calls_named(data, path)))
         return self._of[path]
 
-    def real_file(self, candidate: str) -> str | None:
-        if candidate not in self._files:
-            self._files[candidate] = os.path.realpath(candidate) if os.path.isfile(candidate) else None
-        return self._files[candidate]
 
-
-def _importers(programs: dict[str, ast.Module], candidates: list[str], imports: _Imports,
-               tree: tuple[list[str], set[str]] | None = None) -> dict[str, str]:
+def _importers(programs: dict[str, ast.Module], project: Project) -> dict[str, str]:
     """The files that import an SPMD module (`from utils import setup_spmd`), directly or through
     others, each with the SPMD module it reaches: a module that turns SPMD on in a function turns
     it on for the program that calls it, so that program's process queries, and its other
     modules', counted hosts too. A file is parsed only where its bytes can name such a module
-    (`_Named`; `tree`: the project's import roots and what its walk did not list, or None)."""
+    (`_Named`; with the project's import roots and what its walk did not list, where it walked)."""
     found: dict[str, str] = {}
+    imports = import_graph(project)
+    tree = None if project.unseen is None else (project.bases, project.unseen)
     origins = {path: path for path in programs}  # a module of the chain -> the SPMD module it reaches
     for _ in range(MAX_LEVELS):
         named = _Named(origins, tree)
         new = {}
-        for path in candidates:
+        for path in project.sources:
             if path in programs or path in found:
                 continue
-            data = imports.texts.read(path)
+            data = project.read(path)
             if data is None or not named.may_import(path, data):
                 continue
             reached = [m for m in imports.of(path, data) or () if m in origins]
@@ -287,7 +260,9 @@ class _Named:
 
     def __init__(self, origins: Iterable[str], tree: tuple[list[str], set[str]] | None):
         self.bases, unseen = tree if tree is not None else (None, set())
-        self.unseen = [name.encode() for name in unseen]
+        # An import passes through an unseen name as a whole identifier (`env`, not `environ`);
+        # a name that is none (`site-packages`) no import statement can name.
+        self.unseen = sorted(name.encode() for name in unseen if name.isidentifier())
         self.places: dict[bytes, list[tuple[bytes, str]]] = {}  # name -> (its folder's name, its folder)
         for path in origins:
             folder = os.path.dirname(path)
@@ -304,12 +279,31 @@ class _Named:
         named = [name for name in self.places if name in data]
         if not named:
             return False
-        if not _plain_identifiers(path, data) or b"import_module" in data \
-                or b"__import__" in data or _SYS_PATH.search(data) or any(name in data for name in self.unseen):
+        if not _plain_identifiers(path, data) or b"import_module" in data or b"__import__" in data \
+                or _SYS_PATH.search(data) or any(_has_word(data, name) for name in self.unseen):
             return True
+        # Plain source names a module, and its folder, in identifiers: as whole words.
         here = os.path.dirname(path)
-        return any(folder_name in data or folder in self.bases or here == folder or here.startswith(folder + os.sep)
-                   for name in named for folder_name, folder in self.places[name])
+        return any(_has_word(data, name) and any(
+            folder in self.bases or here == folder or here.startswith(folder + os.sep)
+            or _has_word(data, folder_name) for folder_name, folder in self.places[name]) for name in named)
+
+
+_IDENTIFIER_BYTES = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def _has_word(data: bytes, word: bytes) -> bool:
+    """Whether `word` stands in the ASCII source as a whole identifier (`env`, not `environment`).
+    A search of the bytes, each place checked (a regex with a look-behind first scanned every
+    byte: 7 times the time)."""
+    start = data.find(word)
+    while start >= 0:
+        end = start + len(word)
+        if (start == 0 or data[start - 1] not in _IDENTIFIER_BYTES) and \
+                (end == len(data) or data[end] not in _IDENTIFIER_BYTES):
+            return True
+        start = data.find(word, start + 1)
+    return False
 
 
 def _module_name(path: str) -> str:
@@ -318,34 +312,34 @@ def _module_name(path: str) -> str:
     return os.path.basename(os.path.dirname(path)) if stem == "__init__" else stem
 
 
-def _source_files(root: Path, unseen: set[str] | None = None) -> Iterator[str]:
-    """The project's Python files and notebooks. `unseen`, when given, gets the names of what
-    an import may pass through that the walk did not list: symbolic links (to files and
-    directories) and the directories it skips, but for hidden ones (`.venv`: no import names
-    them, a dotted name holds no dot)."""
-    for directory, subdirectories, names in os.walk(root):
-        kept = [d for d in subdirectories if not d.startswith(".") and d not in _SKIPPED
-                and not os.path.exists(os.path.join(directory, d, "pyvenv.cfg"))]
-        if unseen is not None:
-            unseen.update(d for d in subdirectories if not d.startswith(".") and
-                          (d not in kept or os.path.islink(os.path.join(directory, d))))
-        # Hidden directories (.git, .venv, .tox) and virtual environments hold no project module.
-        subdirectories[:] = kept
-        for name in names:
-            if name.endswith(_SOURCES):  # real already below a real root (walk follows no links)
-                path = os.path.join(directory, name)
-                if unseen is not None and os.path.islink(path):
-                    unseen.add(os.path.splitext(name)[0])
-                yield path
+# The string "XLA_USE_SPMD" in source that does not spell it whole: the first of adjacent strings
+# ends in a part of it ("XLA_USE_" "SPMD"), or an escape may spell a letter ("\x58LA_...").
+_SPMD_ENV_SPELLED = re.compile(rb"XLA_USE_SPMD|X(?:L(?:A(?:_(?:U(?:S(?:E(?:_(?:S(?:P(?:M)?)?)?)?)?)?)?)?)?)?['\"]"
+                               rb"|\\[0-7xuUN\r\n]")
 
 
-def _spmd_tree(path: str, data: bytes | None) -> ast.Module | None:
+def _may_run_spmd(path: str, data: bytes) -> bool:
+    """Whether `_spmd_tree` can find SPMD in the file, from its bytes: in plain ASCII source
+    (`_plain_identifiers`) each name the walk looks for is spelled whole, so a file without them
+    is not parsed (this repository's own code says `spmd` and `torch_xla` in strings)."""
+    if not _plain_identifiers(path, data):
+        return True
+    if b"spmd" in data and b"torch_xla" in data and b"distributed" in data:
+        return True  # an import of torch_xla.distributed.spmd (and what starts so)
+    if b"fsdp_v2" in data and b"optimum" in data:
+        return True  # optimum.tpu.fsdp_v2
+    if (b"use_spmd" in data or b"use_fsdp_v2" in data) and (b"xla" in data or b"optimum" in data):
+        return True  # a call that turns SPMD on, and an import of torch_xla (or torch.ops.xla, optimum.tpu)
+    return _SPMD_ENV_SPELLED.search(data) is not None  # the variable, as a keyword or a string
+
+
+def _spmd_tree(path: str, data: bytes | None, project: Project) -> ast.Module | None:
     """The parsed file (its bytes `data`), if it runs SPMD: it imports torch_xla's or Optimum's
     SPMD modules, names use_spmd / use_fsdp_v2 and imports torch_xla or optimum.tpu, or names
     "XLA_USE_SPMD" (a launcher that sets it need not import torch_xla itself)."""
-    if data is None or not any(marker in data for marker in _MARKERS):
+    if data is None or not any(marker in data for marker in _MARKERS) or not _may_run_spmd(path, data):
         return None
-    tree = _parse(path, data)
+    tree = project.tree(path, data)
     if tree is None:
         return None
     imported, called, environment = set(), False, False
@@ -371,64 +365,6 @@ def _spmd_tree(path: str, data: bytes | None) -> ast.Module | None:
     return tree if called and any(is_xla_name(name) for name in imported) else None
 
 
-def _read(path: str) -> bytes | None:
-    """The file's bytes (None: unreadable). os.read, not open(): the buffered file object costs
-    more than the read for the small files a project is made of (benchmarks/bench_spmd_scan.py)."""
-    try:
-        # O_NONBLOCK: a FIFO named *.py opens without a writer (and is then refused), not hangs.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NONBLOCK", 0))
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: no module of the project
-            return None
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
-def _parse(path: str, data: bytes | None = None) -> ast.Module | None:
-    data = _read(path) if data is None else data
-    if data is None:
-        return None
-    try:
-        return ast.parse(_notebook_code(data) if path.endswith(".ipynb") else data, path)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-
-
-# Cell magics whose cell is still the kernel's Python (the first line goes).
-_PYTHON_CELL_MAGICS = ("%%time", "%%timeit", "%%capture", "%%prun")
-
-
-def _notebook_code(data: bytes) -> str:
-    """A notebook's code cells as one module: a cell of another language (`%%bash`, `%%writefile`)
-    left out, line magics and shell lines (`%env`, `!pip`) as `pass`. Raises ValueError for a
-    file that is not a notebook."""
-    try:
-        cells = json.loads(data)["cells"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"not a notebook: {exc}") from None
-    parts = []
-    for cell in cells if isinstance(cells, list) else ():
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
-            continue
-        source = cell.get("source", "")
-        lines = ("".join(source) if isinstance(source, list) else str(source)).splitlines()
-        if lines and lines[0].startswith("%%"):
-            if not lines[0].startswith(_PYTHON_CELL_MAGICS):
-                continue
-            lines = lines[1:]
-        parts.extend(line[:len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith(("%", "!"))
-                     else line for line in lines)
-    return "\n".join(parts) + "\n"
-
-
 def _local_imports(path: str, tree: ast.Module, bases: list[str],
                    real_file: Callable[[str], str | None] = lambda p: os.path.realpath(p) if os.path.isfile(p) else None,
                    calls: bool = True) -> Iterator[str]:
@@ -442,7 +378,7 @@ def _local_imports(path: str, tree: ast.Module, bases: list[str],
     for node in imports:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield from _module_files(alias.name, [here, *bases], real_file)
+                yield from module_files(alias.name, [here, *bases], real_file)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = here
@@ -452,11 +388,11 @@ def _local_imports(path: str, tree: ast.Module, bases: list[str],
             else:
                 prefix, roots = node.module or "", [here, *bases]
             if prefix:
-                yield from _module_files(prefix, roots, real_file)
+                yield from module_files(prefix, roots, real_file)
             for alias in node.names:  # `from pkg import module`
-                yield from _module_files(f"{prefix}.{alias.name}".lstrip("."), roots, real_file)
+                yield from module_files(f"{prefix}.{alias.name}".lstrip("."), roots, real_file)
         else:  # importlib.import_module("name"): a name given whole
-            yield from _module_files(node.args[0].value, [here, *bases], real_file)
+            yield from module_files(node.args[0].value, [here, *bases], real_file)
 
 
 def _import_nodes(tree: ast.Module) -> tuple[list[ast.AST], list[ast.Call]]:
@@ -583,18 +519,3 @@ def _literal(node: ast.expr) -> str | None:
 # Calls that import a module named by a string: `importlib.import_module("spmd_setup")`.
 _IMPORT_CALLS = frozenset({"importlib.import_module", "import_module", "__import__"})
 _IMPORT_CALL_NAMES = frozenset(name.rpartition(".")[2] for name in _IMPORT_CALLS)
-
-
-def _module_files(dotted: str, roots: list[str],
-                  real_file: Callable[[str], str | None] = lambda p: os.path.realpath(p) if os.path.isfile(p) else None,
-                  ) -> Iterator[str]:
-    """The files the dotted name may be, under each root (`real_file`: a candidate path's real
-    path, None where it is no file)."""
-    parts = dotted.split(".")
-    for root in roots:
-        for depth in range(1, len(parts) + 1):
-            stem = os.path.join(root, *parts[:depth])
-            for candidate in (os.path.join(stem, "__init__.py"), stem + ".py"):
-                real = real_file(candidate)
-                if real is not None:
-                    yield real

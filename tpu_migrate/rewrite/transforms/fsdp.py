@@ -127,8 +127,11 @@ def join_world(sc: StatementContext) -> str:
 
 def fully_shard_helper(sc: StatementContext) -> str:
     """The name of the `_fully_shard` helper (torch_xla's FSDP wrap as FSDP2): the one that walks
-    a wrap policy only where a wrap of the file may pass one."""
-    template = FULLY_SHARD if passes_wrap_policy(sc.file.analysis) else FULLY_SHARD_WHOLE
+    a wrap policy only where a wrap of the file may pass one (asked once per file)."""
+    memo = sc.file.memo
+    if "passes_wrap_policy" not in memo:
+        memo["passes_wrap_policy"] = passes_wrap_policy(sc.file.analysis)
+    template = FULLY_SHARD if memo["passes_wrap_policy"] else FULLY_SHARD_WHOLE
     return helper(sc, "_fully_shard", for_target(sc, template), join_world=join_world(sc))
 
 

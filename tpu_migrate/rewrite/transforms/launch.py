@@ -129,7 +129,8 @@ def _xla_backend_group(sc: StatementContext) -> bool:
         analysis = sc.file.analysis
         found = sc.file.memo["xla_backend_group"] = any(
             b.qualname == "torch_xla.distributed.xla_backend" for b in analysis.imports
-        ) or any(map(is_xla_backend_init, init_process_group_calls(analysis.nodes)))
+        ) or any(map(is_xla_backend_init, sc.file.plans.group_calls if sc.file.plans is not None
+                     else init_process_group_calls(analysis.nodes)))
     return found
 
 

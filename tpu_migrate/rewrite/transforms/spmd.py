@@ -297,7 +297,7 @@ def spmd_fsdp(call, qualname, sc: StatementContext, rule):
 def global_batch_norm(sc: StatementContext, model: str) -> str | None:
     """The name of the `_global_batch_norm` helper for the model `model` (source text) that the
     statement shards; None where the file shows the model holds no BatchNorm (batch_norms.py)."""
-    if not may_hold_batch_norm(model, sc.info.node, sc.file.analysis):
+    if not may_hold_batch_norm(model, sc.info.node, sc.file.analysis, sc.file.memo):
         return None
     return helper(sc, "_global_batch_norm", GLOBAL_BATCH_NORM)
 
