@@ -121,6 +121,9 @@ def shared_originals(monkeypatch):
 # with xm.mesh_reduce and printed by every process) the reduced value's.
 M08 = ROOT / "fixtures" / "programs" / "multiprocess" / "m08_sampler_device_loader.py"
 V01 = ROOT / "fixtures" / "programs" / "verify" / "v01_per_process_eval.py"
+V02 = ROOT / "fixtures" / "programs" / "verify" / "v02_loader_schedule_clip.py"
+P08 = ROOT / "fixtures" / "programs" / "p08_autocast.py"
+PROGRAMS = (PROGRAM, M08, V01, V02, P08)
 GRADIENT_AVERAGE = "                    dist.all_reduce(param.grad)\n                    param.grad /= dist.get_world_size()\n"
 MUTATIONS = {
     "a dropped gradient all-reduce": (PROGRAM, GRADIENT_AVERAGE, "                    pass\n",
@@ -151,8 +154,39 @@ MUTATIONS = {
                           1, "processes that print it", "printed it from one process only"),
     "a reduced value printed rank-local": (V01, "    error = np.mean(gathered)\n", "    error = error.item()\n",
                                            4, "printed number", "a value of each process's own"),
+    # Issue 48, item 4 and its proof: the bookkeeping of a training loop (v02, at one process:
+    # a partial last batch, a schedule per batch, clipping), an autocast (p08), and at 2
+    # processes a dropped initial broadcast and a loss scaled by the world size (m05).
+    "ranks seeded apart": (PROGRAM, "torch.manual_seed(5)", "torch.manual_seed(5 + dist.get_rank())",
+                           0, "parameters", "the initial broadcast of the parameters is missing"),
+    "the loss scaled by the world size": (PROGRAM, "cross_entropy(model(x), y)\n",
+                                          "cross_entropy(model(x), y) * dist.get_world_size()\n",
+                                          0, "loss", "2 times the original's, the world size 2"),
+    "drop_last changed": (V02, "drop_last=True", "drop_last=False", 4, "loss", "drop_last changed"),
+    "zero_grad dropped": (V02, "            optimizer.zero_grad()\n", "", 1, "parameters",
+                          "one process already differs"),
+    "a scheduler step dropped": (V02, "            scheduler.step()\n", "", 3, "learning rate",
+                                 "a schedule stepped differently"),
+    "the optimizer stepped twice": (V02, "            optimizer.step()\n", "            optimizer.step()\n" * 2,
+                                    1, "parameters", "stepped again without a backward"),
+    "the gradient clipping dropped": (V02, "            torch.nn.utils.clip_grad_norm_(model.parameters(), "
+                                           "max_norm=0.5)\n", "", 0, "gradient norm", "clip"),
+    "an autocast dropped": (P08, "with torch.autocast(", "with torch.autocast(enabled=False, device_type=",
+                            0, "precision", "changed the autocast region"),
+    "an autocast added": (V02, "            loss = torch.nn.functional.mse_loss(model(x), y)\n",
+                          "            with torch.autocast(device.type, dtype=torch.bfloat16):\n"
+                          "                loss = torch.nn.functional.mse_loss(model(x), y)\n",
+                          0, "precision", "changed the autocast region"),
 }
-ONE_PROCESS = {"a seed on another generator"}
+# Edits that change nothing the original computes: no alarm (at one process).
+NEUTRAL = {
+    "drop_last dropped where the batches divide the data": (M08, "drop_last=True", "drop_last=False"),
+    "the model's zero_grad for the optimizer's": (V02, "optimizer.zero_grad()", "model.zero_grad(set_to_none=True)"),
+    "the loss written out": (V02, "torch.nn.functional.mse_loss(model(x), y)", "((model(x) - y) ** 2).mean()"),
+}
+ONE_PROCESS = {"a seed on another generator", "drop_last changed", "zero_grad dropped", "a scheduler step dropped",
+               "the optimizer stepped twice", "the gradient clipping dropped", "an autocast dropped",
+               "an autocast added"}
 TWO_NODES = {"a rank taken from LOCAL_RANK"}
 RANKS = {"every rank prints": [1], "a reduced value printed rank-local": [1]}  # else: every rank (0 at one process)
 
@@ -160,8 +194,8 @@ RANKS = {"every rank prints": [1], "a reduced value printed rank-local": [1]}  #
 @pytest.fixture(scope="module")
 def mutated_runs(tmp_path_factory):
     """Per program, the original and the migration at one process; each mutation of the
-    migration at 2 processes (ONE_PROCESS: at 1; TWO_NODES: 2 nodes of 1), and v01's migration at
-    2 too (its correct reduction). Two runs at a time."""
+    migration at 2 processes (ONE_PROCESS: at 1; TWO_NODES: 2 nodes of 1), each neutral edit at
+    1, and v01's migration at 2 too (its correct reduction). Two runs at a time."""
     workspace = Workspace(warm, "portable")
     try:
         with ThreadPoolExecutor(2) as pool:
@@ -169,21 +203,25 @@ def mutated_runs(tmp_path_factory):
             # at once (tests/test_warm_python_fds.py: what that once broke). They start first: the
             # migrations go meanwhile.
             originals = {p: pool.submit(original_run, workspace, "original", Target(p, None, False), [])
-                         for p in (PROGRAM, M08, V01)}
-            # A migration rewrites the program's whole folder: m05 and m08 share one (the same
-            # files a migration of each would make).
-            migrated, copies, trees = {}, {}, {}
+                         for p in PROGRAMS}
+            # A migration rewrites the program's whole folder: m05 and m08 share one, v01 and v02
+            # another (the same files a migration of each would make); p08's folder holds every
+            # program, so p08 is migrated from a folder of its own.
+            alone = tmp_path_factory.mktemp("p08")
+            (alone / P08.name).write_text(P08.read_text())
+            migrated, copies, trees = {}, {}, {P08.parent: workspace.migrate(Target(alone / P08.name, None, False)).path.parent}
             for program in originals:
                 if program.parent not in trees:
                     trees[program.parent] = workspace.migrate(Target(program, None, False)).path.parent
                 migrated[program] = trees[program.parent] / program.name
-            for name, (program, old, new, *_) in MUTATIONS.items():
+            for name, (program, old, new, *_) in {**MUTATIONS, **NEUTRAL}.items():
                 text = migrated[program].read_text()
                 assert text.count(old) == 1, f"{name}: the migration changed, update the mutation"
                 copies[name] = Target(migrated[program].with_name(f"mutated-{len(copies)}.py"), None, True)
                 copies[name].path.write_text(text.replace(old, new))
             runs = {name: pool.submit(workspace.run, name, "migrated", copy, [],
-                                      1 if name in ONE_PROCESS | TWO_NODES else 2, 300, 2 if name in TWO_NODES else 1)
+                                      1 if name in ONE_PROCESS | TWO_NODES | set(NEUTRAL) else 2, 300,
+                                      2 if name in TWO_NODES else 1)
                     for name, copy in copies.items()}
             same = {p: pool.submit(workspace.run, "migrated", "migrated", Target(path, None, True), [], 1, 300)
                     for p, path in migrated.items()}
@@ -196,7 +234,7 @@ def mutated_runs(tmp_path_factory):
         workspace.close()
 
 
-@pytest.mark.parametrize("program", [PROGRAM, M08, V01], ids=lambda p: p.stem[:3])
+@pytest.mark.parametrize("program", PROGRAMS, ids=lambda p: p.stem[:3])
 def test_the_migration_is_the_same_at_one_process(mutated_runs, program):
     references, same, _ = mutated_runs
     result = compare.verdict(references[program], same[program], 1e-4, 1e-5)
@@ -239,6 +277,16 @@ def test_a_migration_mistake_is_caught_at_its_first_step(mutated_runs, mutation)
     assert cause in divergence.cause, divergence.cause
     assert divergence.ranks == RANKS.get(mutation, [0] if mutation in ONE_PROCESS or quantity == "printed number"
                                          else [0, 1])
+
+
+@pytest.mark.parametrize("edit", list(NEUTRAL))
+def test_an_edit_that_changes_nothing_computed_is_no_alarm(mutated_runs, edit):
+    references, _, runs = mutated_runs
+    run = runs[edit]
+    assert run.returncode == 0, run.output
+    result = compare.verdict(references[NEUTRAL[edit][0]], run, 1e-4, 1e-5)
+    assert result.divergence is None, result.divergence
+    assert result.steps == len(references[NEUTRAL[edit][0]].steps) and not result.excursions
 
 
 def _verify(cwd, *args: str) -> subprocess.CompletedProcess:
