@@ -279,9 +279,9 @@ def _steps_verdict(reference: Original, run: Run, tolerance: dict[str, float], a
             continue
         quantity = off[k][0]
         x, y = a.figures[quantity], b.figures[quantity]
-        cause = _device_rng_cause(reference, b.index) or _cause(
+        cause = _device_rng_cause(reference, b.index) or _stepped_again(pairs[:k + 1]) or _cause(
             quantity, x, y, run.world, b.index, (len(original), len(migrated)), alone,
-            one_process_ran and alone is None)
+            one_process_ran and alone is None, _clipped_at(original, k))
         result.divergence = Divergence(run.name, b.index, quantity, x, y, b.ranks, cause, b.where, a.unit)
         return result
     if len(original) != len(migrated):
@@ -311,6 +311,29 @@ def _excursion(k: int, pairs: list[tuple[Step, Step]], off: list[list[str]], tol
     if printed.world_scale(x, y, world, 0.05) or abs(x - y) > EXCURSION_LIMIT * tolerance[quantity] * abs(x):
         return False
     return quantity not in off[k + 1] and not any("loss" in o or "parameters" in o for o in off[k + 1:])
+
+
+def _stepped_again(pairs: list[tuple[Step, Step]]) -> str | None:
+    """Where the migrated program stepped with no backward() since its previous step and the
+    original never did: the optimizer stepped twice per batch (its step count grows with it,
+    which is no drop_last)."""
+    again = next((b for a, b in pairs if a.unit == "step" and b.figures["loss"] is None
+                  and a.figures["loss"] is not None), None)
+    if again is None:
+        return None
+    return (f"the migrated program stepped again without a backward() since its previous step (step {again.index}, "
+            "no loss; the original computed one before every step): optimizer.step() is called twice per batch "
+            "(a step added beside one the original made, as xm.optimizer_step kept and optimizer.step() added)")
+
+
+def _clipped_at(original: list[Step], k: int) -> int:
+    """How many of the original's steps have step k's gradient norm (to 1e-5): more than one, and
+    it is a clipping's max_norm (clip_grad_norm_ scales every step's gradients above it to it)."""
+    norm = original[k].figures["gradient norm"] if k < len(original) else None
+    if not norm:
+        return 0
+    return sum(1 for step in original if step.figures["gradient norm"] is not None
+               and _close(step.figures["gradient norm"], norm, 1e-5, 0.0))
 
 
 def _device_rng_cause(reference: Original, step: int | None) -> str | None:
@@ -396,7 +419,8 @@ def _close(x: float, y: float, rtol: float, atol: float) -> bool:
 
 
 def _cause(quantity: str, original: float, migrated: float, world: int, step: int,
-           counts: tuple[int, int] = (0, 0), alone: Divergence | None = None, one_process_agreed: bool = True) -> str:
+           counts: tuple[int, int] = (0, 0), alone: Divergence | None = None, one_process_agreed: bool = True,
+           clipped: int = 0) -> str:
     ratio = migrated / original if original else math.inf
     if quantity == "learning rate" and world > 1 and math.isclose(ratio, world):
         return (f"the learning rate is {ratio:.3g} times the original's, the world size {world}: the program "
@@ -419,6 +443,14 @@ def _cause(quantity: str, original: float, migrated: float, world: int, step: in
         if scale == "fraction":
             return (f"the gradient norm is 1/{world} of the original's: the gradients were averaged over the "
                     "processes twice (an explicit average on top of DistributedDataParallel or FSDP)")
+        if clipped > 1 and migrated > original:
+            return (f"the original's gradient norm is {original:.6g} at {clipped} of its steps, a clipping's max_norm; "
+                    "the migrated program's is larger: the gradient clipping (torch.nn.utils.clip_grad_norm_) was "
+                    "dropped, or clips to another norm or before the gradients are averaged or unscaled")
+    if quantity == "loss" and world > 1 and printed.world_scale(original, migrated, world, 0.05) == "times":
+        return (f"the loss is {world} times the original's, the world size {world}: the program scales the loss it "
+                "passes to backward() by the number of processes (multiplied by the world size, or summed over "
+                "the processes where the original averaged), and its gradients with it")
     if world > 1 and alone is not None:
         return (f"one process already differs ({alone.quantity} at {alone.unit} {alone.step}, above): the same "
                 "change shows here; fix the 1-process run first")
