@@ -397,6 +397,44 @@ def test_pytorch_xla_s_mnist_script_is_the_same_as_its_migration(tmp_path, monke
     assert (printed["same"], printed["noisy"], printed["one_side"]) == (21, 8, 0)
 
 
+DEVICE_DRAW = """\
+import torch
+import torch_xla
+
+torch.manual_seed(0)
+device = torch_xla.device()
+w = torch.zeros(4, device=device, requires_grad=True)
+optimizer = torch.optim.SGD([w], lr=0.1)
+for step in range(2):
+    optimizer.zero_grad()
+    loss = ((w - torch.randn(4, device=device)) ** 2).sum()
+    loss.backward()
+    optimizer.step()
+    torch_xla.sync()
+"""
+
+
+def test_without_against_a_divergence_names_the_lines_the_rewrite_converted(tmp_path, monkeypatch):
+    """No --against: the code named is the rewrite's own, the original's lines it converted with
+    what it made of them (JSON "converted_code"). A draw from torch_xla's device generator makes
+    the runs differ at step 0 (the migration draws from the CPU's)."""
+    from tpu_migrate.verify.command import run_verify
+
+    (tmp_path / "train.py").write_text(DEVICE_DRAW)
+    monkeypatch.chdir(tmp_path)
+    said = []
+    status, document = run_verify("train.py", [], None, None, [1], 1e-4, 1e-5, 300, said.append,
+                                  interpreter=warm, target="portable")
+    assert status == 1, "\n".join(said)
+    assert document["runs"][0]["divergence"]["step"] == 0
+    assert "device generator" in document["runs"][0]["divergence"]["cause"]
+    converted = document["converted_code"]
+    assert converted and "differing_code" not in document
+    assert any("torch_xla.device()" in hunk for hunk in converted), converted
+    assert any(line.startswith("    code tpu-migrate converted (the original's lines, the migration's): ")
+               for line in said), said
+
+
 def test_a_missing_script_is_one_line_and_exit_2(tmp_path):
     proc = _verify(tmp_path, "nowhere.py")
     assert proc.returncode == 2

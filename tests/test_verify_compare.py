@@ -460,3 +460,23 @@ def test_a_draw_from_torch_xla_s_device_generator_is_said_plainly_with_its_line(
                                   "generator (train.py:12: noise = torch.randn(8, 4, device=device))")
     before = compare.verdict(reference, _run(_steps(loss={1: 1.95})), 1e-4, 0.0).divergence
     assert before.step == 1 and "device generator" not in before.cause  # before the first draw: the conversion's
+
+
+def test_a_step_without_a_backward_a_clipped_norm_exceeded_and_a_loss_by_the_world_size_are_named():
+    """The causes of three of test_verify.py's mutations, on records written by hand: the optimizer
+    stepped twice (a step with no loss: it was "drop_last changed", the steps being twice the
+    original's), the clipping dropped (the original's norm held at a max_norm), the loss
+    multiplied by the world size (it was "did not read equal slices")."""
+    twice = _steps(2) + [{**r, "step": r["step"] + 2} for r in _steps(2)]
+    twice[1] = {**twice[1], "losses": [], "param_sum": 11.0}  # stepped again, no backward since
+    cause = compare.verdict(_original(_steps(2)), _run(twice), 1e-4, 0.0).divergence.cause
+    assert "stepped again without a backward()" in cause and "drop_last" not in cause
+    clipped = _original(_steps(4, grad_sq={k: 0.25 for k in range(4)}))
+    dropped = compare.verdict(clipped, _run(_steps(4)), 1e-4, 0.0).divergence
+    assert (dropped.step, dropped.quantity) == (0, "gradient norm")
+    assert "0.5 at 4 of its steps, a clipping's max_norm" in dropped.cause
+    assert compare.verdict(_original(_steps(4)), _run(_steps(4, grad_sq={0: 26.0})), 1e-4, 0.0).divergence.cause \
+        .startswith("one process already differs")  # one norm of many that differ: no clipping
+    scaled = _steps(2, world=2, loss={0: 4.0, 1: 3.8})
+    cause = compare.verdict(_original(_steps(2)), _run(scaled, world=2), 1e-4, 0.0).divergence.cause
+    assert cause.startswith("the loss is 2 times the original's, the world size 2") and "slices" not in cause
