@@ -134,6 +134,22 @@ def test_a_project_without_a_launch_is_not_read_further(tmp_path):
     assert kept_launch_modules([], tmp_path) == ()
 
 
+def test_a_file_that_names_pjrt_but_no_launcher_is_not_parsed(tmp_path, monkeypatch):
+    """torch_xla's own modules say pjrt without calling a launcher: a plain source file that does
+    not spell a launcher's name (spawn, launch, run_multiprocess, spawn_threads) whole cannot
+    launch, and is not parsed; one that does still is."""
+    from tpu_migrate.rewrite import project as project_files
+
+    _write(tmp_path, {"runtime.py": "import torch_xla._internal.pjrt as pjrt\n\nDEVICES = pjrt.devices()\n",
+                      "spawned.py": "import torch_xla._internal.pjrt as pjrt\n\npjrt.spawn_threads(print)\n",
+                      "launched.py": "import torch_xla\n\n# see torch_xla.launcher\n"})
+    parsed = []
+    parse = project_files.parse
+    monkeypatch.setattr(project_files, "parse", lambda path, *rest: parsed.append(path) or parse(path, *rest))
+    assert kept_launch_modules([], tmp_path) == ()
+    assert sorted(map(os.path.basename, parsed)) == ["spawned.py"]
+
+
 def test_a_file_s_launches_and_process_groups_are_found_once(monkeypatch):
     """make_plans finds what each launch starts and the file's init_process_group calls; the
     kept-launch TODOs read them from its Plans (each was found again per file)."""

@@ -16,18 +16,14 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from tpu_migrate import __version__
 from tpu_migrate.findings import FileResult
 from tpu_migrate.config import ConfigError, load_config, project_root
 from tpu_migrate.diagnose.kinds import BY_NAME as DIAGNOSE_KINDS
 from tpu_migrate.diagnose.kinds import FAIL_KINDS
-from tpu_migrate.report import ci_formats
 from tpu_migrate.report import render
 from tpu_migrate.printable import printable
-from tpu_migrate.report.migration import Migration
-from tpu_migrate.rewrite import cache as result_cache
 from tpu_migrate.rewrite import unscanned
 from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE, Excluder, discover, parse_size, replace_file, write_atomic
 from tpu_migrate.rules import RuleError, load_catalog
@@ -49,6 +45,26 @@ def _expand_codes(selectors: list[str], origin: str) -> frozenset[str]:
             raise click.UsageError(message) if origin.startswith("--") else ConfigError(message)
         codes |= matching
     return frozenset(codes)
+
+
+# Modules only some runs need, imported where they do: a `rewrite --check` pays for its start-up
+# on every run (benchmarks/bench_rewrite.py --cli).
+def _result_cache():
+    from tpu_migrate.rewrite import cache
+
+    return cache
+
+
+def _migration():
+    from tpu_migrate.report.migration import Migration
+
+    return Migration
+
+
+def _ci_formats():
+    from tpu_migrate.report import ci_formats
+
+    return ci_formats
 
 
 def _split(value: str | None) -> list[str] | None:
@@ -88,6 +104,21 @@ def _project_passes(paths, files: list[str]) -> dict[str, tuple]:
         return {"spmd_modules": spmd_modules(files, project.root, project),
                 "xla_parameters": project_parameters(files, project.root, project),
                 "kept_launches": kept_launch_modules(files, project.root, project)}
+
+
+@contextmanager
+def _progress_bar(console: Console, total: int, shown: bool):
+    """A function that advances the progress bar by one file (rich.progress imported only where
+    the bar is shown: a check in CI or pre-commit never shows one)."""
+    if not shown:
+        yield lambda: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("rewriting"), BarColumn(), MofNCompleteColumn(), console=console,
+                  transient=True) as progress:
+        task = progress.add_task("files", total=total)
+        yield lambda: progress.advance(task)
 
 
 def _configuration_error(exc: Exception) -> None:
@@ -251,13 +282,10 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
 
     settings.update(_project_passes(paths, files))
     show_progress = output_format == "text" and stderr.is_terminal and len(files) > PROGRESS_THRESHOLD
-    with Progress(
-        TextColumn("rewriting"), BarColumn(), MofNCompleteColumn(), console=stderr,
-        disable=not show_progress, transient=True,
-    ) as progress:
-        task = progress.add_task("files", total=len(files))
+    with _progress_bar(stderr, len(files), show_progress) as advance:
         cache = None
-        if not (no_cache or not config.cache or result_cache.disabled_by_env()):
+        if not (no_cache or not config.cache or _result_cache().disabled_by_env()):
+            result_cache = _result_cache()
             cache = result_cache.Cache.open(settings)
             outcomes = result_cache.cached_results(
                 files, cache, lambda todo, sources: _rewrite_paths(todo, settings, jobs, sources, reals),
@@ -275,7 +303,7 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
                     result.changed = False
                     result.fixes = []  # not applied: nothing was fixed (its manual findings stand)
             results.append(result)
-            progress.advance(task)
+            advance()
     if cache is not None:
         with _uninterrupted():
             cache.save()
@@ -291,7 +319,7 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
         summary.add(result)
     mentions = [m for m in map(unscanned.first_mention, others) if m is not None]
 
-    migration = Migration.build(results, catalog, mode, mentions) if html_file or output_format == "json" else None
+    migration = _migration().build(results, catalog, mode, mentions) if html_file or output_format == "json" else None
     if html_file:
         try:
             with _uninterrupted():  # the page whole, or what was there before: never an empty file
@@ -303,9 +331,9 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
                                               migration=migration.to_json(),
                                               notebook_cells=notebook_diff == "cells") + "\n")
     elif output_format == "sarif":
-        sys.stdout.write(ci_formats.rewrite_sarif(results, catalog) + "\n")
+        sys.stdout.write(_ci_formats().rewrite_sarif(results, catalog) + "\n")
     elif output_format == "github":
-        sys.stdout.write(ci_formats.rewrite_github(results, catalog))
+        sys.stdout.write(_ci_formats().rewrite_github(results, catalog))
     else:
         for result in results:
             if result.changed and mode == "diff":
@@ -433,8 +461,8 @@ def diagnose(module, warmup_steps, fail_on, backend, output_format, output, expl
         raise click.UsageError(str(exc)) from None
     machine = {  # nothing when there is no report (said on stderr)
         "json": lambda: document + "\n",
-        "sarif": lambda: ci_formats.diagnose_sarif([f.to_json() for f in findings]) + "\n",
-        "github": lambda: ci_formats.diagnose_github([f.to_json() for f in findings]),
+        "sarif": lambda: _ci_formats().diagnose_sarif([f.to_json() for f in findings]) + "\n",
+        "github": lambda: _ci_formats().diagnose_github([f.to_json() for f in findings]),
     }.get(output_format)
     if document is not None and machine is not None:
         _write_stdout(machine())

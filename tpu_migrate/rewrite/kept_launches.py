@@ -51,6 +51,8 @@ PROCESS_QUERIES = frozenset({
 })
 # Bytes a module that calls a torch_xla launcher holds (a file without any is not parsed).
 _LAUNCH_MARKERS = (b"xla_multiprocessing", b"pjrt", b"torch_xla.launch", b"import launch", b", launch")
+# The last names of the launchers: a call of one spells its name whole in plain source.
+_LAUNCHER_NAMES = tuple(sorted({name.rpartition(".")[2].encode() for name in SPAWN_NAMES | OTHER_LAUNCHERS}))
 # `XLAStrategy`, `_XlaDistModel`, `TorchXLATrainer`; not `Xlarge`, `MAXLAYERS`.
 _XLA_CLASS = re.compile(r"(?:^|[_a-z0-9])(?:XLA|Xla)(?![a-z])")
 
@@ -184,7 +186,7 @@ def kept_launch_modules(run_files: Iterable[str], root: Path | None,
     imports = import_graph(project)
     for path in xla_files:
         data = project.read(path)
-        if not any(marker in data for marker in _LAUNCH_MARKERS):
+        if not _may_launch(path, data):
             continue
         tree = project.tree(path, data)
         if tree is None:
@@ -216,6 +218,18 @@ def kept_launch_modules(run_files: Iterable[str], root: Path | None,
     named = set(xla_files)
     return tuple(sorted((path, why) for path, why in found.items()
                         if path in named and path not in kept and path not in converted))
+
+
+def _may_launch(path: str, data: bytes) -> bool:
+    """Whether `launch_calls` can find a launch in the file, from its bytes: it names a launcher's
+    module, and in plain ASCII source (spmd_programs._plain_identifiers) the launcher's own name
+    as a whole word (the catalog's historical spellings rename modules only): torch_xla's own
+    modules say pjrt without calling a launcher (7 of 29 such files of its package)."""
+    from tpu_migrate.rewrite.spmd_programs import _has_word, _plain_identifiers
+
+    if not any(marker in data for marker in _LAUNCH_MARKERS):
+        return False
+    return not _plain_identifiers(path, data) or any(_has_word(data, name) for name in _LAUNCHER_NAMES)
 
 
 def _imported_launcher(path: str, project: Project, stems: set[str], kept: dict[str, str]) -> str | None:

@@ -18,7 +18,6 @@ from tpu_migrate.rewrite.engine import rewrite_bytes
 from tpu_migrate.rewrite.gc_settings import fewer_collections
 from tpu_migrate.rewrite.files import read_regular
 from tpu_migrate.rewrite.notebooks import rewrite_notebook
-from tpu_migrate.rewrite.pool import run_tasks
 
 
 def rewrite_path(path: str, options: Options, data: bytes | None = None, real: str | None = None) -> FileResult:
@@ -70,4 +69,6 @@ def rewrite_paths(
             for path in paths:
                 yield rewrite_path(path, options, sources.get(path), reals.get(path))
             return
+        from tpu_migrate.rewrite.pool import run_tasks  # multiprocessing: only for more than one job
+
         yield from run_tasks(_worker, [(p, options, sources.get(p), reals.get(p)) for p in paths], jobs)
