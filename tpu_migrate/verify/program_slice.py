@@ -28,6 +28,8 @@ import re
 from collections import deque
 from dataclasses import dataclass, field
 
+from tpu_migrate.verify.reductions import bound_names
+
 # Calls made as statements that change nothing of their arguments: they print or log.
 PRINTS = frozenset({"print", "master_print", "info", "debug", "warning", "warn", "error", "log", "write",
                     "set_description", "set_postfix"})
@@ -197,17 +199,7 @@ def _values(node: ast.AST) -> set[str]:
 
 def _bound(node: ast.stmt) -> set[str]:
     """The plain names an assignment or a loop binds (not `x.a = ...`: that changes x, it binds nothing)."""
-    targets = [node.target] if isinstance(node, (ast.AnnAssign, ast.For, ast.AsyncFor)) else node.targets
-    out, todo = set(), list(targets)
-    while todo:
-        target = todo.pop()
-        if isinstance(target, (ast.Tuple, ast.List)):
-            todo += target.elts
-        elif isinstance(target, ast.Starred):
-            todo.append(target.value)
-        elif isinstance(target, ast.Name):
-            out.add(target.id)
-    return out
+    return bound_names([node.target] if isinstance(node, (ast.AnnAssign, ast.For, ast.AsyncFor)) else node.targets)
 
 
 def _root(node: ast.AST) -> str | None:

@@ -71,7 +71,7 @@ class _File:
 
     def _bind(self, node: ast.AST) -> None:
         def bind(targets, kind, value):
-            for name in _bound(targets):
+            for name in bound_names(targets):
                 self.bindings.setdefault(name, []).append((node.lineno, kind, value))
 
         if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
@@ -219,7 +219,8 @@ def _root(node: ast.AST) -> str | None:
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _bound(targets) -> set[str]:
+def bound_names(targets) -> set[str]:
+    """The plain names assignment targets bind (a tuple's, a starred one's)."""
     out, todo = set(), list(targets)
     while todo:
         target = todo.pop()
