@@ -25,9 +25,11 @@ from tpu_migrate.rewrite.flows import held_assignments, passed_to_functions
 from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter
 from tpu_migrate.rewrite.names import Analysis, analyze, is_xla_name, mark_subtrees
 from tpu_migrate.rewrite.plans import make_plans
+from tpu_migrate.rewrite import printing
 from tpu_migrate.rewrite.printing import quick_printing
 from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.skeleton import SkeletonMiss
+from tpu_migrate.rewrite.source_spans import source_spans
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rewrite.transforms.amp_compile import found_inf_steps
 from tpu_migrate.rewrite.transforms.spmd import mesh_attribute_reads
@@ -257,7 +259,8 @@ def _rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resu
                                  key=lambda k: (k.line, k.module))
     if footer is not None and _footer_code(new_module) != _footer_code(module):
         raise Unreproducible("libcst does not print the end of this file back exactly")
-    code = _with_footer(new_module.code, module, footer)
+    # The statements the walk left as they were are copied from `parsed`, not printed anew.
+    code = _with_footer(printing.module_code(new_module, source_spans(module, tree, parsed, skeleton)), module, footer)
     if code == parsed:
         return text
     output = code if skeleton is None else skeleton.restore(code, file.gone)
