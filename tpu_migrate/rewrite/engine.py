@@ -3,7 +3,8 @@
 Per file: pre-filter the bytes; decode as Python does; parse with `ast` (fast, and the error
 message users know); analyse names; stop here when nothing refers to torch_xla; parse with libcst,
 leaving out the statements no rule can change (skeleton.py); rewrite the flagged statements;
-manage imports; print; check that the print parses; put the left-out text back. A file
+manage imports; print (copying the statements that did not change: printing.py); check that
+the print parses; put the left-out text back. A file
 whose output does not parse is kept byte-for-byte and reported as an error.
 """
 

@@ -103,8 +103,8 @@ def _copied(stmt, state: _CopyingState, indent: str) -> bool:
     original = spans.original(stmt)
     if original is None:
         return False
-    start, own_start, end, own_indent = spans.spans[id(original)]
-    if own_indent != indent:
+    start, own_start, end = spans.spans[id(original)]
+    if not spans.indented(own_start, indent):
         return False
     changed = changed_fields(stmt, original)
     if not changed:

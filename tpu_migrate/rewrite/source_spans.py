@@ -58,8 +58,8 @@ _ANCHOR = {
 @dataclass
 class SourceSpans:
     text: str  # what libcst parsed
-    # id(statement) -> its start, its own start (after its leading lines), its end, its indentation
-    spans: dict[int, tuple[int, int, int, str]] = field(default_factory=dict)
+    # id(statement) -> its start, its own start (after its leading lines, at its indentation), its end
+    spans: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     anchors: dict[int, cst.BaseStatement] = field(default_factory=dict)  # id(anchor child) -> its statement
 
     def original(self, stmt: cst.BaseStatement) -> cst.BaseStatement | None:
@@ -69,6 +69,12 @@ class SourceSpans:
             return stmt
         name = _ANCHOR.get(type(stmt))
         return self.anchors.get(id(getattr(stmt, name))) if name is not None else None
+
+    def indented(self, own_start: int, indent: str) -> bool:
+        """Whether the statement whose own text starts at `own_start` is indented by `indent`."""
+        text = self.text
+        after = own_start + len(indent)
+        return text.startswith(indent, own_start) and after < len(text) and text[after] not in " \t"
 
 
 def changed_fields(stmt: cst.CSTNode, original: cst.CSTNode) -> list[str]:
@@ -225,10 +231,8 @@ class _Finder:
         return self.parsed[self.line_starts[line - 1]:self.line_starts[line]].rstrip("\r\n")
 
     def record(self, stmt: cst.BaseStatement, start: int, end: int, own_first: int) -> None:
-        first_line = self.line_text(own_first)
-        indent = first_line[:len(first_line) - len(first_line.lstrip(" \t"))]
-        self.result.spans[id(stmt)] = (self.line_starts[start - 1], self.line_starts[own_first - 1],
-                                       self.line_starts[end], indent)
+        line_starts = self.line_starts
+        self.result.spans[id(stmt)] = (line_starts[start - 1], line_starts[own_first - 1], line_starts[end])
         name = _ANCHOR.get(type(stmt))
         if name is not None:
             self.result.anchors[id(getattr(stmt, name))] = stmt
