@@ -18,7 +18,7 @@ from functools import lru_cache
 import libcst as cst
 
 from tpu_migrate.findings import FileResult, Fix, KeptImport, Manual, Note
-from tpu_migrate.rewrite import imports, registry, todos, transforms
+from tpu_migrate.rewrite import imports, printing, registry, todos, transforms
 from tpu_migrate.rewrite import skeleton as skeletons
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
 from tpu_migrate.rewrite.except_colons import restore_except_colons, spaced_except_colons
@@ -26,7 +26,6 @@ from tpu_migrate.rewrite.flows import held_assignments, passed_to_functions
 from tpu_migrate.rewrite.files import DecodeError, decode, encode, format_size, prefilter
 from tpu_migrate.rewrite.names import Analysis, analyze, is_xla_name, mark_subtrees
 from tpu_migrate.rewrite.plans import make_plans
-from tpu_migrate.rewrite import printing
 from tpu_migrate.rewrite.printing import quick_printing
 from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.skeleton import SkeletonMiss
@@ -261,7 +260,8 @@ def _rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resu
     if footer is not None and _footer_code(new_module) != _footer_code(module):
         raise Unreproducible("libcst does not print the end of this file back exactly")
     # The statements the walk left as they were are copied from `parsed`, not printed anew.
-    code = _with_footer(printing.module_code(new_module, source_spans(module, tree, parsed, skeleton)), module, footer)
+    printed = printing.module_code(new_module, source_spans(module, tree, parsed, skeleton))
+    code = _with_footer(printed, module, footer)
     if code == parsed:
         return text
     output = code if skeleton is None else skeleton.restore(code, file.gone)

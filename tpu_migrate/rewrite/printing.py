@@ -151,7 +151,7 @@ def module_code(module: cst.Module, spans: SourceSpans | None, counts: list[int]
     """`module.code`, copying the text of the statements in `spans` (source_spans.py) that it
     holds unchanged where they were. `counts`: gets how many statements libcst printed (tests).
     Outside quick_printing, only the module's own statements are copied."""
-    if spans is None or _INDENTED_BLOCK is None or not module.has_trailing_newline:
+    if spans is None or CodegenState is None or _INDENTED_BLOCK is None or not module.has_trailing_newline:
         return module.code
     state = _CopyingState(default_indent=module.default_indent, default_newline=module.default_newline)
     state.spans, state.generated = spans, 0
