@@ -124,8 +124,8 @@ match x:
 
 
 def test_each_statements_span_is_the_text_libcst_prints_for_it():
-    sources = [_TRICKY, *(path.read_text(encoding="utf-8")
-                          for path in sorted((ROOT / "fixtures" / "corpus").glob("*.py")))]
+    sources = [_TRICKY, *(path.read_text(encoding="utf-8")  # a third of them: the test stays cheap
+                          for path in sorted((ROOT / "fixtures" / "corpus").glob("*.py"))[::3])]
     checked = 0
     for text in sources:
         tree = ast.parse(text)
@@ -137,7 +137,7 @@ def test_each_statements_span_is_the_text_libcst_prints_for_it():
             assert printed[key] == text[start:end]
             assert text[own_start:end].lstrip(" \t")[:1] not in "#\r\n"  # its own first line
             checked += 1
-    assert checked > 1000
+    assert checked > 300
 
 
 def test_no_spans_where_the_numbers_do_not_check_out():
