@@ -3,7 +3,8 @@
 Per file: pre-filter the bytes; decode as Python does; parse with `ast` (fast, and the error
 message users know); analyse names; stop here when nothing refers to torch_xla; parse with libcst,
 leaving out the statements no rule can change (skeleton.py); rewrite the flagged statements;
-manage imports; print; check that the print parses; put the left-out text back. A file
+manage imports; print (copying the statements that did not change: printing.py); check that
+the print parses; put the left-out text back. A file
 whose output does not parse is kept byte-for-byte and reported as an error.
 """
 
@@ -17,7 +18,7 @@ from functools import lru_cache
 import libcst as cst
 
 from tpu_migrate.findings import FileResult, Fix, KeptImport, Manual, Note
-from tpu_migrate.rewrite import imports, registry, todos, transforms
+from tpu_migrate.rewrite import imports, printing, registry, todos, transforms
 from tpu_migrate.rewrite import skeleton as skeletons
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
 from tpu_migrate.rewrite.except_colons import restore_except_colons, spaced_except_colons
@@ -28,6 +29,7 @@ from tpu_migrate.rewrite.plans import make_plans
 from tpu_migrate.rewrite.printing import quick_printing
 from tpu_migrate.rewrite.suppress import parse_suppressions, unknown_codes
 from tpu_migrate.rewrite.skeleton import SkeletonMiss
+from tpu_migrate.rewrite.source_spans import source_spans
 from tpu_migrate.rewrite.transformer import ModuleRewriter, WalkError
 from tpu_migrate.rewrite.transforms.amp_compile import found_inf_steps
 from tpu_migrate.rewrite.transforms.spmd import mesh_attribute_reads
@@ -257,7 +259,9 @@ def _rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resu
                                  key=lambda k: (k.line, k.module))
     if footer is not None and _footer_code(new_module) != _footer_code(module):
         raise Unreproducible("libcst does not print the end of this file back exactly")
-    code = _with_footer(new_module.code, module, footer)
+    # The statements the walk left as they were are copied from `parsed`, not printed anew.
+    printed = printing.module_code(new_module, source_spans(module, tree, parsed, skeleton))
+    code = _with_footer(printed, module, footer)
     if code == parsed:
         return text
     output = code if skeleton is None else skeleton.restore(code, file.gone)

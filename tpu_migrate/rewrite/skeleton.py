@@ -118,7 +118,7 @@ class Skeleton:
         if code.count(PREFIX) != len(self.kept) - len(gone):
             return None
         pieces, end, seen = [], 0, set()
-        for match in _PLACEHOLDER.finditer(code):
+        for match in PLACEHOLDER_LINE.finditer(code):
             number = int(match["number"])
             kept = self.kept[number]
             if number in seen or number in gone or match["indent"] != kept.indent \
@@ -140,7 +140,8 @@ class SkeletonMiss(Exception):
     the file anew, whole."""
 
 
-_PLACEHOLDER = re.compile(rf"^(?P<indent>[ \t]*){PREFIX}(?P<number>\d+)__(?P<end>\r?\n)", re.MULTILINE)
+# A placeholder's line, as build writes it.
+PLACEHOLDER_LINE = re.compile(rf"^(?P<indent>[ \t]*)(?P<name>{PREFIX}(?P<number>\d+)__)(?P<end>\r?\n)", re.MULTILINE)
 
 
 def build(text: str, tree: ast.Module, analysis: Analysis, keep_last: bool,
