@@ -568,7 +568,9 @@ class WarmPython:
         self.log.close()
 
 
-MAX_SERVERS = 6  # per process: a run whose start-time environment is a seventh kind starts cold
+MAX_SERVERS = 8  # per process: a run whose start-time environment is a ninth kind starts cold (at 6, 32
+#   diagnose runs of a seventh kind started cold in one full run: about 4 s of CPU each; a server
+#   holds 0.3-0.9 GB)
 _SERVERS: dict[tuple, WarmPython | None] = {}
 _SERVERS_LOCK = threading.Lock()
 _ROOT: Path | None = None
