@@ -37,7 +37,7 @@ def run_tasks(work: Callable[[Task], FileResult], tasks: Sequence[Task], jobs: i
     while remaining:
         done = 0
         try:
-            with ProcessPoolExecutor(max_workers=min(jobs, len(remaining)), initializer=_die_with_parent) as pool:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(remaining)), initializer=_pool_worker) as pool:
                 # Chunks submitted here rather than through pool.map, whose iterator cancels
                 # what is queued when it is interrupted: the pool, ended then (`_stop`), would
                 # fail those futures again and print concurrent.futures' InvalidStateError.
@@ -71,7 +71,13 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     nobody."""
     for process in list((getattr(pool, "_processes", None) or {}).values()):
         process.terminate()
+    manager = getattr(pool, "_executor_manager_thread", None)
     pool.shutdown(wait=False)
+    # Its manager thread closes the pool's wake-up pipe as it ends; concurrent.futures' exit
+    # handler writes to that pipe unlocked (CPython 3.11), and a close between its check and its
+    # write printed "OSError: Bad file descriptor" under a Ctrl-C. The workers are ended: it ends soon.
+    if manager is not None and manager is not threading.current_thread():
+        manager.join(timeout=5)
 
 
 def _in_own_process(work: Callable[[Task], FileResult], task: Task) -> FileResult:
@@ -90,6 +96,15 @@ def _in_own_process(work: Callable[[Task], FileResult], task: Task) -> FileResul
         return result
     return FileResult(task[0], error=f"the process rewriting it died ({_how(process.exitcode)}); "
                                      "the file is unchanged")
+
+
+def _pool_worker() -> None:
+    """A pool's worker: Ctrl-C left to the parent, which ends the pool (_stop): a terminal's
+    Ctrl-C reaches the whole group, and a worker interrupted before the parent ended it printed
+    its own traceback ("Process ForkProcess-1:"). It dies with its parent."""
+    if multiprocessing.parent_process() is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
 
 
 def _die_with_parent() -> None:
