@@ -256,16 +256,20 @@ def emptied_if_headers(text: str, touched: list[tuple[int, int]]) -> set[int]:
 
 
 def reported_spans(text: str, result) -> list[tuple[int, int]]:
-    """For each line a fix or manual finding names: the innermost statement around it (1-based,
-    inclusive), with its decorators."""
+    """For each place a fix or manual finding names: the innermost statement around it (1-based,
+    inclusive lines), with its decorators. By line and column: on `if test: body()` a finding on
+    the test is the `if`'s, not its one-line body's (and by line alone where no statement holds
+    the column: ast counts it in bytes)."""
     spans = []
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.stmt):
             start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            spans.append((start, node.end_lineno))
+            first = (start, 0) if start < node.lineno else (node.lineno, node.col_offset)  # its decorators'
+            spans.append((start, node.end_lineno, first, (node.end_lineno, node.end_col_offset)))
     out = []
-    for line in {f.line for f in result.fixes} | {m.line for m in result.manual}:
-        around = [(end - start, start, end) for start, end in spans if start <= line <= end]
+    for line, col in {(f.line, f.col) for f in result.fixes} | {(m.line, m.col) for m in result.manual}:
+        around = [(end - start, start, end) for start, end, first, last in spans if first <= (line, col - 1) < last] or \
+            [(end - start, start, end) for start, end, _, _ in spans if start <= line <= end]
         out.append(min(around)[1:] if around else (line, line))
     return out
 
