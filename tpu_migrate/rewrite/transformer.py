@@ -51,12 +51,12 @@ _COMPOUND_AST = {
 }
 
 
-
 def _suite_lines(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
     """A block's statements; a one-line suite's (`if c: a(); b()  # why`) as a line of them."""
     if isinstance(suite, cst.IndentedBlock):
         return list(suite.body)
     return [cst.SimpleStatementLine(body=suite.body, trailing_whitespace=suite.trailing_whitespace)]
+
 
 class WalkError(Exception):
     """The CST and the ast disagree about the statement structure (a bug, reported per file)."""
