@@ -75,8 +75,10 @@ def test_the_xla_backend_fails_a_sync_and_a_recompile_after_warm_up_and_passes_c
                                  f"*test_training.py:{recompile}: recompile: recompiled 1 time(s)*"])
 
 
-def test_native_eager_sync_every_step_fails(pytester):
-    """Without torch_xla the native backend traces the test: the CPU stands in for the TPU."""
+def test_native_eager_sync_every_step_fails_and_a_compiled_recompile_after_warm_up_fails(pytester):
+    """Without torch_xla the native backend traces the test: the CPU stands in for the TPU. A
+    sync every step fails its test, a clean eager loop passes, and a torch.compile recompile after
+    warm-up fails its test (in one inner run: each inner pytest start imports torch)."""
     pytester.makepyfile(test_eager='''
 import pytest
 import torch
@@ -89,7 +91,7 @@ def test_eager_cpu():
         loss = model(torch.ones(2, 3)).sum()
         loss.backward()
         optimizer.step()
-        print(float(loss))  # line 12 of the generated file
+        print(float(loss))  # the sync
 
 
 @pytest.mark.tpu_diagnose
@@ -99,16 +101,7 @@ def test_clean_eager_loop_passes():
     for _ in range(4):
         model(torch.ones(2, 3)).sum().backward()
         optimizer.step()
-''')
-    result = pytester.runpytest_subprocess("-q")
-    result.assert_outcomes(failed=1, passed=1)
-    result.stdout.fnmatch_lines(["*test_eager.py:12: sync: host sync `float`*"])
 
-
-def test_native_compiled_recompile_after_warmup_fails(pytester):
-    pytester.makepyfile(test_compiled='''
-import pytest
-import torch
 
 @pytest.mark.tpu_diagnose(fail_on=("recompile",), warmup_steps=2)
 def test_compiled_shapes_change():
@@ -116,12 +109,18 @@ def test_compiled_shapes_change():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     forward = torch.compile(model, backend="aot_eager")  # Dynamo recompiles alike; no C++ builds
     for batch in (8, 8, 8, 5):
-        forward(torch.ones(batch, 4)).sum().backward()
+        forward(torch.ones(batch, 4)).sum().backward()  # the recompile
         optimizer.step()
 ''')
     result = pytester.runpytest_subprocess("-q")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*test_compiled.py:10: recompile: torch.compile recompiled the compiled code called here*for a new input shape*dimension 0 changed (8 -> 5)*"])
+    lines = (pytester.path / "test_eager.py").read_text().splitlines()
+    sync, recompile = (1 + next(i for i, line in enumerate(lines) if line.endswith(f"# the {what}"))
+                       for what in ("sync", "recompile"))
+    result.assert_outcomes(failed=2, passed=1)
+    result.stdout.fnmatch_lines(["*_ test_eager_cpu _*", f"*test_eager.py:{sync}: sync: host sync `float`*",
+                                 "*_ test_compiled_shapes_change _*",
+                                 f"*test_eager.py:{recompile}: recompile: torch.compile recompiled the compiled code "
+                                 "called here*for a new input shape*dimension 0 changed (8 -> 5)*"])
 
 
 def test_unknown_kind_is_a_usage_error(pytester):
