@@ -91,17 +91,17 @@ def verify_python(path, torch_xla: bool, first: str = ""):
     """An interpreter for `tpu-migrate verify --python` in a subprocess: a script that runs the
     suite's warm python for the run's environment, as `warm` does for run_verify in this process
     (a cold start imports torch, 2-6 s of CPU a process). The servers are those of the
-    environments verify makes from this one (runs.Workspace.run); a run they cannot reproduce
-    starts the real interpreter. A migrated run has verify's torch_xla blocker first on its
-    PYTHONPATH; an original has PJRT_DEVICE=CPU, and where its program never imports torch_xla
-    (`torch_xla=False`) it runs from a server without torch_xla, which it would otherwise find
-    imported (the recorder acts on torch_xla's modules where they are). `first`: a shell line run
-    before."""
+    environments verify makes from this one (runs.Workspace.run), which this module's runs use
+    too (conftest.SAME_WORKER_MODULES: one worker); a run they cannot reproduce starts the real
+    interpreter. A migrated run has verify's torch_xla blocker first on its PYTHONPATH. An
+    original (PJRT_DEVICE=CPU) whose program never imports torch_xla (`torch_xla=False`) starts
+    cold: from the originals' server it would find torch_xla imported (the recorder acts on its
+    modules where they are), and a server of its own would be one kind more for the worker.
+    `first`: a shell line run before."""
     migrated = {**os.environ}
     for name, value in (("OMP_NUM_THREADS", "1"), ("PYTHONHASHSEED", "0")):
         migrated.setdefault(name, value)
-    original = {"PJRT_DEVICE": "CPU", **migrated}
-    original = warm(original) if torch_xla else warm_python.python_for(original, differential.WARM_MODULES)
+    original = warm({"PJRT_DEVICE": "CPU", **migrated}) if torch_xla else sys.executable
     path.write_text(f'#!/bin/sh\n{first}\ncase "$PYTHONPATH" in */blocker:*) exec {warm(migrated)} "$@";; esac\n'
                     f'exec {original} "$@"\n')
     path.chmod(0o755)
