@@ -42,6 +42,10 @@ ONE_WORKER_MODULES = {
     "test_fsdp_wrap_walk": "one torch_xla process comparing every wrap policy",
     "test_verify": "the original's runs that every mutation is compared with",
 }
+# Modules whose tests go to the worker of a module of ONE_WORKER_MODULES: {module: that module}.
+# test_verify_runs' programs start from the warm python servers of test_verify's runs: on another
+# worker each of its kinds would be a server more there (MAX_SERVERS, tests/warm_python.py).
+SAME_WORKER_MODULES = {"test_verify_runs": "test_verify"}
 # Tests of other modules that must share a worker: {node id: group}. The migrated decoder
 # scripts that torch.compile the same model run one after the other on one worker: the second
 # then finds the first's kernels in the session's inductor cache (the eager_with_compile run:
@@ -171,16 +175,19 @@ def pytest_collection_modifyitems(config, items):
     start at once on both workers and the many short tests fill the end (pyproject.toml turns
     xdist's own reordering off); the modules of ONE_WORKER_MODULES first of all, each one unit
     (pytest_xdist_make_scheduler)."""
-    items.sort(key=lambda item: (item.module.__name__ not in ONE_WORKER_MODULES,
+    front = {*ONE_WORKER_MODULES, *SAME_WORKER_MODULES}
+    items.sort(key=lambda item: (item.module.__name__ not in front,
                                  item.get_closest_marker("slow") is None))
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadgroup` with ONE_WORKER_MODULES and ONE_WORKER_TESTS as the groups (see
-    tests/scheduling.py for why not xdist's own xdist_group marks)."""
+    """`--dist loadgroup` with ONE_WORKER_MODULES (SAME_WORKER_MODULES joining theirs) and
+    ONE_WORKER_TESTS as the groups (see tests/scheduling.py for why not xdist's own xdist_group
+    marks)."""
     if config.getvalue("dist") != "loadgroup":
         return None
     import scheduling
 
-    return scheduling.Groups(config, log, set(ONE_WORKER_MODULES), ONE_WORKER_TESTS)
+    return scheduling.Groups(config, log, {**{module: module for module in ONE_WORKER_MODULES}, **SAME_WORKER_MODULES},
+                             ONE_WORKER_TESTS)

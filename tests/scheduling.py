@@ -19,15 +19,17 @@ from xdist.scheduler import LoadScopeScheduling
 
 class Groups(LoadScopeScheduling):
     """Load scheduling test by test, except that the tests of each of `modules` (module names,
-    `test_pod`) are one work unit, and the tests `tests` maps to one group name are another."""
+    `test_pod`) are one work unit, and the tests `tests` maps to one group name are another.
+    `modules` may map a module to the group it joins (`{"test_verify_runs": "test_verify"}`:
+    both modules' tests are one unit)."""
 
-    def __init__(self, config, log, modules: set[str], tests: dict[str, str]):
+    def __init__(self, config, log, modules: set[str] | dict[str, str], tests: dict[str, str]):
         super().__init__(config, log)
-        self.modules = modules
+        self.modules = modules if isinstance(modules, dict) else {module: module for module in modules}
         self.tests = tests
 
     def _split_scope(self, nodeid: str) -> str:
         if nodeid in self.tests:
             return self.tests[nodeid]
         module = PurePosixPath(nodeid.split("::", 1)[0]).stem
-        return module if module in self.modules else nodeid
+        return self.modules.get(module, nodeid)

@@ -222,6 +222,9 @@ def wait_for_temporary_file(process, work, seconds: float = 60):
             temp = next((os.path.join(directory, n) for n in names if n.endswith(TEMP_SUFFIX)), None)
             if temp:
                 return temp
+        # Not a busy loop: it took a core from the run it waits for (and from the other test
+        # worker) for the whole start-up; a temporary file lives 50 ms at least (SLOW_WRITER).
+        time.sleep(0.01)
     return None
 
 

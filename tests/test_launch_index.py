@@ -9,10 +9,8 @@ run on both "hosts" at once."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,18 +24,19 @@ PROGRAM = harness.PROGRAMS / "pod" / "d02_launch_index_under_torchrun.py"
 LAUNCH_LINE = re.compile(r"^@launch (\{.*\})$", re.M)
 
 
-def _two_hosts(path: Path, tmp_path: Path) -> list[dict]:
-    """Run `path` as torchrun's one process on each of two hosts; the `@launch` records by host."""
+def _two_hosts(path: Path, tmp_path: Path, original: bool) -> list[dict]:
+    """Run `path` as torchrun's one process on each of two hosts; the `@launch` records by host.
+    From the harness's warm python (torch_xla imported for the original: XLA:CPU)."""
     port = str(harness.free_port())
     procs = []
     for host in (0, 1):
         # TORCH_DIST_INIT_BARRIER: the worker runs no collective, so without init's own barrier
         # host 1 could finish, and close its side of gloo's mesh, while host 0 still connects.
-        env = {**harness._mp_env({}), "PJRT_DEVICE": "CPU", "RANK": str(host), "LOCAL_RANK": "0",
-               "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(host), "NODE_RANK": str(host),
-               "TORCHELASTIC_RUN_ID": "pod", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+        env = {**harness._mp_env({}), **({"PJRT_DEVICE": "CPU"} if original else {}), "RANK": str(host),
+               "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(host),
+               "NODE_RANK": str(host), "TORCHELASTIC_RUN_ID": "pod", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                "TORCH_DIST_INIT_BARRIER": "1"}
-        procs.append(subprocess.Popen([sys.executable, str(path)], env=env, cwd=tmp_path, text=True,
+        procs.append(subprocess.Popen(harness._command(path, [], env, None), env=env, cwd=tmp_path, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outputs = [proc.communicate(timeout=120)[0] for proc in procs]
     assert all(proc.returncode == 0 for proc in procs), "\n".join(
@@ -47,10 +46,10 @@ def _two_hosts(path: Path, tmp_path: Path) -> list[dict]:
 
 
 def test_the_worker_gets_its_index_on_its_host_as_the_original_did(tmp_path):
-    original = _two_hosts(PROGRAM, tmp_path)
+    original = _two_hosts(PROGRAM, tmp_path, original=True)
     assert original == [[{"index": 0, "rank": 0}], [{"index": 0, "rank": 1}]]
     data = PROGRAM.read_bytes()
     migrated = tmp_path / PROGRAM.name
     migrated.write_bytes(output(rewrite(data, "portable", PROGRAM.name), data))
     assert "import torch_xla" not in migrated.read_text()
-    assert _two_hosts(migrated, tmp_path) == original
+    assert _two_hosts(migrated, tmp_path, original=False) == original

@@ -23,43 +23,31 @@ def run(pytester, body: str):
     return pytester.runpytest_subprocess("-q")
 
 
-def test_sync_in_the_loop_fails_the_test_with_the_finding(pytester, monkeypatch):
-    monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    result = run(pytester, '''
+# The torch_xla backend's inner tests, in one inner run: each inner pytest that imports torch_xla
+# starts in 6-8 s of CPU, and the plugin diagnoses each marked test on its own. Their graphs
+# differ (no test finds another's compiled), so each compiles as it would alone.
+XLA_TESTS = '''
 @pytest.mark.tpu_diagnose(fail_on=("sync",))
 def test_logs_every_step():
     w = torch.ones(4, device=device)
     for step in range(4):
         w = w * 0.5
         torch_xla.sync()
-        print(w.sum().item())  # line 13 of the generated file
-''')
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*tpu-migrate diagnose: 1 finding(s)*",
-                                 "*test_training.py:13: sync: host sync `item`*"])
+        print(w.sum().item())  # the sync
 
 
-def test_recompile_after_warmup_fails(pytester, monkeypatch):
-    monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    result = run(pytester, '''
 @pytest.mark.tpu_diagnose(fail_on=("recompile",), warmup_steps=2)
 def test_shapes_change():
     for size in (8, 8, 8, 5):
         x = torch.ones(size, 4, device=device) * 2
-        torch_xla.sync()  # line 11 of the generated file
-''')
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*test_training.py:11: recompile: recompiled 1 time(s)*"])
+        torch_xla.sync()  # the recompile
 
 
-def test_clean_loop_and_unmarked_tests_pass(pytester, monkeypatch):
-    monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    result = run(pytester, '''
 @pytest.mark.tpu_diagnose
 def test_stays_on_device():
-    w = torch.ones(4, device=device)
+    w = torch.ones(6, device=device)
     for step in range(5):
-        w = w * 0.5
+        w = w * 0.25
         torch_xla.sync()
     assert w.sum().item() > 0  # one read after the loop is fine
 
@@ -68,12 +56,29 @@ def test_unmarked_may_sync():
     for step in range(3):
         torch_xla.sync()
         torch.ones(2, device=device).sum().item()
-''')
-    result.assert_outcomes(passed=2)
+'''
 
 
-def test_native_eager_sync_every_step_fails(pytester):
-    """Without torch_xla the native backend traces the test: the CPU stands in for the TPU."""
+def test_the_xla_backend_fails_a_sync_and_a_recompile_after_warm_up_and_passes_clean_loops(pytester, monkeypatch):
+    """A sync in the loop fails its test with the finding; a recompile after warm-up fails its
+    test; a clean loop and an unmarked test pass."""
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    result = run(pytester, XLA_TESTS)
+    lines = (pytester.path / "test_training.py").read_text().splitlines()  # as makepyfile wrote it
+    sync, recompile = (1 + next(i for i, line in enumerate(lines) if line.endswith(f"# the {what}"))
+                       for what in ("sync", "recompile"))
+    result.assert_outcomes(failed=2, passed=2)
+    # Each finding in its own test's failure.
+    result.stdout.fnmatch_lines(["*_ test_logs_every_step _*", "*tpu-migrate diagnose: 1 finding(s)*",
+                                 f"*test_training.py:{sync}: sync: host sync `item`*",
+                                 "*_ test_shapes_change _*",
+                                 f"*test_training.py:{recompile}: recompile: recompiled 1 time(s)*"])
+
+
+def test_native_eager_sync_every_step_fails_and_a_compiled_recompile_after_warm_up_fails(pytester):
+    """Without torch_xla the native backend traces the test: the CPU stands in for the TPU. A
+    sync every step fails its test, a clean eager loop passes, and a torch.compile recompile after
+    warm-up fails its test (in one inner run: each inner pytest start imports torch)."""
     pytester.makepyfile(test_eager='''
 import pytest
 import torch
@@ -86,7 +91,7 @@ def test_eager_cpu():
         loss = model(torch.ones(2, 3)).sum()
         loss.backward()
         optimizer.step()
-        print(float(loss))  # line 12 of the generated file
+        print(float(loss))  # the sync
 
 
 @pytest.mark.tpu_diagnose
@@ -96,16 +101,7 @@ def test_clean_eager_loop_passes():
     for _ in range(4):
         model(torch.ones(2, 3)).sum().backward()
         optimizer.step()
-''')
-    result = pytester.runpytest_subprocess("-q")
-    result.assert_outcomes(failed=1, passed=1)
-    result.stdout.fnmatch_lines(["*test_eager.py:12: sync: host sync `float`*"])
 
-
-def test_native_compiled_recompile_after_warmup_fails(pytester):
-    pytester.makepyfile(test_compiled='''
-import pytest
-import torch
 
 @pytest.mark.tpu_diagnose(fail_on=("recompile",), warmup_steps=2)
 def test_compiled_shapes_change():
@@ -113,12 +109,18 @@ def test_compiled_shapes_change():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     forward = torch.compile(model, backend="aot_eager")  # Dynamo recompiles alike; no C++ builds
     for batch in (8, 8, 8, 5):
-        forward(torch.ones(batch, 4)).sum().backward()
+        forward(torch.ones(batch, 4)).sum().backward()  # the recompile
         optimizer.step()
 ''')
     result = pytester.runpytest_subprocess("-q")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*test_compiled.py:10: recompile: torch.compile recompiled the compiled code called here*for a new input shape*dimension 0 changed (8 -> 5)*"])
+    lines = (pytester.path / "test_eager.py").read_text().splitlines()
+    sync, recompile = (1 + next(i for i, line in enumerate(lines) if line.endswith(f"# the {what}"))
+                       for what in ("sync", "recompile"))
+    result.assert_outcomes(failed=2, passed=1)
+    result.stdout.fnmatch_lines(["*_ test_eager_cpu _*", f"*test_eager.py:{sync}: sync: host sync `float`*",
+                                 "*_ test_compiled_shapes_change _*",
+                                 f"*test_eager.py:{recompile}: recompile: torch.compile recompiled the compiled code "
+                                 "called here*for a new input shape*dimension 0 changed (8 -> 5)*"])
 
 
 def test_unknown_kind_is_a_usage_error(pytester):

@@ -58,12 +58,9 @@ def test_the_command_finds_the_migration_the_same_at_one_and_two_processes(tmp_p
     interpreter that notes each start, then is python."""
     (tmp_path / "train.py").write_text(TORCH_ONLY)
     starts = tmp_path.parent / f"{tmp_path.name}-starts"
-    python = tmp_path.parent / f"{tmp_path.name}-python"
-    # ... then is the suite's warm python for the environment verify gives its runs (a run it
-    # cannot reproduce starts the real interpreter).
-    runs_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    python.write_text(f"#!/bin/sh\necho started >> {starts}\nexec {warm(runs_env)} \"$@\"\n")
-    python.chmod(0o755)
+    # ... then is the suite's warm python for the environment verify gives the run.
+    python = verify_python(tmp_path.parent / f"{tmp_path.name}-python", torch_xla=False,
+                           first=f"echo started >> {starts}")
     proc = subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--target", "portable", "--format", "json",
                            "--nproc", "1,2", "--python", str(python), "--html", "verify.html", "train.py"], capture_output=True,
                           text=True, cwd=tmp_path, timeout=600)
@@ -88,6 +85,27 @@ def warm(env: dict[str, str]) -> str:
     torch_xla for the originals, imported."""
     modules = differential.WARM_XLA_MODULES if "PJRT_DEVICE" in env else differential.WARM_MODULES
     return warm_python.python_for(env, modules)
+
+
+def verify_python(path, torch_xla: bool, first: str = ""):
+    """An interpreter for `tpu-migrate verify --python` in a subprocess: a script that runs the
+    suite's warm python for the run's environment, as `warm` does for run_verify in this process
+    (a cold start imports torch, 2-6 s of CPU a process). The servers are those of the
+    environments verify makes from this one (runs.Workspace.run), which this module's runs use
+    too (conftest.SAME_WORKER_MODULES: one worker); a run they cannot reproduce starts the real
+    interpreter. A migrated run has verify's torch_xla blocker first on its PYTHONPATH. An
+    original (PJRT_DEVICE=CPU) whose program never imports torch_xla (`torch_xla=False`) starts
+    cold: from the originals' server it would find torch_xla imported (the recorder acts on its
+    modules where they are), and a server of its own would be one kind more for the worker.
+    `first`: a shell line run before."""
+    migrated = {**os.environ}
+    for name, value in (("OMP_NUM_THREADS", "1"), ("PYTHONHASHSEED", "0")):
+        migrated.setdefault(name, value)
+    original = warm({"PJRT_DEVICE": "CPU", **migrated}) if torch_xla else sys.executable
+    path.write_text(f'#!/bin/sh\n{first}\ncase "$PYTHONPATH" in */blocker:*) exec {warm(migrated)} "$@";; esac\n'
+                    f'exec {original} "$@"\n')
+    path.chmod(0o755)
+    return path
 
 
 def original_run(workspace: Workspace, name: str, program: Target, args: list[str]):

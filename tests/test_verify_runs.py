@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+from test_verify import verify_python, warm
 from tpu_migrate.verify.command import error_tail
 
 COMPILED_STEP = """\
@@ -70,9 +71,13 @@ dist.init_process_group("gloo")
 """)
 
 
-def _verify(cwd, *args):
-    return subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", *args], capture_output=True, text=True,
-                          cwd=cwd, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+def _verify(cwd, *args, torch_xla: bool):
+    """The command on cwd's program, whose runs start from the suite's warm python (test_verify's
+    verify_python: the stand-in's runs of target tpu start cold)."""
+    python = verify_python(cwd.parent / f"{cwd.name}-python", torch_xla)
+    return subprocess.run([sys.executable, "-m", "tpu_migrate", "verify", "--python", str(python), *args],
+                          capture_output=True, text=True, cwd=cwd,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}, timeout=600)
 
 
 @pytest.mark.slow
@@ -81,7 +86,7 @@ def test_a_step_inside_torch_xla_compile_full_graph_is_recorded_at_the_end_of_th
     program): the step's values are read after the region's own sync, so the original runs and
     every step is compared with its migration (torch.compile on the stand-in)."""
     (tmp_path / "train.py").write_text(COMPILED_STEP)
-    proc = _verify(tmp_path, "--nproc", "1", "train.py")
+    proc = _verify(tmp_path, "--nproc", "1", "train.py", torch_xla=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 optimizer steps" in proc.stdout and "migrated, 1 process: same (3 steps" in proc.stdout
 
@@ -89,7 +94,7 @@ def test_a_step_inside_torch_xla_compile_full_graph_is_recorded_at_the_end_of_th
 @pytest.mark.slow
 def test_a_failed_two_process_run_keeps_the_one_process_verdict_and_shows_the_ranks_error(tmp_path):
     (tmp_path / "train.py").write_text(BREAKS_AT_TWO)
-    proc = _verify(tmp_path, "--target", "portable", "--format", "json", "train.py")
+    proc = _verify(tmp_path, "--target", "portable", "--format", "json", "train.py", torch_xla=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "migrated, 1 process: same (3 steps" in proc.stderr
     document = json.loads(proc.stdout)
@@ -104,7 +109,7 @@ def test_a_failed_two_process_run_keeps_the_one_process_verdict_and_shows_the_ra
 @pytest.mark.slow
 def test_a_single_process_program_does_not_go_through_torchrun_by_default(tmp_path):
     (tmp_path / "train.py").write_text(SINGLE)
-    proc = _verify(tmp_path, "--target", "portable", "train.py")
+    proc = _verify(tmp_path, "--target", "portable", "train.py", torch_xla=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "single-process program" in proc.stdout and "torchrun" not in proc.stdout.split("not apply")[1]
     assert "migrated, 1 process: same" in proc.stdout and "2 processes" not in proc.stdout.split("not run")[1]
@@ -173,7 +178,7 @@ def test_the_recorder_notes_the_autocast_dtype_and_the_line_that_draws_on_the_xl
     from tpu_migrate.verify.runs import Target, Workspace
 
     (tmp_path / "train.py").write_text(AUTOCAST_AND_DEVICE_RNG)
-    workspace = Workspace(target="portable")
+    workspace = Workspace(warm, "portable")  # the suite's warm python (test_verify)
     try:
         original = workspace.run("original", "original", Target(tmp_path / "train.py", None, False), [], 1, 300)
         migrated = workspace.run("migrated", "migrated", workspace.migrate(Target(tmp_path / "train.py", None, False)),
@@ -227,7 +232,7 @@ def test_under_torch_xla_the_recorder_adds_no_graph_execution(tmp_path):
     from tpu_migrate.verify.runs import Target, Workspace
 
     (tmp_path / "train.py").write_text(SYNCED_STEPS)
-    workspace = Workspace(target="portable")
+    workspace = Workspace(warm, "portable")  # the suite's warm python (test_verify)
     try:
         run = workspace.run("original", "original", Target(tmp_path / "train.py", None, False), [], 1, 300,
                             watch_writes=True)

@@ -44,7 +44,8 @@ LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOMP_", "L
 # PJRT_DYNAMIC_PLUGINS: torch_xla sets it when its runtime starts (an original's children inherit
 # it) and reads it only then (torch_xla/experimental/plugins.py), never while importing.
 # TORCH_NCCL_ASYNC_ERROR_HANDLING: torchrun sets it for its workers; ProcessGroupNCCL reads it
-# when it is made.
+# when it is made. TORCH_DIST_INIT_BARRIER: read when a process group is made (torch's
+# distributed_c10d._is_barrier_after_init, torch_xla's rendezvous), in Python only.
 # TPU_MIGRATE_*: the tool's own (verify's record directory), read by its sitecustomize, which runs
 # per run. (TORCH_TPU_* is not: the TorchTPU stand-in's server imports torch_tpu, which reads
 # TORCH_TPU_ALLOW_LEGACY_DEVICE_APIS at import.)
@@ -52,7 +53,7 @@ LOAD_TIME_PREFIXES = ("PYTHON", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "GOMP_", "L
 # set_tpu_launch_env sets before a launch (the children of a pod host start with them) and reads only
 # then (torch_tpu/_standin/launch.py), never while importing: each spawned worker of a pod started cold.
 PER_RUN = {"PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC", "TMPDIR", "TEMP", "TMP",
-           "PJRT_DYNAMIC_PLUGINS", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+           "PJRT_DYNAMIC_PLUGINS", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_DIST_INIT_BARRIER",
            "TORCH_TPU_SLICEBUILDER_ADDRESSES", "TORCH_TPU_TOPOLOGY", "TORCH_TPU_XPROF_SESSION_ID"}
 PER_RUN_PREFIXES = ("TPU_MIGRATE_",)
 
