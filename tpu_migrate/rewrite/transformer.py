@@ -31,6 +31,7 @@ from tpu_migrate.rewrite.layout import (
     rebuild_line,
 )
 from tpu_migrate.rewrite.plans import Plans
+from tpu_migrate.rewrite.rebuilt import with_body, with_changes
 from tpu_migrate.rewrite.skeleton import Skeleton, SkeletonMiss
 from tpu_migrate.rewrite.registry import REGISTRY, emits
 from tpu_migrate.rewrite.transforms.common import GLOBAL_MASTER, LOCAL_MASTER
@@ -536,47 +537,33 @@ class ModuleRewriter:
                 produced, _ = self.compound(stmt.orelse, node.orelse[0], elif_=True)
                 changes["orelse"] = produced[0]
             elif stmt.orelse is not None:
-                changes["orelse"] = stmt.orelse.with_changes(
-                    body=self.body_block(stmt.orelse.body, node.orelse)
-                )
-            return stmt.with_changes(**changes)
+                changes["orelse"] = with_body(stmt.orelse, self.body_block(stmt.orelse.body, node.orelse))
+            return with_changes(stmt, **changes)
         if isinstance(stmt, (cst.For, cst.While)):
             changes = {"body": self.body_block(stmt.body, node.body)}
             if stmt.orelse is not None:
-                changes["orelse"] = stmt.orelse.with_changes(
-                    body=self.body_block(stmt.orelse.body, node.orelse)
-                )
-            return stmt.with_changes(**changes)
+                changes["orelse"] = with_body(stmt.orelse, self.body_block(stmt.orelse.body, node.orelse))
+            return with_changes(stmt, **changes)
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             # A function's body runs wherever it is called: no enclosing rank test holds there.
             outer, self.rank_gate = self.rank_gate, None
             try:
-                return stmt.with_changes(body=self.body_block(stmt.body, node.body))
+                return with_body(stmt, self.body_block(stmt.body, node.body))
             finally:
                 self.rank_gate = outer
         if isinstance(stmt, cst.With):
-            return stmt.with_changes(body=self.body_block(stmt.body, node.body))
+            return with_body(stmt, self.body_block(stmt.body, node.body))
         if isinstance(stmt, (cst.Try, cst.TryStar)):
-            handlers = [
-                h.with_changes(body=self.body_block(h.body, a.body))
-                for h, a in zip(stmt.handlers, node.handlers)
-            ]
+            handlers = [with_body(h, self.body_block(h.body, a.body)) for h, a in zip(stmt.handlers, node.handlers)]
             changes = {"body": self.body_block(stmt.body, node.body), "handlers": handlers}
             if stmt.orelse is not None:
-                changes["orelse"] = stmt.orelse.with_changes(
-                    body=self.body_block(stmt.orelse.body, node.orelse)
-                )
+                changes["orelse"] = with_body(stmt.orelse, self.body_block(stmt.orelse.body, node.orelse))
             if stmt.finalbody is not None:
-                changes["finalbody"] = stmt.finalbody.with_changes(
-                    body=self.body_block(stmt.finalbody.body, node.finalbody)
-                )
-            return stmt.with_changes(**changes)
+                changes["finalbody"] = with_body(stmt.finalbody, self.body_block(stmt.finalbody.body, node.finalbody))
+            return with_changes(stmt, **changes)
         if isinstance(stmt, cst.Match):
-            cases = [
-                c.with_changes(body=self.body_block(c.body, a.body))
-                for c, a in zip(stmt.cases, node.cases)
-            ]
-            return stmt.with_changes(cases=cases)
+            cases = [with_body(c, self.body_block(c.body, a.body)) for c, a in zip(stmt.cases, node.cases)]
+            return with_changes(stmt, cases=cases)
         raise WalkError(f"unhandled compound statement {type(stmt).__name__}")
 
 
