@@ -310,6 +310,9 @@ class StatementContext:
         # The TODO comments directly above the statement that this run's findings reword
         # (`supersede`): they go, and the findings' own are written in their place.
         self.superseded: set[str] = set()
+        # resolve's answers: id(node) -> (node, qualified name); the walk asks about most calls'
+        # names twice (expressions.py: whether torch_xla's, then which rule), the rules again.
+        self._resolved: dict[int, tuple[cst.BaseExpression, str | None]] = {}
 
     @property
     def in_joined_worker(self) -> bool:
@@ -390,11 +393,17 @@ class StatementContext:
         return []
 
     def resolve(self, node: cst.BaseExpression) -> str | None:
+        known = self._resolved.get(id(node))
+        if known is not None and known[0] is node:  # (the node is held: its id is not reused)
+            return known[1]
         dotted = cst_dotted(node)
         if dotted is None:
-            return None
-        qualname = self.scope.resolve(dotted, self.info.position)
-        return self.file.catalog.canonical(qualname) if qualname else None
+            qualname = None
+        else:
+            qualname = self.scope.resolve(dotted, self.info.position)
+            qualname = self.file.catalog.canonical(qualname) if qualname else None
+        self._resolved[id(node)] = (node, qualname)
+        return qualname
 
     def consume(self, qualname: str | None) -> tuple[int, int]:
         """Mark the next reference to `qualname` as handled; its (line, col) in the input."""

@@ -392,6 +392,7 @@ class ModuleRewriter:
     def compound(self, stmt: cst.BaseCompoundStatement, node: ast.stmt, elif_: bool = False):
         info = self.analysis.info(node)
         sc = StatementContext(self.file, info) if info.interesting else None
+        test = getattr(stmt, "test", None)  # as parsed (an `if`'s: _folded_if)
         prefix: list[cst.BaseStatement] = []
         mark = self.findings_mark()
         if sc is not None:
@@ -431,7 +432,7 @@ class ModuleRewriter:
             return [], comments_of_removed_if(stmt)
         if not elif_:
             stmt = self._say_emptied(stmt, node)
-        folded = None if elif_ or sc is None else self._folded_if(stmt, node, sc)
+        folded = None if elif_ or sc is None or getattr(stmt, "test", None) is test else self._folded_if(stmt, node, sc)
         if folded is not None:
             return folded
         return [stmt], []
@@ -487,7 +488,8 @@ class ModuleRewriter:
         place, as a reviewer would write it; (statements, comments for the next statement), or
         None. Only where the test was not constant before (the user's own `if True:` stays) and
         the branch that goes holds nothing the rules report on (its findings would point at
-        code that is gone)."""
+        code that is gone). The caller skips an `if` whose test the walk left as it was: its
+        text is the input's, whose truth the first test below finds."""
         if not isinstance(stmt, cst.If) or constant_truth(node.test) is not None:
             return None
         truth = constant_truth(_CODEGEN.code_for_node(stmt.test))
