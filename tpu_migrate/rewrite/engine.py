@@ -463,7 +463,10 @@ def _span_at_most(node: ast.AST, line_starts: list[int]) -> int:
     end_line = getattr(node, "end_lineno", None)
     if end_line is None or isinstance(node, ast.JoinedStr):  # f-string parts: odd positions before 3.12
         return _UNPLACED
-    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
+    first = node.lineno
+    decorators = getattr(node, "decorator_list", None)
+    if decorators:
+        first = min(first, *[d.lineno for d in decorators])
     return line_starts[end_line - 1] - line_starts[first - 1] + node.end_col_offset
 
 

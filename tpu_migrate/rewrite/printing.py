@@ -186,11 +186,20 @@ def module_code(module: cst.Module, spans: SourceSpans | None, counts: list[int]
         line._codegen(state)
     if counts is not None:
         counts.append(state.generated)
-    tokens = state.tokens
     if checked is not None:
-        left_out = state.left_out
-        checked.append("".join([left_out.get(i, token) for i, token in enumerate(tokens)] if left_out else tokens))
-    return "".join(tokens) or state.default_newline  # as Module._codegen_impl
+        checked.append(_without(state.tokens, state.left_out))
+    return "".join(state.tokens) or state.default_newline  # as Module._codegen_impl
+
+
+def _without(tokens: list[str], left_out: dict[int, str]) -> str:
+    """The text of `tokens` with those at the indices of `left_out` replaced by its values."""
+    pieces, start = [], 0
+    for index in sorted(left_out):
+        pieces.append("".join(tokens[start:index]))
+        pieces.append(left_out[index])
+        start = index + 1
+    pieces.append("".join(tokens[start:]))
+    return "".join(pieces)
 
 
 @contextmanager
