@@ -14,7 +14,9 @@ ratio of two numbers measured side by side is what means something. Two ratios a
   of those same files: the engine's own overhead.
 
 With --cli, a third: `tpu-migrate rewrite --check --jobs 1 --no-cache DIR` as a fresh process
-(start-up, discovery and the report included), against libcst's parse+print of every file.
+(start-up, discovery and the report included), against libcst's parse+print of every file; and
+against the same parse+print as a fresh process too (Python's start-up and libcst's import, about
+0.15 s, included on both sides): the "cold floor" line.
 A dense corpus of real torch_xla code: benchmarks/dense_corpus.py.
 
 The tool runs with the garbage collector mostly idle (gc_settings.fewer_collections), which a bare
@@ -30,6 +32,7 @@ say: its package is imported, and its CLI run from DIR), to compare two versions
 from __future__ import annotations
 
 import argparse
+import compileall
 import resource
 import subprocess
 import sys
@@ -104,6 +107,24 @@ def time_cli(root: Path) -> tuple[float, float]:
     return time.perf_counter() - start, _children_cpu() - cpu
 
 
+_COLD_FLOOR = """
+import sys, libcst
+for path in open(sys.argv[1]).read().splitlines():
+    with open(path, "rb") as handle:
+        libcst.parse_module(handle.read()).code
+"""
+
+
+def time_cold_floor(paths: list[str]) -> tuple[float, float]:
+    """(wall, CPU of the process) of libcst's parse+print of `paths` in a fresh Python."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as listing:
+        listing.write("\n".join(paths))
+        listing.flush()
+        start, cpu = time.perf_counter(), _children_cpu()
+        subprocess.run([sys.executable, "-c", _COLD_FLOOR, listing.name], check=True)
+        return time.perf_counter() - start, _children_cpu() - cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", type=Path, help="measure this tree instead of a synthetic one")
@@ -130,8 +151,13 @@ def main() -> None:
             rows[label] = alternating([lambda: time_tool(subset), *(lambda f=f: f(subset) for f in floors)],
                                       args.repeat)
         if args.cli:
-            rows["cold CLI, --jobs 1"] = alternating(
-                [lambda: time_cli(root), *(lambda f=f: f(paths) for f in floors)], args.repeat)
+            # Byte-compiled as an install leaves it (PYTHONDONTWRITEBYTECODE, set on some
+            # machines, would have every cold run compile the tool's changed modules anew).
+            compileall.compile_dir(ROOT / "tpu_migrate", quiet=1)
+            *cli_times, cold_floor = alternating(
+                [lambda: time_cli(root), *(lambda f=f: f(paths) for f in floors), lambda: time_cold_floor(paths)],
+                args.repeat)
+            rows["cold CLI, --jobs 1"] = cli_times
 
     print(f"tool from {ROOT}; corpus: {len(paths)} files, {lines} lines, {len(xla_paths)} mention torch_xla")
     for kind, index in (("wall", 0), ("CPU", 1)):
@@ -139,6 +165,9 @@ def main() -> None:
         for label, times in rows.items():
             tool, floor, floor_gc = (spent[index] for spent in times)
             print(f"{label:24}{tool:>11.3f}s{floor:>12.3f}s{tool / floor:>7.2f}{floor_gc:>9.3f}s{tool / floor_gc:>7.2f}")
+        if args.cli:
+            tool, cold = rows["cold CLI, --jobs 1"][0][index], cold_floor[index]
+            print(f"{'  against a cold floor':24}{tool:>11.3f}s{cold:>12.3f}s{tool / cold:>7.2f}")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ even when every statement goes through the rewriter's walker, and every changed 
 torch_xla program lies on a statement a fix or a manual finding reports (or is an import that was
 added, removed or turned into a guard).
 
+Section (d) puts the calls the rules convert in unusual argument shapes and places.
+
 Profiles (TPU_MIGRATE_HYPOTHESIS_PROFILE): `ci` (default: derandomized, a few hundred examples in
 all) and `long` (thousands, random): `TPU_MIGRATE_HYPOTHESIS_PROFILE=long .venv/bin/python -m
 pytest tests/test_properties.py`.
@@ -254,16 +256,20 @@ def emptied_if_headers(text: str, touched: list[tuple[int, int]]) -> set[int]:
 
 
 def reported_spans(text: str, result) -> list[tuple[int, int]]:
-    """For each line a fix or manual finding names: the innermost statement around it (1-based,
-    inclusive), with its decorators."""
+    """For each place a fix or manual finding names: the innermost statement around it (1-based,
+    inclusive lines), with its decorators. By line and column: on `if test: body()` a finding on
+    the test is the `if`'s, not its one-line body's (and by line alone where no statement holds
+    the column: ast counts it in bytes)."""
     spans = []
     for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.stmt):
             start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            spans.append((start, node.end_lineno))
+            first = (start, 0) if start < node.lineno else (node.lineno, node.col_offset)  # its decorators'
+            spans.append((start, node.end_lineno, first, (node.end_lineno, node.end_col_offset)))
     out = []
-    for line in {f.line for f in result.fixes} | {m.line for m in result.manual}:
-        around = [(end - start, start, end) for start, end in spans if start <= line <= end]
+    for line, col in {(f.line, f.col) for f in result.fixes} | {(m.line, m.col) for m in result.manual}:
+        around = [(end - start, start, end) for start, end, first, last in spans if first <= (line, col - 1) < last] or \
+            [(end - start, start, end) for start, end, _, _ in spans if start <= line <= end]
         out.append(min(around)[1:] if around else (line, line))
     return out
 
@@ -477,3 +483,65 @@ def test_every_statement_rule_converts_any_argument_text(case, target):
     assert result.changed, program
     assert [f.code for f in result.fixes].count(code) == 1, (program, result.fixes, result.manual)
     assert [m for m in result.manual if m.code == code] == [], (program, result.manual)
+
+
+# (d) Unusual argument shapes, and unusual places, of the calls the rules convert ----------------
+#
+# Legal code that reaches a rule's transform in a shape or place it may not expect: an empty
+# literal list (`xm.all_reduce(op, [])` made an `if` with no body), starred and keyword-unpacked
+# arguments, an argument over lines with a comment (quoted in a TODO, it broke the comment line),
+# the call as an `if` test or in a one-line suite (the fold of a constant `if` read an indented
+# block's header), a spawn with no worker (the launch plan crashed). Whatever the rule does with
+# it (a fix, or a TODO for a human), the tool must not crash and its output must parse and be a
+# fixed point, and the call must be reported (fixed, or a TODO).
+
+SHAPES = ["[]", "()", "{{}}", "[{A}]", "({A},)", "[*{A}]", "[{A}, *{A}]", "*{A}", "**{A}", "lambda: {A}",
+          "(n := {A})", "(\n    {A}  # c\n)", "[\n    {A},  # c\n    {A},\n]", "{A} if a else {A}", "None"]
+# {C}: the call as a statement; {E}: the call as an expression (a statement's value, without `x = `).
+PLACES = [
+    "{C}", "if a: {C}", "if a:\n    pass\nelse: {C}", "if a:\n    pass\nelif b: {C}", "a = 1; {C}", "{C}; a = 1",
+    "while a: {C}", "for _ in b: {C}", "try: {C}\nexcept E: pass", "with m: {C}",
+    "async def f():\n    {C}", "class K:\n    {C}", "def g():\n    return {E}", "lam = lambda: {E}",
+    "values = [{E} for _ in b]", "@{E}\ndef g(): pass", "with {E} as w: pass", "if {E}: pass",
+    "if {E}: a = 1\nelse: a = 2", "for w in {E}: pass", "print({E})", "assert {E}", "z = ({E}, 1)",
+    "def g(p={E}): pass",
+]
+# Calls beyond the statement rules' whose shapes or places went wrong.
+SHAPE_RULE_CALLS = {**STATEMENT_RULE_CALLS,
+                    "TPU001": ["xm.xla_device({A})", "xm.xla_device(devkind={A})"],
+                    "TPU010": ["xm.mark_step()"],
+                    "TPU060": ["xmp.spawn({A})", "xmp.spawn(fn, args={A}, nprocs={A})"],
+                    "TPU161": ["xm.xla_device_hw({A})"]}
+_SHAPE_HEADER = _HEADER.replace("import torch_xla.runtime as xr\n", "import torch_xla.runtime as xr\n"
+                                "import torch_xla.distributed.xla_multiprocessing as xmp\n")
+
+
+@st.composite
+def shaped_call_programs(draw):
+    code = draw(st.sampled_from(sorted(SHAPE_RULE_CALLS)))
+    call = draw(st.sampled_from(SHAPE_RULE_CALLS[code]))
+    parts = re.split(r"(\{[AS]\})", call)
+    call = "".join(
+        draw(st.sampled_from(SHAPES)).replace("{A}", draw(ARGUMENTS).replace("{", "{{").replace("}", "}}"))
+        .format() if part in ("{A}", "{S}") and draw(st.booleans()) else
+        draw(SOLE_ARGUMENTS if part == "{S}" else ARGUMENTS) if part in ("{A}", "{S}") else part
+        for part in parts)
+    expression = re.sub(r"^\w+ = ", "", call)
+    place = draw(st.sampled_from(PLACES))
+    body = place.replace("{C}", call).replace("{E}", expression)
+    program = _SHAPE_HEADER + body + "\n"
+    assume(parses(program))
+    return code, program
+
+
+@profile(60)
+@given(case=shaped_call_programs(), target=TARGETS)
+@example(case=("TPU100", _SHAPE_HEADER + "xm.all_reduce(xm.REDUCE_SUM, [])\n"), target="tpu")
+@example(case=("TPU010", _SHAPE_HEADER + "if xm.mark_step(): a = 1\nelse: a = 2\n"), target="tpu")
+@example(case=("TPU001", _SHAPE_HEADER + "d = xm.xla_device([\n    a,  # c\n    b,\n][0])\n"), target="tpu")
+@example(case=("TPU060", _SHAPE_HEADER + "xmp.spawn(nprocs=1)\n"), target="tpu")
+def test_every_rule_takes_unusual_argument_shapes_and_places(case, target):
+    code, program = case
+    result = check_rewrite(program.encode("utf-8"), target)
+    assert result.error is None, result.error
+    assert result.fixes or result.manual, program  # the rule's, or a sibling's (TPU031 for TPU030)

@@ -84,14 +84,17 @@ def _rewrite_paths(files, settings, jobs, sources=None, reals=None):
     return rewrite_paths(files, Options(**settings), jobs, sources=sources, reals=reals)
 
 
-def _project_passes(paths, files: list[str]) -> dict[str, tuple]:
+def _project_passes(paths, files: list[str], reals: dict[str, str] | None = None) -> dict[str, tuple]:
     """What the rewrite's project-wide passes find, over one reading of the project
     (rewrite/project.py: under the project root, or among the run's files where no
     pyproject.toml or .git marks one): the modules that run SPMD without naming it
     (spmd_programs.py), the functions each file imports from the project that pass a parameter
     to torch_xla (parameter_flows.py), and the modules run by a launch in another module
     (kept_launches.py). With the garbage collector as idle as in the rewrite (the trees they
-    parse form no cycles; collections took 14-19% of their CPU time over this repository)."""
+    parse form no cycles; collections took 14-19% of their CPU time over this repository).
+    The trees they parse of the run's own files (`reals`: their real paths, where found) are
+    kept for the rewrite, which then parses them no more (parsed_trees.py; `clear` after it)."""
+    from tpu_migrate.rewrite import parsed_trees
     from tpu_migrate.rewrite.gc_settings import fewer_collections
     from tpu_migrate.rewrite.kept_launches import kept_launch_modules
     from tpu_migrate.rewrite.parameter_flows import project_parameters
@@ -99,11 +102,20 @@ def _project_passes(paths, files: list[str]) -> dict[str, tuple]:
     from tpu_migrate.rewrite.spmd_programs import spmd_modules
 
     root = project_root(list(paths))
+    reals = reals or {}
+    parsed_trees.start(frozenset(reals.get(f) or os.path.realpath(f) for f in files if f.endswith(".py")))
     with fewer_collections():
         project = Project(files, None if root == Path(root.anchor) else root)
         return {"spmd_modules": spmd_modules(files, project.root, project),
                 "xla_parameters": project_parameters(files, project.root, project),
                 "kept_launches": kept_launch_modules(files, project.root, project)}
+
+
+def _forget_parsed_trees() -> None:
+    """The rewrite is done: the trees the project passes kept for it go (parsed_trees.py)."""
+    from tpu_migrate.rewrite import parsed_trees
+
+    parsed_trees.clear()
 
 
 @contextmanager
@@ -280,7 +292,7 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
         else:
             files.append(path)
 
-    settings.update(_project_passes(paths, files))
+    settings.update(_project_passes(paths, files, reals))
     show_progress = output_format == "text" and stderr.is_terminal and len(files) > PROGRESS_THRESHOLD
     with _progress_bar(stderr, len(files), show_progress) as advance:
         cache = None
@@ -304,6 +316,7 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
                     result.fixes = []  # not applied: nothing was fixed (its manual findings stand)
             results.append(result)
             advance()
+    _forget_parsed_trees()
     if cache is not None:
         with _uninterrupted():
             cache.save()

@@ -477,6 +477,8 @@ class StatementContext:
                 where, anchor = (ref.line, ref.col), ref.dotted
             else:
                 where = self.where
+        # A TODO is one comment line: code it quotes may span lines (an argument with comments).
+        message = " ".join(line.strip() for line in message.splitlines()) if todo else message
         finding = Manual(code, *where, message, anchor=anchor, todo=todo)
         self.file.manual.append(finding)
         if todo:

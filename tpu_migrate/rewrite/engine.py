@@ -18,7 +18,7 @@ from functools import lru_cache
 import libcst as cst
 
 from tpu_migrate.findings import FileResult, Fix, KeptImport, Manual, Note
-from tpu_migrate.rewrite import imports, printing, registry, todos, transforms
+from tpu_migrate.rewrite import imports, parsed_trees, printing, registry, todos, transforms
 from tpu_migrate.rewrite import skeleton as skeletons
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
 from tpu_migrate.rewrite.except_colons import restore_except_colons, spaced_except_colons
@@ -61,9 +61,12 @@ def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | N
     # put the CRs back.
     cr_only = "\r" in source.text and "\n" not in source.text
     text = source.text.replace("\r", "\n") if cr_only else source.text
+    # The project passes' tree of these bytes, where they parsed them (parsed_trees.py): the
+    # same tree as a parse of the text, which UTF-8 bytes (no BOM) decode to as they read.
+    tree = parsed_trees.take(data) if source.encoding == "utf-8" and not cr_only else None
     try:
         with quick_printing():
-            new_text = rewrite_text(text, path, options, catalog or load_catalog(), result)
+            new_text = rewrite_text(text, path, options, catalog or load_catalog(), result, tree=tree)
         if cr_only and new_text is not None:
             new_text = new_text.replace("\n", "\r")
     except SyntaxError as exc:  # NUL bytes, say: the parser names no line
@@ -140,11 +143,12 @@ def flagged_names(catalog: Catalog) -> frozenset[str]:
 
 
 def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult,
-                 whole: bool = False) -> str | None:
+                 whole: bool = False, tree: ast.Module | None = None) -> str | None:
     """The rewritten text, or None when nothing in it concerns torch_xla. libcst parses the
-    statements the rules cannot change only when `whole` (skeleton.py)."""
+    statements the rules cannot change only when `whole` (skeleton.py). `tree`: the text's
+    ast, where it was parsed already (by the project passes; read, never changed)."""
     try:
-        return _rewrite_text(text, path, options, catalog, result, whole)
+        return _rewrite_text(text, path, options, catalog, result, whole, tree)
     except SkeletonMiss:  # a later pass must visit a statement the skeleton left out
         result.fixes.clear()
         result.manual.clear()
@@ -152,8 +156,8 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
 
 
 def _rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult,
-                  whole: bool) -> str | None:
-    tree = ast.parse(text, filename=path)
+                  whole: bool, tree: ast.Module | None = None) -> str | None:
+    tree = ast.parse(text, filename=path) if tree is None else tree
     analysis = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
     has_xla_imports = any(is_xla_name(b.qualname) for b in analysis.imports)
     dynamic_imports = [d for info in analysis.infos.values() for d in info.dynamic_imports]

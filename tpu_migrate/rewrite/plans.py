@@ -394,6 +394,8 @@ def spawn_worker(call: ast.Call, info: StmtInfo, analysis: Analysis, canonical) 
     fn = call.args[0] if call.args else next(
         (k.value for k in call.keywords if k.arg == "fn"), None
     )
+    if fn is None:
+        return Worker(refusal="the call names no worker function")
     if not isinstance(fn, ast.Name):
         return Worker(refusal=f"the worker `{ast.unparse(fn)}` is not a plain name of this file (an "
                       "attribute of another module, a lambda, a call ...)")

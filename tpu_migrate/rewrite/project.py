@@ -8,10 +8,11 @@ their trees and their imports. `Project` holds those, so one run walks the tree 
 file once, finds each file's imports once (spmd_programs.import_graph, kept on the project) and
 resolves each `from ... import` line one way for every pass.
 
-Trees are not kept: a file parsed by two passes is parsed twice. Keeping them (this repository's
-1,276 files as its own project, 3.6 MB) saved 184 of 569 parses and made the passes slower
-(2.25 s of CPU against 1.61 s): every collection of the oldest generation walked the kept trees'
-millions of objects.
+Trees are kept only for the run's own files, which the rewrite parses again after the passes
+(parsed_trees.py: it takes them instead). Keeping every tree (this repository's 1,276 files as
+its own project, 3.6 MB) saved 184 of 569 parses and made the passes slower (2.25 s of CPU
+against 1.61 s): every collection of the oldest generation walked the kept trees' millions of
+objects.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import re
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+
+from tpu_migrate.rewrite import parsed_trees
 
 # Directories that hold no module of the project: installed packages, caches, version control.
 SKIPPED = frozenset({"__pycache__", "node_modules", "site-packages", "dist-packages", "build"})
@@ -50,6 +53,8 @@ class Project:
         self.texts = Texts()
         self.graph = None  # the import graph, made by spmd_programs.import_graph where asked
         self._files: dict[str, str | None] = {}
+        self._dirs: dict[str, bool] = {}
+        self._modules: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._from_imports: dict[str, list] = {}
         self._xla_files: list[str] | None = None
 
@@ -57,8 +62,17 @@ class Project:
         return self.texts.read(path)
 
     def tree(self, path: str, data: bytes | None = None) -> ast.Module | None:
-        """The parsed file (None: it does not parse; not kept, see above)."""
-        return parse(path, self.read(path) if data is None else data)
+        """The parsed file (None: it does not parse). Kept only where the rewrite parses the same
+        bytes after the passes (parsed_trees.py: the run's own files), not otherwise, see above."""
+        data = self.read(path) if data is None else data
+        if data is None:
+            return None
+        tree = parsed_trees.kept(data)
+        if tree is None:
+            tree = parse(path, data)
+            if tree is not None:
+                parsed_trees.keep(path, data, tree)
+        return tree
 
     def shown(self, path: str) -> str:
         """The path as the TODOs print it: relative to the project root (its name where none)."""
@@ -76,6 +90,20 @@ class Project:
             self._files[candidate] = os.path.realpath(candidate) if os.path.isfile(candidate) else None
         return self._files[candidate]
 
+    def is_dir(self, path: str) -> bool:
+        """Whether the path is a directory (the disk asked once)."""
+        if path not in self._dirs:
+            self._dirs[path] = os.path.isdir(path)
+        return self._dirs[path]
+
+    def module_files(self, dotted: str, roots: list[str]) -> tuple[str, ...]:
+        """`module_files`, found once for each name and roots: files of one directory import
+        the same modules."""
+        key = (dotted, *roots)
+        if key not in self._modules:
+            self._modules[key] = tuple(module_files(dotted, roots, self.real_file, self.is_dir))
+        return self._modules[key]
+
     def from_imports(self, path: str) -> list[tuple[int, str, list[tuple[str, str]]]]:
         """The file's `from ... import` lines (`from_imports`), found once."""
         if path not in self._from_imports:
@@ -89,7 +117,7 @@ class Project:
         here = os.path.dirname(path)
         for _ in range(max(level - 1, 0)):
             here = os.path.dirname(here)
-        return module_files(dotted, [here] if level else [here, *self.bases], self.real_file)
+        return iter(self.module_files(dotted, [here] if level else [here, *self.bases]))
 
 
 class Texts:
@@ -194,17 +222,23 @@ def _real_file(path: str) -> str | None:
     return os.path.realpath(path) if os.path.isfile(path) else None
 
 
-def module_files(dotted: str, roots: list[str], real_file: Callable[[str], str | None] = _real_file) -> Iterator[str]:
+def module_files(dotted: str, roots: list[str], real_file: Callable[[str], str | None] = _real_file,
+                 is_dir: Callable[[str], bool] = os.path.isdir) -> Iterator[str]:
     """The files the dotted name may be, under each root (`real_file`: a candidate path's real
-    path, None where it is no file)."""
+    path, None where it is no file; `is_dir`: whether a path is a directory)."""
     parts = dotted.split(".")
     for root in roots:
-        for depth in range(1, len(parts) + 1):
-            stem = os.path.join(root, *parts[:depth])
-            for candidate in (os.path.join(stem, "__init__.py"), stem + ".py"):
-                real = real_file(candidate)
-                if real is not None:
-                    yield real
+        stem = root
+        for part in parts:
+            stem = os.path.join(stem, part)
+            real = real_file(os.path.join(stem, "__init__.py"))
+            if real is not None:
+                yield real
+            real = real_file(stem + ".py")
+            if real is not None:
+                yield real
+            if not is_dir(stem):
+                break  # nothing below a path that is no directory is a file
 
 
 # `from module import a, b as c` / `from . import (a,\n b)`, at any indentation.

@@ -171,7 +171,7 @@ class _Imports:
 
     def add(self, path: str, tree: ast.Module, data: bytes) -> None:
         if path not in self._of:
-            self._of[path] = list(_local_imports(path, tree, self.project.bases, self.project.real_file,
+            self._of[path] = list(_local_imports(path, tree, self.project.bases, self.project.module_files,
                                                  _calls_named(data, path)))
 
     def of(self, path: str, data: bytes | None = None) -> list[str] | None:
@@ -180,7 +180,7 @@ class _Imports:
             data = self.project.read(path) if data is None else data
             tree = self.project.tree(path, data)
             self._of[path] = None if tree is None else \
-                list(_local_imports(path, tree, self.project.bases, self.project.real_file, _calls_named(data, path)))
+                list(_local_imports(path, tree, self.project.bases, self.project.module_files, _calls_named(data, path)))
         return self._of[path]
 
 
@@ -342,6 +342,15 @@ def _spmd_tree(path: str, data: bytes | None, project: Project) -> ast.Module | 
     tree = project.tree(path, data)
     if tree is None:
         return None
+    # The imports first, from the statements alone (most of a tree is expressions): most files
+    # parsed here import an SPMD module, and in plain source the bytes show whether the other
+    # two tests can hold (`_may_run_spmd`'s reasoning). The whole walk only where they may.
+    imported = _imported_names(_import_statements(tree))
+    if any(name.startswith(_SPMD_MODULES) for name in imported):
+        return tree
+    if _plain_identifiers(path, data) and _SPMD_ENV_SPELLED.search(data) is None and not (
+            (b"use_spmd" in data or b"use_fsdp_v2" in data) and any(is_xla_name(name) for name in imported)):
+        return None
     imported, called, environment = set(), False, False
     Import, ImportFrom, Attribute, Name, Constant, keyword = \
         ast.Import, ast.ImportFrom, ast.Attribute, ast.Name, ast.Constant, ast.keyword
@@ -365,20 +374,34 @@ def _spmd_tree(path: str, data: bytes | None, project: Project) -> ast.Module | 
     return tree if called and any(is_xla_name(name) for name in imported) else None
 
 
+def _imported_names(statements: list[ast.Import | ast.ImportFrom]) -> set[str]:
+    """The modules the import statements name, and the names a `from` import takes from one
+    (`torch_xla.distributed.spmd` of `from torch_xla.distributed import spmd`): as `_spmd_tree`'s walk."""
+    imported = set()
+    for node in statements:
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif node.module and node.level == 0:
+            imported.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
+    return imported
+
+
 def _local_imports(path: str, tree: ast.Module, bases: list[str],
-                   real_file: Callable[[str], str | None] = lambda p: os.path.realpath(p) if os.path.isfile(p) else None,
+                   find: Callable[[str, list[str]], Iterable[str]] = module_files,
                    calls: bool = True) -> Iterator[str]:
     """The project's files that `tree` (the file at `path`) imports: modules found beside it,
     under the project root or its src/, in directories the file adds to sys.path, and the
-    packages' __init__.py files on the way. `calls`: False where the file's bytes show that it
-    calls neither an import function nor sys.path.append / insert (`_calls_named`)."""
+    packages' __init__.py files on the way. `find`: the files a dotted name may be under roots
+    (project.module_files; Project.module_files asks the disk once). `calls`: False where the
+    file's bytes show that it calls neither an import function nor sys.path.append / insert
+    (`_calls_named`)."""
     here = os.path.dirname(path)
     imports, path_calls = _import_nodes(tree) if calls else (_import_statements(tree), [])
     bases = [*bases, *_added_paths(path, tree, path_calls)]
     for node in imports:
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield from module_files(alias.name, [here, *bases], real_file)
+                yield from find(alias.name, [here, *bases])
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = here
@@ -388,11 +411,11 @@ def _local_imports(path: str, tree: ast.Module, bases: list[str],
             else:
                 prefix, roots = node.module or "", [here, *bases]
             if prefix:
-                yield from module_files(prefix, roots, real_file)
+                yield from find(prefix, roots)
             for alias in node.names:  # `from pkg import module`
-                yield from module_files(f"{prefix}.{alias.name}".lstrip("."), roots, real_file)
+                yield from find(f"{prefix}.{alias.name}".lstrip("."), roots)
         else:  # importlib.import_module("name"): a name given whole
-            yield from module_files(node.args[0].value, [here, *bases], real_file)
+            yield from find(node.args[0].value, [here, *bases])
 
 
 def _import_nodes(tree: ast.Module) -> tuple[list[ast.AST], list[ast.Call]]:

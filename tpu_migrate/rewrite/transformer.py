@@ -52,6 +52,13 @@ _COMPOUND_AST = {
 }
 
 
+def _suite_lines(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
+    """A block's statements; a one-line suite's (`if c: a(); b()  # why`) as a line of them."""
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    return [cst.SimpleStatementLine(body=suite.body, trailing_whitespace=suite.trailing_whitespace)]
+
+
 class WalkError(Exception):
     """The CST and the ast disagree about the statement structure (a bug, reported per file)."""
 
@@ -502,14 +509,17 @@ class ModuleRewriter:
         sc.dropped_code(dropped)  # an import only the dead branch used goes with it
         self.dropped(stmt.orelse if truth else stmt.body)
         if truth:
-            kept, footer = self.expanded(list(stmt.body.body)), stmt.body.footer
+            kept, footer = self.expanded(_suite_lines(stmt.body)), getattr(stmt.body, "footer", [])
         elif isinstance(stmt.orelse, cst.Else):
-            kept, footer = self.expanded(list(stmt.orelse.body.body)), stmt.orelse.body.footer
+            kept, footer = self.expanded(_suite_lines(stmt.orelse.body)), getattr(stmt.orelse.body, "footer", [])
         elif isinstance(stmt.orelse, cst.If):  # the `elif` is now the `if`, at its column
             kept, footer = [stmt.orelse], []
         else:
             kept, footer = [], []
-        above = [*stmt.leading_lines, *header_comments(stmt.body.header)]
+        # The comment after the `if`'s colon; a one-line suite kept keeps it on its line.
+        one_line = not isinstance(stmt.body, cst.IndentedBlock)
+        header = stmt.body.trailing_whitespace if one_line else stmt.body.header
+        above = [*stmt.leading_lines, *([] if one_line and truth else header_comments(header))]
         after = [line for line in footer if line.comment is not None]  # the block's closing comments
         if not kept:
             return [], [line for line in above if line.comment is not None] + after

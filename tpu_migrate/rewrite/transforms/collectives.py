@@ -174,7 +174,8 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
         # A statement: a list is reduced in place; a tensor's reduction was returned, and
         # dropped here, so the tensor itself stays as it was.
         elements = inputs.elements if isinstance(inputs, (cst.List, cst.Tuple)) else None
-        if elements is not None and all(isinstance(e, cst.Element) for e in elements):
+        # An empty list reduces nothing: the loop below over it (an `if` needs a body).
+        if elements and all(isinstance(e, cst.Element) for e in elements):
             lines = [f"if {world_guard(sc, rule.code, where)}:"]
             for element in elements:
                 lines.append(f"    {dist}.all_reduce({code(element.value)}, op={op})")
@@ -332,7 +333,8 @@ def collective_broadcast_statement(call, qualname, sc: StatementContext, rule, p
     tensors = bound["tensors"].value
     where = sc.fixed(rule.code, qualname)
     lines = [f"if {world_guard(sc, rule.code, where, short=True)}:"]
-    if isinstance(tensors, (cst.List, cst.Tuple)) and all(isinstance(e, cst.Element) for e in tensors.elements):
+    if isinstance(tensors, (cst.List, cst.Tuple)) and tensors.elements \
+            and all(isinstance(e, cst.Element) for e in tensors.elements):  # an empty one: the loop
         lines += [f"    {dist}.broadcast({code(e.value)}, src={root})" for e in tensors.elements]
     else:
         var = fresh_name(sc, "tensor")
