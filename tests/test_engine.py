@@ -140,6 +140,29 @@ def test_generated_code_that_does_not_parse_is_an_internal_error(monkeypatch):
     assert result.error_line is None and result.fixes == [] and result.manual == []
 
 
+@pytest.mark.parametrize("fault", ["comment", "value"])
+def test_a_rule_s_node_libcst_refuses_is_an_internal_error_not_the_file_s(monkeypatch, fault):
+    """Fault injection: a rule builds a node libcst refuses (a comment holding a line break: a
+    CSTValidationError, which is a SyntaxError) or raises ValueError. The input parsed: the
+    error is the tool's, not "syntax error" or "cannot parse" blaming the user's file."""
+    import libcst as cst
+
+    def broken(call, qualname, sc, rule):
+        sc.fixed(rule.code, qualname)
+        if fault == "comment":
+            cst.Comment("# a TODO\nover two lines")
+        raise ValueError("a rule's own mistake")
+
+    monkeypatch.setitem(transforms.CALL, "device_call", broken)
+    result = run(SOURCE.encode())
+    assert not result.changed and result.output is None
+    assert result.error.startswith("internal error: ") and result.error.endswith("; left unchanged")
+    assert ("CSTValidationError" if fault == "comment" else "ValueError: a rule's own mistake") in result.error
+    assert result.fixes == [] and result.manual == []
+    assert run(b"import torch_xla\nx = 1\x00\n").error == "cannot parse: source code string cannot contain null bytes"
+    assert run(b"import torch_xla\nx = (\n").error.startswith("syntax error at line 2")
+
+
 def test_second_run_changes_nothing():
     first = run(SOURCE.encode())
     assert run(first.output).changed is False

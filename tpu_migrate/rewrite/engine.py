@@ -69,22 +69,21 @@ def rewrite_bytes(data: bytes, path: str, options: Options, catalog: Catalog | N
             new_text = rewrite_text(text, path, options, catalog or load_catalog(), result, tree=tree)
         if cr_only and new_text is not None:
             new_text = new_text.replace("\n", "\r")
-    except SyntaxError as exc:  # NUL bytes, say: the parser names no line
-        return _failed(result, f"syntax error at line {exc.lineno}: {exc.msg}" if exc.lineno
-                       else f"cannot parse: {exc.msg}", exc.lineno)
-    except cst.ParserSyntaxError as exc:
-        return _failed(result, f"syntax error at line {exc.raw_line}: {exc.message}", exc.raw_line)
+    except Unparsable as exc:
+        return _failed(result, exc.message, exc.line)
     except (TooDeep, RecursionError, MemoryError) as exc:
         # Python's parser, libcst's printer and our walkers all recurse on nested expressions.
         return _failed(result, f"too deeply nested to rewrite ({str(exc) or type(exc).__name__})")
-    except ValueError as exc:
-        return _failed(result, f"cannot parse: {type(exc).__name__}: {exc}".rstrip(": "))
     except Unreproducible as exc:
         return _failed(result, f"cannot rewrite: {exc}; left unchanged")
     except (WalkError, UndeclaredCode) as exc:
         return _failed(result, f"internal error: {exc}")
     except BrokenOutput as exc:
         return _failed(result, f"internal error: the rewritten file does not parse ({exc}); left unchanged")
+    except (SyntaxError, ValueError, cst.ParserSyntaxError) as exc:
+        # Not from parsing the input (Unparsable): a rule built a node libcst refuses (a comment
+        # with a line break, say). The file is fine; the tool is not.
+        return _failed(result, f"internal error: {type(exc).__name__}: {exc}; left unchanged")
     _report_open_work(text, result, catalog or load_catalog())
     if new_text is None or new_text == source.text:
         return result
@@ -157,7 +156,7 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
 
 def _rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult,
                   whole: bool, tree: ast.Module | None = None) -> str | None:
-    tree = ast.parse(text, filename=path) if tree is None else tree
+    tree = _parse_input(ast.parse, text, filename=path) if tree is None else tree
     analysis = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
     has_xla_imports = any(is_xla_name(b.qualname) for b in analysis.imports)
     dynamic_imports = [d for info in analysis.infos.values() for d in info.dynamic_imports]
@@ -177,7 +176,7 @@ def _rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resu
         text, tree, analysis, keep_last=not plain_end,
         kept_import=lambda qualname: is_xla_name(qualname) or catalog.canonical(qualname) in flagged)
     parsed = text if skeleton is None else skeleton.text
-    module = cst.parse_module(parsed)
+    module = _parse_input(cst.parse_module, parsed)
     # The skeleton's except clauses are some of the file's, with their text: none of the file's
     # with a space before its colon, none of the skeleton's (and no parse of the skeleton).
     if skeleton is None or spaced_except_colons(text, analysis.nodes):
@@ -278,6 +277,29 @@ def _rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resu
                   checked=checked[0] if code is printed else None)
     result.done_todos = frozenset(file.done_todo_lines)
     return output
+
+
+class Unparsable(Exception):
+    """The input does not parse: ast's or libcst's parser refused it (a syntax error, NUL
+    bytes, what libcst cannot read). Its one-line message, and its line where known."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.message, self.line = message, line
+
+
+def _parse_input(parse, text: str, **options):
+    """`parse(text)`, its refusals as Unparsable: the same exceptions from a rule's code are
+    the tool's errors, not the file's (rewrite_bytes)."""
+    try:
+        return parse(text, **options)
+    except SyntaxError as exc:  # NUL bytes, say: the parser names no line
+        raise Unparsable(f"syntax error at line {exc.lineno}: {exc.msg}" if exc.lineno
+                         else f"cannot parse: {exc.msg}", exc.lineno) from None
+    except cst.ParserSyntaxError as exc:
+        raise Unparsable(f"syntax error at line {exc.raw_line}: {exc.message}", exc.raw_line) from None
+    except ValueError as exc:
+        raise Unparsable(f"cannot parse: {type(exc).__name__}: {exc}".rstrip(": ")) from None
 
 
 class UndeclaredCode(Exception):

@@ -332,13 +332,22 @@ def collective_broadcast_statement(call, qualname, sc: StatementContext, rule, p
     root = code(bound["root_ordinal"].value) if "root_ordinal" in bound else "0"
     tensors = bound["tensors"].value
     where = sc.fixed(rule.code, qualname)
-    lines = [f"if {world_guard(sc, rule.code, where, short=True)}:"]
+    # torch_xla evaluated the list at every world size: code in it (`get_params()`) runs before
+    # the world-size test, as before; a list of names is read inside it.
+    lines = []
     if isinstance(tensors, (cst.List, cst.Tuple)) and tensors.elements \
-            and all(isinstance(e, cst.Element) for e in tensors.elements):  # an empty one: the loop
-        lines += [f"    {dist}.broadcast({code(e.value)}, src={root})" for e in tensors.elements]
+            and all(isinstance(e, cst.Element) and isinstance(e.value, (cst.Name, cst.Attribute))
+                    for e in tensors.elements):  # an empty one: the loop
+        lines += [f"if {world_guard(sc, rule.code, where, short=True)}:",
+                  *(f"    {dist}.broadcast({code(e.value)}, src={root})" for e in tensors.elements)]
     else:
+        listed = code(tensors)
+        if not isinstance(tensors, (cst.Name, cst.Attribute)):
+            listed = fresh_name(sc, "tensors")
+            lines.append(f"{listed} = {code(tensors)}")
         var = fresh_name(sc, "tensor")
-        lines += [f"    for {var} in {code(tensors)}:", f"        {dist}.broadcast({var}, src={root})"]
+        lines += [f"if {world_guard(sc, rule.code, where, short=True)}:",
+                  f"    for {var} in {listed}:", f"        {dist}.broadcast({var}, src={root})"]
     return parse_block(lines)
 
 
@@ -353,14 +362,16 @@ def broadcast_master_param_statement(call, qualname, sc: StatementContext, rule,
     where = sc.fixed(rule.code, qualname)
     # torch_xla broadcast the parameters and the buffers (BatchNorm's running statistics).
     model = bound["model"].value
-    lines = [f"if {world_guard(sc, rule.code, where, short=True)}:"]
+    lines = []
     if not isinstance(model, (cst.Name, cst.Attribute)):
-        # `xm.broadcast_master_param(get_model())`: the model is evaluated once, as before.
+        # `xm.broadcast_master_param(get_model())`: the model is evaluated once, as before, and
+        # at every world size, as torch_xla did.
         name = fresh_name(sc, "model")
-        lines.append(f"    {name} = {code(model)}")
+        lines.append(f"{name} = {code(model)}")
         model = cst.Name(name)
     model = atom(model)
     lines += [
+        f"if {world_guard(sc, rule.code, where, short=True)}:",
         f"    for {var} in [*{model}.parameters(), *{model}.buffers()]:",
         f"        {dist}.broadcast({var}.data, src=0)",
     ]
