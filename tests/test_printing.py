@@ -177,12 +177,13 @@ def test_only_the_changed_statements_go_through_libcsts_printer(monkeypatch):
     """One changed line in a function: libcst prints that line and the added import, and the
     function's other statements and the rest of the file are copied (without copying, libcst
     printed 14)."""
-    printed = []
+    printed, seen = [], []
     module_code = printing.module_code
 
-    def counting(module, spans, counts=None):
-        code = module_code(module, spans, printed)
+    def counting(module, spans, counts=None, checked=None):
+        code = module_code(module, spans, printed, checked)
         assert code == module.code
+        seen.append(checked[-1])
         return code
 
     monkeypatch.setattr(printing, "module_code", counting)
@@ -191,3 +192,21 @@ def test_only_the_changed_statements_go_through_libcsts_printer(monkeypatch):
         output = engine.rewrite_text(_ONE_CHANGE, "train.py", Options(), load_catalog(), result, whole=True)
     assert 'device = torch.device("tpu")' in output and "xla_model" not in output
     assert printed and printed[-1] <= 3, printed
+    # The output's parse check reads what libcst printed, and the headers around it.
+    assert seen[-1] == 'import torch\n\n\ndef train(model, loader):\n    device = torch.device("tpu")\n'
+
+
+def test_the_parse_check_text_keeps_a_statement_in_each_block_it_empties():
+    """A block whose statements are all copied whole keeps a `pass` at their indentation: the
+    checked text parses exactly when the printed text does (engine._check_parses)."""
+    source = "import torch_xla.core.xla_model as xm\n\nif xm.xla_device():\n    x = 1\n    y = 2\nelse:\n    z = 3\n"
+    module = cst.parse_module(source)
+    tree = ast.parse(source)
+    test = module.body[1].test
+    new_if = module.body[1].with_changes(test=test.with_changes(func=cst.Name("device")))
+    new_module = module.with_changes(body=[module.body[0], new_if])
+    checked = []
+    with printing.quick_printing():
+        code = printing.module_code(new_module, source_spans(module, tree, source, None), checked=checked)
+    assert code == new_module.code
+    assert checked == ["\nif device():\n    pass\nelse:\n    pass\n"]

@@ -310,6 +310,9 @@ class StatementContext:
         # The TODO comments directly above the statement that this run's findings reword
         # (`supersede`): they go, and the findings' own are written in their place.
         self.superseded: set[str] = set()
+        # resolve's answers: id(node) -> (node, qualified name); the walk asks about most calls'
+        # names twice (expressions.py: whether torch_xla's, then which rule), the rules again.
+        self._resolved: dict[int, tuple[cst.BaseExpression, str | None]] = {}
 
     @property
     def in_joined_worker(self) -> bool:
@@ -390,11 +393,17 @@ class StatementContext:
         return []
 
     def resolve(self, node: cst.BaseExpression) -> str | None:
+        known = self._resolved.get(id(node))
+        if known is not None and known[0] is node:  # (the node is held: its id is not reused)
+            return known[1]
         dotted = cst_dotted(node)
         if dotted is None:
-            return None
-        qualname = self.scope.resolve(dotted, self.info.position)
-        return self.file.catalog.canonical(qualname) if qualname else None
+            qualname = None
+        else:
+            qualname = self.scope.resolve(dotted, self.info.position)
+            qualname = self.file.catalog.canonical(qualname) if qualname else None
+        self._resolved[id(node)] = (node, qualname)
+        return qualname
 
     def consume(self, qualname: str | None) -> tuple[int, int]:
         """Mark the next reference to `qualname` as handled; its (line, col) in the input."""
@@ -506,19 +515,21 @@ class StatementContext:
                     self.removed(ref.dotted)
                     return
 
-    def snapshot(self) -> tuple[int, Counter, frozenset[str], tuple[int, int], frozenset[str]]:
-        """What `rollback` needs to forget the fixes made since."""
-        return (len(self.file.fixes), Counter(self.file.removed_roots), self.file.import_plan.used(),
+    def snapshot(self) -> tuple[int, dict, frozenset[str], tuple[int, int], frozenset[str]]:
+        """What `rollback` needs to forget the fixes made since (the removed roots as a plain
+        dict: a Counter's copy costs several times a dict's, and most snapshots are not rolled
+        back)."""
+        return (len(self.file.fixes), dict(self.file.removed_roots), self.file.import_plan.used(),
                 (len(self.before), len(self.after)), frozenset(self.file.helpers))
 
-    def rollback(self, snapshot: tuple[int, Counter, frozenset[str], tuple[int, int], frozenset[str]]) -> None:
+    def rollback(self, snapshot: tuple[int, dict, frozenset[str], tuple[int, int], frozenset[str]]) -> None:
         """Forget the fixes made since `snapshot`: their code was thrown away (the arguments of
         a call left for a human are kept byte for byte), and with it the calls of the helpers
         added since. The references they consumed stay consumed: the call's own finding covers
         them."""
         count, removed, used, (before, after), helpers = snapshot
         del self.file.fixes[count:]
-        self.file.removed_roots = removed
+        self.file.removed_roots = Counter(removed)
         self.file.import_plan.restore(used)
         del self.before[before:]
         del self.after[after:]

@@ -263,7 +263,8 @@ def _rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resu
     if footer is not None and _footer_code(new_module) != _footer_code(module):
         raise Unreproducible("libcst does not print the end of this file back exactly")
     # The statements the walk left as they were are copied from `parsed`, not printed anew.
-    printed = printing.module_code(new_module, source_spans(module, tree, parsed, skeleton))
+    checked: list[str] = []
+    printed = printing.module_code(new_module, source_spans(module, tree, parsed, skeleton), checked=checked)
     code = _with_footer(printed, module, footer)
     if code == parsed:
         return text
@@ -272,7 +273,8 @@ def _rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resu
         result.fixes.clear()
         result.manual.clear()
         return rewrite_text(text, path, options, catalog, result, whole=True)
-    _check_parses(code, output, compile_first=not _late_future_import(tree))
+    _check_parses(code, output, compile_first=not _late_future_import(tree),
+                  checked=checked[0] if code is printed else None)
     result.done_todos = frozenset(file.done_todo_lines)
     return output
 
@@ -311,17 +313,30 @@ class BrokenOutput(Exception):
         super().__init__(error if isinstance(error, str) else f"line {error.lineno}: {error.msg}")
 
 
-def _check_parses(printed: str, output: str, compile_first: bool = True) -> None:
+def _check_parses(printed: str, output: str, compile_first: bool = True, checked: str | None = None) -> None:
     """The output parses. `printed` is what libcst printed: the output itself, or its skeleton,
     which parses exactly when the output does: the left-out definitions came back verbatim,
     whole lines at their own indentation, and they parsed there in the input (skeleton.py).
+    `checked` (printing.module_code), where given, parses exactly when `printed` does, for the
+    same reason: `printed` without the statements it copied whole from the parsed text, lines
+    that parsed there at this indentation (Python's parser carries nothing from one statement
+    to the next, but for `from __future__ import barry_as_FLUFL`: then `printed` is checked).
+    It is checked in its place; where it does not parse, `printed` decides, as before.
 
     compile() to bytecode first: the same parser, without building ast's Python objects (about
     half the time of ast.parse). It also refuses what parses (`return` outside a function, top-level
     `await` in a notebook's code) and warns about some code (`x is 1`): then ast.parse decides,
     as it always did, with its own warnings. `compile_first`: False where compile would refuse
     the input anyway (`_late_future_import`)."""
-    if compile_first and _compiles_quietly(printed):
+    if checked is not None and checked != printed and "barry_as_FLUFL" not in printed:
+        if compile_first and _compiles_quietly(checked):
+            return
+        try:
+            ast.parse(checked)
+            return
+        except SyntaxError:
+            pass  # the error as `printed` has it
+    elif compile_first and _compiles_quietly(printed):
         return
     try:
         ast.parse(printed)
@@ -474,7 +489,10 @@ def _span_at_most(node: ast.AST, line_starts: list[int]) -> int:
     end_line = getattr(node, "end_lineno", None)
     if end_line is None or isinstance(node, ast.JoinedStr):  # f-string parts: odd positions before 3.12
         return _UNPLACED
-    first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", ())])
+    first = node.lineno
+    decorators = getattr(node, "decorator_list", None)
+    if decorators:
+        first = min(first, *[d.lineno for d in decorators])
     return line_starts[end_line - 1] - line_starts[first - 1] + node.end_col_offset
 
 

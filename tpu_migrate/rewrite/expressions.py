@@ -167,16 +167,16 @@ class ExprRewriter:
                 updated = map_children(node, self.rewrite)
             finally:
                 self.sc.hoist_blocked -= 1
-            leave = getattr(self, "leave_" + kind.__name__, None)
-            return leave(node, updated) if leave is not None else updated
+            leave = _LEAVE.get(kind)
+            return leave(self, node, updated) if leave is not None else updated
         if kind is cst.Call:
             self.call_funcs.add(id(node.func))
             qualname = self.sc.resolve(node.func)
             if qualname is not None and is_xla(qualname):
                 return self.xla_call(node)
         updated = map_children(node, self.rewrite)
-        leave = getattr(self, "leave_" + type(node).__name__, None)
-        return leave(node, updated) if leave is not None else updated
+        leave = _LEAVE.get(type(node))
+        return leave(self, node, updated) if leave is not None else updated
 
     def xla_call(self, node: cst.Call) -> cst.BaseExpression:
         """A call of torch_xla: if no rule replaces it, it stays for a human exactly as it was,
@@ -348,6 +348,11 @@ class ExprRewriter:
 
     def leave_While(self, original, updated):
         return self._unwrapped(updated, "test")
+
+
+# ExprRewriter's leave_<node type> methods, by node type (no attribute lookup by name per node).
+_LEAVE = {kind: getattr(ExprRewriter, "leave_" + kind.__name__) for kind in _NODE_TYPES
+          if hasattr(ExprRewriter, "leave_" + kind.__name__)}
 
 
 def _requote(node, quote: str, other: str):

@@ -26,6 +26,7 @@ from tpu_migrate.rewrite.context import FileContext, parse_stmt
 from tpu_migrate.rewrite.inert import is_inert
 from tpu_migrate.rewrite.layout import merge_leading_lines
 from tpu_migrate.rewrite.names import XLA_OPS, finding_position, is_xla_name
+from tpu_migrate.rewrite.rebuilt import with_body, with_changes
 from tpu_migrate.rewrite.registry import emits
 
 SIDE_EFFECT_BACKEND = "torch_xla.distributed.xla_backend"
@@ -424,12 +425,12 @@ class _ImportRemover:
     def suite(self, suite):
         if isinstance(suite, cst.SimpleStatementSuite):
             body = [s for s in (self.small(s) for s in suite.body) if s is not None]
-            return suite.with_changes(body=body or [cst.Pass()])
+            return with_changes(suite, body=body or [cst.Pass()])
         body, carry = self.block(suite.body)
         if not body:
             body = [cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carry)]
             carry = []
-        return suite.with_changes(body=body, footer=[*carry, *suite.footer])
+        return with_changes(suite, body=body, footer=[*carry, *suite.footer])
 
     def statement(self, stmt):
         if isinstance(stmt, cst.SimpleStatementLine):
@@ -438,8 +439,10 @@ class _ImportRemover:
             body = [s for s in (self.small(s) for s in stmt.body) if s is not None]
             if not body:
                 return None
-            last = body[-1].with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
-            return stmt.with_changes(body=[*body[:-1], last])
+            last = body[-1]
+            if last.semicolon is not cst.MaybeSentinel.DEFAULT:
+                last = last.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)
+            return with_changes(stmt, body=[*body[:-1], last])
         if isinstance(stmt, cst.If) and _is_type_checking(stmt.test):
             # Never imported at run time; its names serve string annotations, which the
             # analysis does not count as uses.
@@ -447,7 +450,7 @@ class _ImportRemover:
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             outer, self.path = self.path, (*self.path, stmt.name.value)
             try:
-                return stmt.with_changes(body=self.suite(stmt.body))
+                return with_body(stmt, self.suite(stmt.body))
             finally:
                 self.path = outer
         if isinstance(stmt, cst.If):
@@ -461,17 +464,17 @@ class _ImportRemover:
             if isinstance(child, cst.BaseSuite):
                 changes[field] = self.suite(child)
             elif isinstance(child, (cst.Else, cst.Finally)):
-                changes[field] = child.with_changes(body=self.suite(child.body))
+                changes[field] = with_body(child, self.suite(child.body))
             elif isinstance(child, cst.If):
                 changes[field] = self.statement(child)
         if isinstance(stmt, (cst.Try, cst.TryStar)):
-            changes["handlers"] = [h.with_changes(body=self.suite(h.body)) for h in stmt.handlers]
+            changes["handlers"] = [with_body(h, self.suite(h.body)) for h in stmt.handlers]
             changes["body"], nothing_left = self.guarded_body(stmt)
             if nothing_left and stmt.finalbody is None:
                 return None  # a guarded import of torch_xla and nothing else: it goes whole
         if isinstance(stmt, cst.Match):
-            changes["cases"] = [c.with_changes(body=self.suite(c.body)) for c in stmt.cases]
-        return stmt.with_changes(**changes) if changes else stmt
+            changes["cases"] = [with_body(c, self.suite(c.body)) for c in stmt.cases]
+        return with_changes(stmt, **changes)
 
     def version_branches(self, stmt: cst.If):
         """`if _XLA_GREATER_EQUAL_2_1: from torch_xla... import f / else: from torch_xla... import
@@ -480,7 +483,7 @@ class _ImportRemover:
         before, self.removed_any = self.removed_any, False
         changes = {"body": self.suite(stmt.body)}
         if isinstance(stmt.orelse, cst.Else):
-            changes["orelse"] = stmt.orelse.with_changes(body=self.suite(stmt.orelse.body))
+            changes["orelse"] = with_body(stmt.orelse, self.suite(stmt.orelse.body))
         elif isinstance(stmt.orelse, cst.If):
             changes["orelse"] = self.statement(stmt.orelse)  # None: the `elif` went whole
         removed, self.removed_any = self.removed_any, before or self.removed_any
@@ -490,7 +493,7 @@ class _ImportRemover:
             return None
         if stmt.orelse is not None and orelse is None:  # a dead `elif` chain: the `if` keeps its body
             changes["orelse"] = None
-        return stmt.with_changes(**changes)
+        return with_changes(stmt, **changes)
 
     def guarded_body(self, stmt):
         """A `try:` whose torch_xla import goes: if the try also sets flags (or has an else),

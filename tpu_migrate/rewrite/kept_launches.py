@@ -82,19 +82,20 @@ def launch_calls(analysis: Analysis, canonical, workers: dict[int, Worker] | Non
     """(statement, callee as written, whether TPU060 can convert it) of each call of a torch_xla
     launcher in the module (`workers`: what `spawn_worker` found of the launch statements, where
     make_plans already asked: Plans.launch_workers)."""
+    launchers = [(info, ref) for info in analysis.infos.values() for ref in info.refs
+                 if ref.qualname in SPAWN_NAMES or ref.qualname in OTHER_LAUNCHERS]
+    if not launchers:  # most files: no need to index every call of the file
+        return
     calls = {finding_position(node.func): node for node in analysis.nodes if isinstance(node, ast.Call)}
-    for info in analysis.infos.values():
-        for ref in info.refs:
-            if ref.qualname not in SPAWN_NAMES and ref.qualname not in OTHER_LAUNCHERS:
-                continue
-            call = calls.get((ref.line, ref.col))
-            if call is None:
-                continue
-            worker = None
-            if ref.qualname in SPAWN_NAMES and isinstance(info.node, ast.Expr) and info.node.value is call:
-                worker = spawn_worker(call, info, analysis, canonical) if workers is None else \
-                    workers.get(id(info.node))
-            yield info.node, ref.dotted, worker is not None and worker.name is not None
+    for info, ref in launchers:
+        call = calls.get((ref.line, ref.col))
+        if call is None:
+            continue
+        worker = None
+        if ref.qualname in SPAWN_NAMES and isinstance(info.node, ast.Expr) and info.node.value is call:
+            worker = spawn_worker(call, info, analysis, canonical) if workers is None else \
+                workers.get(id(info.node))
+        yield info.node, ref.dotted, worker is not None and worker.name is not None
 
 
 def kept_launch(sc) -> str | None:

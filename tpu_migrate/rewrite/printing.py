@@ -69,6 +69,9 @@ class _CopyingState(CodegenState if CodegenState is not None else object):
 
     spans: SourceSpans
     generated: int  # statements printed by libcst (the tests count them)
+    # The tokens that are a statement copied whole: what the parse check leaves out
+    # (module_code's `checked`), index -> what stands there instead ("" or a `pass` line).
+    left_out: dict[int, str]
 
 
 def _indented_block(self, state) -> None:
@@ -86,19 +89,32 @@ def _indented_block(self, state) -> None:
 
 def _statements(stmts, state: _CopyingState) -> None:
     indent = "".join(state.indent_tokens)
+    whole = []  # the tokens of this block's statements copied whole
     for stmt in stmts:
-        if not _copied(stmt, state, indent):
+        copied = _copied(stmt, state, indent)
+        if copied is _WHOLE:
+            whole.append(len(state.tokens) - 1)
+        elif not copied:
             state.generated += 1
             stmt._codegen(state)
+    if not whole:
+        return
+    for index in whole:
+        state.left_out[index] = ""
+    if len(whole) == len(stmts) and state.indent_tokens:  # a block needs a statement
+        state.left_out[whole[0]] = f"{indent}pass{state.default_newline}"
+
+
+_WHOLE = "whole"  # _copied: the statement's text was copied as one token
 
 
 # Compound statements whose header is printed before their body, and only `orelse` after it.
 _HEADED = (cst.FunctionDef, cst.ClassDef, cst.With, cst.If, cst.For, cst.While)
 
 
-def _copied(stmt, state: _CopyingState, indent: str) -> bool:
+def _copied(stmt, state: _CopyingState, indent: str) -> bool | str:
     """Print `stmt` from the parsed text where the walk left it (or its own lines, its header)
-    as it was, at the indentation it had; whether it did."""
+    as it was, at the indentation it had; whether it did (_WHOLE: all of it, as one token)."""
     spans = state.spans
     original = spans.original(stmt)
     if original is None:
@@ -109,7 +125,7 @@ def _copied(stmt, state: _CopyingState, indent: str) -> bool:
     changed = changed_fields(stmt, original)
     if not changed:
         state.tokens.append(spans.text[start:end])
-        return True
+        return _WHOLE
     leading = "leading_lines" in changed
     rest = [name for name in changed if name != "leading_lines"]
     if rest and not (isinstance(stmt, _HEADED) and set(rest) <= {"body", "orelse"} and _same_frame(stmt, original)):
@@ -147,14 +163,22 @@ def _same_frame(stmt, original) -> bool:
         and bool(old.body) and new.indent == old.indent and same(new.header, old.header)
 
 
-def module_code(module: cst.Module, spans: SourceSpans | None, counts: list[int] | None = None) -> str:
+def module_code(module: cst.Module, spans: SourceSpans | None, counts: list[int] | None = None,
+                checked: list[str] | None = None) -> str:
     """`module.code`, copying the text of the statements in `spans` (source_spans.py) that it
     holds unchanged where they were. `counts`: gets how many statements libcst printed (tests).
-    Outside quick_printing, only the module's own statements are copied."""
+    Outside quick_printing, only the module's own statements are copied.
+
+    `checked`: gets the text that parses exactly when the code does (engine._check_parses):
+    the code without the statements copied whole, each of which parsed where it was, as whole
+    lines at this same indentation (a block they filled keeps a `pass` at it)."""
     if spans is None or CodegenState is None or _INDENTED_BLOCK is None or not module.has_trailing_newline:
-        return module.code
+        code = module.code
+        if checked is not None:
+            checked.append(code)
+        return code
     state = _CopyingState(default_indent=module.default_indent, default_newline=module.default_newline)
-    state.spans, state.generated = spans, 0
+    state.spans, state.generated, state.left_out = spans, 0, {}
     for line in module.header:
         line._codegen(state)
     _statements(module.body, state)
@@ -162,7 +186,20 @@ def module_code(module: cst.Module, spans: SourceSpans | None, counts: list[int]
         line._codegen(state)
     if counts is not None:
         counts.append(state.generated)
+    if checked is not None:
+        checked.append(_without(state.tokens, state.left_out))
     return "".join(state.tokens) or state.default_newline  # as Module._codegen_impl
+
+
+def _without(tokens: list[str], left_out: dict[int, str]) -> str:
+    """The text of `tokens` with those at the indices of `left_out` replaced by its values."""
+    pieces, start = [], 0
+    for index in sorted(left_out):
+        pieces.append("".join(tokens[start:index]))
+        pieces.append(left_out[index])
+        start = index + 1
+    pieces.append("".join(tokens[start:]))
+    return "".join(pieces)
 
 
 @contextmanager

@@ -67,11 +67,11 @@ import libcst as cst
 
 from tpu_migrate.rewrite.except_colons import restore_except_colons
 from tpu_migrate.rewrite.names import Analysis, is_xla_name
+from tpu_migrate.rewrite.todos import newline_starts
 
 PREFIX = "__tpu_migrate_kept_"
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 _FOOTER_LINE = re.compile(r"[ \t]*(?:#[^\r\n]*)?")  # what libcst can put in a block's footer
-_LINE_BREAK = re.compile(r"\r\n|\n")
 _CONTINUATION = re.compile(r"\\\r?\n")  # a backslash line continuation
 # Worth a placeholder: a shorter definition saves little parsing (tests set 0 to leave out all).
 MIN_CHARS = 200
@@ -196,7 +196,7 @@ class _Chooser:
     def __init__(self, text: str, analysis: Analysis, kept_import):
         self.text = text
         self.analysis = analysis
-        self.line_starts = [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
+        self.line_starts = newline_starts(text)  # "\r\n" ends with "\n" too (no lone CRs here)
         self.import_lines = sorted({b.stmt.lineno for b in analysis.imports if kept_import(b.qualname)})
         self.continued = [bisect_right(self.line_starts, m.start()) for m in _CONTINUATION.finditer(text)]
         self.spans: list[tuple[int, int, str, int]] = []
@@ -223,7 +223,7 @@ class _Chooser:
         their other statements (`except ImportError: pass` goes with its import)."""
         in_definition = in_definition or isinstance(stmt, _DEFINITIONS)
         runs = in_definition and not (isinstance(stmt, (ast.Try, ast.If, getattr(ast, "TryStar", ast.Try)))
-                                      and any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(stmt)))
+                                      and _holds_import(stmt))
         for block in _blocks(stmt):
             run: list[ast.stmt] = []
             elif_ = isinstance(stmt, ast.If) and block is stmt.orelse and block[0].col_offset <= stmt.col_offset
@@ -314,6 +314,19 @@ class _Chooser:
         """One of `lines` (sorted) lies in first..last."""
         index = bisect_left(lines, first)
         return index < len(lines) and lines[index] <= last
+
+
+def _holds_import(stmt: ast.stmt) -> bool:
+    """An import statement is `stmt` or in its blocks (at any depth). Through the statement
+    lists only: an import is never inside an expression, where ast.walk spent its time."""
+    stack = [stmt]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            return True
+        for block in _blocks(node):
+            stack.extend(block)
+    return False
 
 
 def _indentation(line: str) -> str:

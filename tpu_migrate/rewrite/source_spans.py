@@ -29,15 +29,14 @@ through a child that `with_changes` keeps (`_ANCHOR`), and compared field by fie
 from __future__ import annotations
 
 import ast
-import re
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, fields
 
 import libcst as cst
 
 from tpu_migrate.rewrite.skeleton import PLACEHOLDER_LINE, Skeleton
+from tpu_migrate.rewrite.todos import newline_starts
 
-_NEWLINE = re.compile("\n")
 
 # The child of each statement that the rebuilding of its blocks keeps (never a shared
 # object: not leading_lines, often the one empty tuple).
@@ -134,8 +133,7 @@ class _Finder:
     def __init__(self, module: cst.Module, parsed: str, skeleton: Skeleton | None):
         self.module = module
         self.parsed = parsed
-        self.line_starts = [0]
-        self.line_starts.extend(m.end() for m in _NEWLINE.finditer(parsed))
+        self.line_starts = newline_starts(parsed)
         self.result = SourceSpans(parsed)
         self.placeholders: dict[str, tuple[int, int]] = {}  # name -> its line here, ast statements
         self.kept_ends: list[int] = []  # the last line of each left-out text, in the file's numbering

@@ -15,6 +15,7 @@ import ast
 import re
 import tokenize
 from collections import Counter
+from itertools import accumulate
 
 from tpu_migrate.findings import Manual
 
@@ -30,7 +31,17 @@ def todo_comment(comment: str) -> re.Match | None:
 
 def line_starts(text: str) -> list[int]:
     """The offset in `text` where each line starts, as ast numbers lines (line n at [n - 1])."""
-    return [0] + [m.end() for m in LINE_BREAK.finditer(text)]
+    if "\r" in text:
+        return [0] + [m.end() for m in LINE_BREAK.finditer(text)]
+    return newline_starts(text)
+
+
+def newline_starts(text: str) -> list[int]:
+    """The offset in `text` after each "\n", after 0 (line n at [n - 1] where "\n" ends lines):
+    from the lines' lengths, about a third of the time of a regular expression's matches."""
+    starts = list(accumulate([len(line) + 1 for line in text.split("\n")], initial=0))
+    starts.pop()  # the end of the last line, which no "\n" ends
+    return starts
 
 
 def open_todos(text: str) -> list[Manual]:

@@ -31,6 +31,7 @@ from tpu_migrate.rewrite.layout import (
     rebuild_line,
 )
 from tpu_migrate.rewrite.plans import Plans
+from tpu_migrate.rewrite.rebuilt import with_body, with_changes
 from tpu_migrate.rewrite.skeleton import Skeleton, SkeletonMiss
 from tpu_migrate.rewrite.registry import REGISTRY, emits
 from tpu_migrate.rewrite.transforms.common import GLOBAL_MASTER, LOCAL_MASTER
@@ -398,6 +399,7 @@ class ModuleRewriter:
     def compound(self, stmt: cst.BaseCompoundStatement, node: ast.stmt, elif_: bool = False):
         info = self.analysis.info(node)
         sc = StatementContext(self.file, info) if info.interesting else None
+        test = getattr(stmt, "test", None)  # as parsed (an `if`'s: _folded_if)
         prefix: list[cst.BaseStatement] = []
         mark = self.findings_mark()
         if sc is not None:
@@ -437,7 +439,7 @@ class ModuleRewriter:
             return [], comments_of_removed_if(stmt)
         if not elif_:
             stmt = self._say_emptied(stmt, node)
-        folded = None if elif_ or sc is None else self._folded_if(stmt, node, sc)
+        folded = None if elif_ or sc is None or getattr(stmt, "test", None) is test else self._folded_if(stmt, node, sc)
         if folded is not None:
             return folded
         return [stmt], []
@@ -493,7 +495,8 @@ class ModuleRewriter:
         place, as a reviewer would write it; (statements, comments for the next statement), or
         None. Only where the test was not constant before (the user's own `if True:` stays) and
         the branch that goes holds nothing the rules report on (its findings would point at
-        code that is gone)."""
+        code that is gone). The caller skips an `if` whose test the walk left as it was: its
+        text is the input's, whose truth the first test below finds."""
         if not isinstance(stmt, cst.If) or constant_truth(node.test) is not None:
             return None
         truth = constant_truth(_CODEGEN.code_for_node(stmt.test))
@@ -546,47 +549,33 @@ class ModuleRewriter:
                 produced, _ = self.compound(stmt.orelse, node.orelse[0], elif_=True)
                 changes["orelse"] = produced[0]
             elif stmt.orelse is not None:
-                changes["orelse"] = stmt.orelse.with_changes(
-                    body=self.body_block(stmt.orelse.body, node.orelse)
-                )
-            return stmt.with_changes(**changes)
+                changes["orelse"] = with_body(stmt.orelse, self.body_block(stmt.orelse.body, node.orelse))
+            return with_changes(stmt, **changes)
         if isinstance(stmt, (cst.For, cst.While)):
             changes = {"body": self.body_block(stmt.body, node.body)}
             if stmt.orelse is not None:
-                changes["orelse"] = stmt.orelse.with_changes(
-                    body=self.body_block(stmt.orelse.body, node.orelse)
-                )
-            return stmt.with_changes(**changes)
+                changes["orelse"] = with_body(stmt.orelse, self.body_block(stmt.orelse.body, node.orelse))
+            return with_changes(stmt, **changes)
         if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)):
             # A function's body runs wherever it is called: no enclosing rank test holds there.
             outer, self.rank_gate = self.rank_gate, None
             try:
-                return stmt.with_changes(body=self.body_block(stmt.body, node.body))
+                return with_body(stmt, self.body_block(stmt.body, node.body))
             finally:
                 self.rank_gate = outer
         if isinstance(stmt, cst.With):
-            return stmt.with_changes(body=self.body_block(stmt.body, node.body))
+            return with_body(stmt, self.body_block(stmt.body, node.body))
         if isinstance(stmt, (cst.Try, cst.TryStar)):
-            handlers = [
-                h.with_changes(body=self.body_block(h.body, a.body))
-                for h, a in zip(stmt.handlers, node.handlers)
-            ]
+            handlers = [with_body(h, self.body_block(h.body, a.body)) for h, a in zip(stmt.handlers, node.handlers)]
             changes = {"body": self.body_block(stmt.body, node.body), "handlers": handlers}
             if stmt.orelse is not None:
-                changes["orelse"] = stmt.orelse.with_changes(
-                    body=self.body_block(stmt.orelse.body, node.orelse)
-                )
+                changes["orelse"] = with_body(stmt.orelse, self.body_block(stmt.orelse.body, node.orelse))
             if stmt.finalbody is not None:
-                changes["finalbody"] = stmt.finalbody.with_changes(
-                    body=self.body_block(stmt.finalbody.body, node.finalbody)
-                )
-            return stmt.with_changes(**changes)
+                changes["finalbody"] = with_body(stmt.finalbody, self.body_block(stmt.finalbody.body, node.finalbody))
+            return with_changes(stmt, **changes)
         if isinstance(stmt, cst.Match):
-            cases = [
-                c.with_changes(body=self.body_block(c.body, a.body))
-                for c, a in zip(stmt.cases, node.cases)
-            ]
-            return stmt.with_changes(cases=cases)
+            cases = [with_body(c, self.body_block(c.body, a.body)) for c, a in zip(stmt.cases, node.cases)]
+            return with_changes(stmt, cases=cases)
         raise WalkError(f"unhandled compound statement {type(stmt).__name__}")
 
 
