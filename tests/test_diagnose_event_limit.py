@@ -41,8 +41,13 @@ def _uncosted(findings: list[dict]) -> list[dict]:
     ("recompile_last_batch.py", ()),
     ("optimizer_steps_only.py", ()),
     ("dynamic_and_fallback.py", ("--explain",)),
+    # The native backend's case. native/compiled_problems.py is not repeated here: its Dynamo
+    # events (recompile, graph break, recompile limit) take the same branch of the limit code as
+    # this program's syncs and dynamic shapes. Recorder._count_locked reads only an event's kind
+    # to tell a step boundary (the optimizer steps both programs step by) from a counted event, and
+    # keys a counted one by its whole text but its step and wait, so a reason or a graph-break id
+    # comes back as written (events._tally_events); nothing in a backend reads the limit.
     ("native/eager_problems.py", ()),
-    ("native/compiled_problems.py", ()),
 ])
 def test_counting_past_the_limit_finds_exactly_the_same(program, options):
     """A limit of 8 events starts counting in the first steps, before every compile and most

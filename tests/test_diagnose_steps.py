@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -108,18 +107,6 @@ def test_optimizer_state_accumulator_and_step_closure_are_named_not_blamed():
     assert ("closure-read", "training_state_and_closure.py", 46, 2, 17, "indexing with a device scalar") in found
 
 
-def plain_beside_traced(plain_command: list[str], traced_args: list[str], env: dict, cwd):
-    """The script run plainly and under `diagnose --format json`, side by side: two independent
-    processes (each in its own directory), so on two cores the pair takes the longer one's time."""
-    (cwd / "plain").mkdir()
-    (cwd / "traced").mkdir()
-    with ThreadPoolExecutor(1) as pool:
-        plain = pool.submit(subprocess.run, plain_command, capture_output=True, text=True, env=env,
-                            cwd=cwd / "plain", timeout=300)
-        traced = diagnose("--format", "json", *traced_args, cwd=cwd / "traced", env=env)
-        return plain.result(), traced
-
-
 def _metrics(text: str) -> dict[str, int]:
     """Counters of the script's own met.metrics_report() (--metrics_debug)."""
     return {name: int(value) for name, value in re.findall(r"Counter: (\S+)\n\s+Value: (\d+)", text)}
@@ -130,17 +117,20 @@ def test_real_mnist_script_unchanged_and_findings_match_its_metrics(tmp_path):
     under diagnose, and every compile and _local_scalar_dense read its own metrics report
     counts appears in the report, at the script's lines."""
     import differential
-    import warm_python
+    import real_runs
 
     script = REAL / "test" / "test_train_mp_mnist.py"
-    args = [str(script), *MNIST_FLAGS, "--metrics_debug"]
-    # As the real runs run their originals: the plain run from the suite's warm python.
-    env = {**differential.original_mp_env(), "PYTHONPATH": str(ROOT)}
-    plain_python = warm_python.python_for(env, differential.WARM_XLA_MODULES)
-    plain, traced = plain_beside_traced([plain_python, *args], args, env, tmp_path)
-    assert plain.returncode == traced.returncode == 0
+    # The plain run is the real runs' original (test_real_runs compares its migration with it),
+    # made once per session. --metrics_debug, which only the traced run needs, adds the metrics
+    # report after each evaluation to what the script prints and changes nothing it computes.
+    with ThreadPoolExecutor(1) as pool:
+        plain = pool.submit(real_runs.original_run, real_runs.Script(f"{REAL.name}/test/{script.name}", MNIST_FLAGS))
+        traced = diagnose("--format", "json", str(script), *MNIST_FLAGS, "--metrics_debug", cwd=tmp_path,
+                          env=differential.original_mp_env())
+        plain = plain.result()
+    assert plain.returncode == traced.returncode == 0, plain.output[-3000:]
     accuracy = re.compile(r"Accuracy=[\d.]+|Max Accuracy: [\d.]+%")
-    assert accuracy.findall(plain.stdout) == accuracy.findall(traced.stderr) != []
+    assert accuracy.findall(plain.output) == accuracy.findall(traced.stderr) != []
     metrics = _metrics(traced.stderr)
     document = json.loads(traced.stdout)
     found = {(f["kind"], f["line"], f["op"]): f["count"] for f in document["findings"]}
