@@ -38,12 +38,25 @@ OTHER_UID = 4242
 # The CLI with every fsync slowed down, so that a kill can be aimed at the moment a file's new
 # content sits in its temporary file, before the rename.
 SLOW_WRITER = (
+    # Started as from a terminal: Ctrl-C delivered and Python's. The test worker's own state,
+    # which a child inherits where SIGINT is ignored or blocked, is not what these tests are
+    # about (in one full run every Ctrl-C test of a worker saw SIGINT do nothing: sigint_state).
+    "import signal; signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     "import os, runpy, sys, time\n"
     "fsync = os.fsync\n"
     "os.fsync = lambda fd: (time.sleep(0.05), fsync(fd))[1]\n"
     "sys.argv = ['tpu-migrate', *sys.argv[1:]]\n"
     "runpy.run_module('tpu_migrate', run_name='__main__')\n"
 )
+
+
+def sigint_state() -> str:
+    """This process's SIGINT as Python and the kernel see it (for a failure's message)."""
+    with open("/proc/self/status", encoding="ascii") as handle:
+        masks = {k: int(v, 16) for k, _, v in (line.partition(":") for line in handle) if k in ("SigIgn", "SigBlk")}
+    return (f"test worker: SIGINT handler {signal.getsignal(signal.SIGINT)!r}, "
+            f"ignored {bool(masks['SigIgn'] & 2)}, blocked {bool(masks['SigBlk'] & 2)}")
 
 
 def env() -> dict[str, str]:
@@ -243,7 +256,7 @@ def test_ctrl_c_while_a_file_is_being_written_exits_130_and_leaves_no_temporary_
     assert temp is not None, "no temporary file seen"
     (os.killpg if group else os.kill)(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=30)
-    assert process.returncode == 130, err.decode()
+    assert process.returncode == 130, (err.decode(), sigint_state())
     assert err.decode().splitlines() == [  # (no worker's or pool thread's traceback)
         "tpu-migrate: interrupted: the files written so far are rewritten, the others untouched"]
     done, leftovers = check_after_kill(work, original, expected)
