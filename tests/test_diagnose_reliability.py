@@ -161,3 +161,22 @@ def test_a_program_that_closes_inherited_fds_keeps_its_signals(tmp_path, reap, c
             assert "wakeup fd" not in output, output[-3000:]
     assert time.monotonic() - started < 60
     assert_cleaned_up(tmp_path)
+
+
+def test_a_run_that_cannot_make_its_directory_gives_the_caller_its_signals_back(tmp_path, monkeypatch):
+    """The runner blocks Ctrl-C and the other relayed signals while the program runs (they are
+    taken, then relayed). Where it fails before the program starts (here: no temporary directory
+    to make its run directory in, as on a full or removed /tmp), the caller's signal mask is as it
+    was: a Ctrl-C in the calling process works again (it stayed blocked before)."""
+    import tempfile
+
+    from tpu_migrate.diagnose import runner
+
+    program = tmp_path / "p.py"
+    program.write_text("print('never runs')\n")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-directory"))
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    with pytest.raises(OSError):
+        runner.run(str(program), [], module=False)
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before
+    assert signal.SIGINT not in before

@@ -121,10 +121,11 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
     # program unblocks them in its bootstrap: it starts with the caller's signal mask.
     waited = _block_signals()
     heard = SignalsHeard(None)
-    subreaper = _set_subreaper(True)
-    workdir = rundir.make()
-    process = None
+    subreaper = False
+    workdir = process = None
     try:
+        subreaper = _set_subreaper(True)
+        workdir = rundir.make()
         site = os.path.join(workdir, "site")
         os.mkdir(site)
         with open(os.path.join(site, "sitecustomize.py"), "w", encoding="utf-8") as handle:
@@ -175,19 +176,24 @@ def run(target: str, args: list[str], module: bool, stdout=None, explain: bool =
         evidence.notes = [*debug.notes, *_lost_evidence(workdir, damaged)]
         return evidence
     finally:
-        if process is not None and process.poll() is None:  # the tool failed while it waited
-            process.kill()
-            process.wait()
-        if subreaper:
-            _stop_leftovers()
-        shutil.rmtree(workdir, ignore_errors=True)
-        heard.close()
-        if subreaper:
-            _set_subreaper(False)
-        if waited:  # what arrived after the program ended was for it: taken, not delivered
-            while signal.sigtimedwait(waited, 0) is not None:
-                pass
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, waited)
+        try:
+            if process is not None and process.poll() is None:  # the tool failed while it waited
+                process.kill()
+                process.wait()
+            if subreaper:
+                _stop_leftovers()
+            if workdir is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+            heard.close()
+            if subreaper:
+                _set_subreaper(False)
+        finally:
+            # Whatever failed above (no run directory, say): the caller gets its signals back,
+            # or a Ctrl-C would do nothing in it from then on.
+            if waited:  # what arrived after the program ended was for it: taken, not delivered
+                while signal.sigtimedwait(waited, 0) is not None:
+                    pass
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, waited)
 
 
 def _lost_evidence(workdir: str, damaged: int) -> list[str]:
