@@ -351,17 +351,13 @@ def _spmd_tree(path: str, data: bytes | None, project: Project) -> ast.Module | 
     if _plain_identifiers(path, data) and _SPMD_ENV_SPELLED.search(data) is None and not (
             (b"use_spmd" in data or b"use_fsdp_v2" in data) and any(is_xla_name(name) for name in imported)):
         return None
-    imported, called, environment = set(), False, False
-    Import, ImportFrom, Attribute, Name, Constant, keyword = \
-        ast.Import, ast.ImportFrom, ast.Attribute, ast.Name, ast.Constant, ast.keyword
+    # `imported` is whole (import statements hold no expressions to search): the walk looks for
+    # the calls and the variable only.
+    called, environment = False, False
+    Attribute, Name, Constant, keyword = ast.Attribute, ast.Name, ast.Constant, ast.keyword
     for node in walk(tree):  # the parser makes these classes exactly (no subclass): `type(node) is`
         kind = type(node)
-        if kind is Import:
-            imported.update(alias.name for alias in node.names)
-        elif kind is ImportFrom:
-            if node.module and node.level == 0:
-                imported.update([node.module, *(f"{node.module}.{alias.name}" for alias in node.names)])
-        elif kind is Attribute:
+        if kind is Attribute:
             called = called or node.attr in _SPMD_CALLS
         elif kind is Name:
             called = called or node.id in _SPMD_CALLS
@@ -369,14 +365,14 @@ def _spmd_tree(path: str, data: bytes | None, project: Project) -> ast.Module | 
             environment = environment or node.value == SPMD_ENV
         elif kind is keyword:  # os.environ.update(XLA_USE_SPMD="1")
             environment = environment or node.arg == SPMD_ENV
-    if environment or any(name.startswith(_SPMD_MODULES) for name in imported):
+    if environment:
         return tree
     return tree if called and any(is_xla_name(name) for name in imported) else None
 
 
 def _imported_names(statements: list[ast.Import | ast.ImportFrom]) -> set[str]:
     """The modules the import statements name, and the names a `from` import takes from one
-    (`torch_xla.distributed.spmd` of `from torch_xla.distributed import spmd`): as `_spmd_tree`'s walk."""
+    (`torch_xla.distributed.spmd` of `from torch_xla.distributed import spmd`)."""
     imported = set()
     for node in statements:
         if isinstance(node, ast.Import):
