@@ -181,13 +181,20 @@ def all_reduce_statement(call, qualname, sc: StatementContext, rule, plans, assi
                 lines.append(f"    {dist}.all_reduce({code(element.value)}, op={op})")
                 lines += _scaled_in_place(atom(element.value), scale, sc, "    ")
         else:
-            lines, tensors = [], code(inputs)
-            if not isinstance(inputs, (cst.Name, cst.Attribute)):  # evaluated once, as before
-                tensors = fresh_name(sc, "tensors")
-                lines.append(f"{tensors} = {code(inputs)}")
+            lines, tensors = _read_once(inputs, "tensors", sc)
             is_list = "" if _builds_a_list(inputs) else f"not isinstance({tensors}, {plan.use('torch')}.Tensor) and "
             lines += [f"if {is_list}{world_guard(sc, rule.code, where)}:", *_reduce_each(tensors, op, scale, sc)]
     return parse_block(lines)
+
+
+def _read_once(value: cst.BaseExpression, name: str, sc: StatementContext) -> tuple[list[str], str]:
+    """(lines, code) that evaluate `value` once, before the world-size test, as torch_xla did at
+    every world size, and then read it: a name or attribute as it is, anything else (a call, a
+    list built in place) assigned to a fresh `name` first."""
+    if isinstance(value, (cst.Name, cst.Attribute)):
+        return [], code(value)
+    fresh = fresh_name(sc, name)
+    return [f"{fresh} = {code(value)}"], fresh
 
 
 def _reduce_each(tensors: str, op: str, scale: str | None, sc: StatementContext) -> list[str]:
@@ -334,17 +341,13 @@ def collective_broadcast_statement(call, qualname, sc: StatementContext, rule, p
     where = sc.fixed(rule.code, qualname)
     # torch_xla evaluated the list at every world size: code in it (`get_params()`) runs before
     # the world-size test, as before; a list of names is read inside it.
-    lines = []
     if isinstance(tensors, (cst.List, cst.Tuple)) and tensors.elements \
             and all(isinstance(e, cst.Element) and isinstance(e.value, (cst.Name, cst.Attribute))
                     for e in tensors.elements):  # an empty one: the loop
-        lines += [f"if {world_guard(sc, rule.code, where, short=True)}:",
-                  *(f"    {dist}.broadcast({code(e.value)}, src={root})" for e in tensors.elements)]
+        lines = [f"if {world_guard(sc, rule.code, where, short=True)}:",
+                 *(f"    {dist}.broadcast({code(e.value)}, src={root})" for e in tensors.elements)]
     else:
-        listed = code(tensors)
-        if not isinstance(tensors, (cst.Name, cst.Attribute)):
-            listed = fresh_name(sc, "tensors")
-            lines.append(f"{listed} = {code(tensors)}")
+        lines, listed = _read_once(tensors, "tensors", sc)
         var = fresh_name(sc, "tensor")
         lines += [f"if {world_guard(sc, rule.code, where, short=True)}:",
                   f"    for {var} in {listed}:", f"        {dist}.broadcast({var}, src={root})"]
@@ -361,15 +364,9 @@ def broadcast_master_param_statement(call, qualname, sc: StatementContext, rule,
     var = fresh_name(sc, "param")
     where = sc.fixed(rule.code, qualname)
     # torch_xla broadcast the parameters and the buffers (BatchNorm's running statistics).
-    model = bound["model"].value
-    lines = []
-    if not isinstance(model, (cst.Name, cst.Attribute)):
-        # `xm.broadcast_master_param(get_model())`: the model is evaluated once, as before, and
-        # at every world size, as torch_xla did.
-        name = fresh_name(sc, "model")
-        lines.append(f"{name} = {code(model)}")
-        model = cst.Name(name)
-    model = atom(model)
+    # `xm.broadcast_master_param(get_model())`: the model is evaluated once, as before, and at
+    # every world size, as torch_xla did.
+    lines, model = _read_once(bound["model"].value, "model", sc)
     lines += [
         f"if {world_guard(sc, rule.code, where, short=True)}:",
         f"    for {var} in [*{model}.parameters(), *{model}.buffers()]:",
