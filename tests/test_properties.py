@@ -450,13 +450,18 @@ _HEADER = ("import torch_xla\nimport torch_xla.core.xla_model as xm\nimport torc
            "from optimum.tpu import xla_logger\n\n\n")
 
 
+def _drawn_call(draw, calls: dict[str, list[str]], argument) -> tuple[str, str]:
+    """A rule's code and one of its calls in `calls`, each `{A}` / `{S}` of it (an argument, a
+    sole argument) replaced by `argument(part)`."""
+    code = draw(st.sampled_from(sorted(calls)))
+    parts = re.split(r"(\{[AS]\})", draw(st.sampled_from(calls[code])))
+    return code, "".join(argument(part) if part in ("{A}", "{S}") else part for part in parts)
+
+
 @st.composite
 def statement_rule_programs(draw):
-    code = draw(st.sampled_from(sorted(STATEMENT_RULE_CALLS)))
-    call = draw(st.sampled_from(STATEMENT_RULE_CALLS[code]))
-    parts = re.split(r"(\{[AS]\})", call)
-    call = "".join(draw(SOLE_ARGUMENTS if part == "{S}" else ARGUMENTS) if part in ("{A}", "{S}") else part
-                   for part in parts)
+    code, call = _drawn_call(draw, STATEMENT_RULE_CALLS,
+                             lambda part: draw(SOLE_ARGUMENTS if part == "{S}" else ARGUMENTS))
     where = draw(st.sampled_from(["function", "loop", "module"]))
     if where == "module":
         body = call + "\n"
@@ -518,14 +523,9 @@ _SHAPE_HEADER = _HEADER.replace("import torch_xla.runtime as xr\n", "import torc
 
 @st.composite
 def shaped_call_programs(draw):
-    code = draw(st.sampled_from(sorted(SHAPE_RULE_CALLS)))
-    call = draw(st.sampled_from(SHAPE_RULE_CALLS[code]))
-    parts = re.split(r"(\{[AS]\})", call)
-    call = "".join(
+    code, call = _drawn_call(draw, SHAPE_RULE_CALLS, lambda part: (
         draw(st.sampled_from(SHAPES)).replace("{A}", draw(ARGUMENTS).replace("{", "{{").replace("}", "}}"))
-        .format() if part in ("{A}", "{S}") and draw(st.booleans()) else
-        draw(SOLE_ARGUMENTS if part == "{S}" else ARGUMENTS) if part in ("{A}", "{S}") else part
-        for part in parts)
+        .format() if draw(st.booleans()) else draw(SOLE_ARGUMENTS if part == "{S}" else ARGUMENTS)))
     expression = re.sub(r"^\w+ = ", "", call)
     place = draw(st.sampled_from(PLACES))
     body = place.replace("{C}", call).replace("{E}", expression)
