@@ -15,14 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from tpu_migrate import __version__
 from tpu_migrate.findings import FileResult
 from tpu_migrate.config import ConfigError, load_config, project_root
 from tpu_migrate.diagnose.kinds import BY_NAME as DIAGNOSE_KINDS
 from tpu_migrate.diagnose.kinds import FAIL_KINDS
-from tpu_migrate.report import render
+from tpu_migrate.report import render, terminal
 from tpu_migrate.printable import printable
 from tpu_migrate.rewrite import unscanned
 from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE, Excluder, discover, parse_size, replace_file, write_atomic
@@ -119,15 +118,17 @@ def _forget_parsed_trees() -> None:
 
 
 @contextmanager
-def _progress_bar(console: Console, total: int, shown: bool):
-    """A function that advances the progress bar by one file (rich.progress imported only where
-    the bar is shown: a check in CI or pre-commit never shows one)."""
+def _progress_bar(total: int, shown: bool):
+    """A function that advances the progress bar by one file, drawn on stderr (rich imported only
+    where the bar is shown: a check in CI or pre-commit never shows one)."""
     if not shown:
         yield lambda: None
         return
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    with Progress(TextColumn("rewriting"), BarColumn(), MofNCompleteColumn(), console=console,
+    with Progress(TextColumn("rewriting"), BarColumn(), MofNCompleteColumn(),
+                  console=Console(stderr=True, highlight=False, soft_wrap=True),
                   transient=True) as progress:
         task = progress.add_task("files", total=total)
         yield lambda: progress.advance(task)
@@ -266,8 +267,6 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
     # Config globs are relative to the pyproject.toml's directory, flags to the working directory.
     excluder = Excluder([*((p, str(config.path.parent)) for p in config.exclude),
                          *((p, os.curdir) for p in exclude)])
-    stdout = Console(highlight=False, soft_wrap=True)
-    stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
     results: list[FileResult] = []
     files: list[str] = []
@@ -276,7 +275,7 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
 
     def excluded(path: str) -> None:  # pre-commit names every staged file: only when asked
         if verbose:
-            stderr.print(printable(f"{path}: skipped: it matches an exclude pattern ({where})"), markup=False)
+            terminal.write_line(sys.stderr, printable(f"{path}: skipped: it matches an exclude pattern ({where})"))
 
     others: list[str] = []  # scripts and configs of the searched directories: not rewritten
     reals: dict[str, str] = {}  # where each file was found: read and written there, never through a link
@@ -293,8 +292,8 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
             files.append(path)
 
     settings.update(_project_passes(paths, files, reals))
-    show_progress = output_format == "text" and stderr.is_terminal and len(files) > PROGRESS_THRESHOLD
-    with _progress_bar(stderr, len(files), show_progress) as advance:
+    show_progress = output_format == "text" and len(files) > PROGRESS_THRESHOLD and terminal.is_terminal(sys.stderr)
+    with _progress_bar(len(files), show_progress) as advance:
         cache = None
         if not (no_cache or not config.cache or _result_cache().disabled_by_env()):
             result_cache = _result_cache()
@@ -321,11 +320,10 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
         with _uninterrupted():
             cache.save()
     if verbose:
-        stderr.print(f"configuration: {config.path}: [tool.tpu-migrate]" if config.path else
-                     f"configuration: none (no [tool.tpu-migrate] in the project, {project_root(list(paths))})",
-                     markup=False)
-        stderr.print(f"{len(files)} file(s), {cache.hits} from the cache {cache.path}" if cache
-                     else f"{len(files)} file(s), cache off", markup=False)
+        terminal.write_line(sys.stderr, f"configuration: {config.path}: [tool.tpu-migrate]" if config.path else
+                            f"configuration: none (no [tool.tpu-migrate] in the project, {project_root(list(paths))})")
+        terminal.write_line(sys.stderr, f"{len(files)} file(s), {cache.hits} from the cache {cache.path}" if cache
+                            else f"{len(files)} file(s), cache off")
 
     summary = render.Summary()
     for result in results:
@@ -359,7 +357,7 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
                     sys.stdout.write(line + "\n")
         for line in render.changed_file_lines(results, mode):
             sys.stdout.write(line + "\n")
-        render.print_summary(summary, catalog, mode, stdout)
+        render.print_summary(summary, catalog, mode, terminal.is_terminal(sys.stdout))
         for line in render.unscanned_lines(mentions):
             sys.stdout.write(line + "\n")
         next_command = render.next_command_line(results, mode, write_options, list(paths))
@@ -367,9 +365,9 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
             sys.stdout.write(next_command + "\n")
     for result in results:
         for line in render.note_lines(result):
-            stderr.print(line, markup=False)
+            terminal.write_line(sys.stderr, line)
         if result.error is not None:
-            stderr.print(render.error_line(result), markup=False)
+            terminal.write_line(sys.stderr, render.error_line(result))
     sys.exit(_exit_status(summary, mode, exit_zero, exit_non_zero_on_fix))
 
 
@@ -396,7 +394,7 @@ def rules(output_format) -> None:
     if output_format == "json":
         sys.stdout.write(explain_report.rules_json(catalog) + "\n")
     else:
-        explain_report.print_rules(catalog, Console(highlight=False, soft_wrap=True))
+        explain_report.print_rules(catalog, explain_report.stdout_console())
 
 
 @main.command(short_help="Show a rule's explanation and example, or a diagnose kind's.")
@@ -408,14 +406,14 @@ def explain(code) -> None:
 
     kind = DIAGNOSE_KINDS.get(code.lower())
     if kind is not None:
-        explain_report.print_kind_explanation(kind, Console(highlight=False, soft_wrap=True))
+        explain_report.print_kind_explanation(kind, explain_report.stdout_console())
         return
     catalog = load_catalog()
     try:
         rule = catalog.by_code(code.upper())
     except KeyError:
         raise click.UsageError(f"unknown rule '{code}' (see `tpu-migrate rules`)") from None
-    explain_report.print_explanation(rule, Console(highlight=False, soft_wrap=True))
+    explain_report.print_explanation(rule, explain_report.stdout_console())
 
 
 def _fail_kinds(ctx, param, value):

@@ -19,6 +19,10 @@ from tpu_migrate.diagnose.kinds import FindingKind
 from tpu_migrate.rules import TARGETS, Catalog, Rule, rule_examples
 
 
+def stdout_console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
 def rules_json(catalog: Catalog) -> str:
     return json.dumps(
         [

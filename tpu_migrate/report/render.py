@@ -9,9 +9,6 @@ import sys
 from collections import Counter
 from dataclasses import dataclass, field
 
-from rich.console import Console
-from rich.table import Table
-
 from tpu_migrate.findings import FileResult
 from tpu_migrate.rewrite.files import MISSING, shown
 from tpu_migrate.printable import git_quote, printable, shell_quote
@@ -161,13 +158,14 @@ def note_lines(result: FileResult) -> list[str]:
             for n in result.notes]
 
 
-def print_summary(summary: Summary, catalog: Catalog, mode: str, console: Console) -> None:
-    """A rich table on a terminal, plain lines otherwise (CI logs, pipes). Fixes are "fixed"
-    only when written; --check and --diff show them as "fixable"."""
+def print_summary(summary: Summary, catalog: Catalog, mode: str, on_terminal: bool) -> None:
+    """A rich table on a terminal, plain lines otherwise (CI logs, pipes; rich is not imported
+    for them: report/terminal.py). Fixes are "fixed" only when written; --check and --diff show
+    them as "fixable"."""
     verb = {"write": "changed", "diff": "would change", "check": "would change"}[mode]
     fixed = "fixed" if mode == "write" else "fixable"
     names = {r.code: r.name for r in catalog.rules}
-    if not console.is_terminal:
+    if not on_terminal:
         out = sys.stdout
         out.write(
             f"{summary.files} file(s) scanned, {summary.changed} {verb}, "
@@ -179,6 +177,9 @@ def print_summary(summary: Summary, catalog: Catalog, mode: str, console: Consol
         for code, count in sorted(summary.manual.items()):
             out.write(f"  manual  {code} {names.get(code, '')}: {count}\n")
         return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title="tpu-migrate rewrite", show_header=True, header_style="bold")
     table.add_column("")
     table.add_column("rule")
@@ -190,7 +191,7 @@ def print_summary(summary: Summary, catalog: Catalog, mode: str, console: Consol
         table.add_row(fixed, f"{code} {names.get(code, '')}", str(count))
     for code, count in sorted(summary.manual.items()):
         table.add_row("manual", f"{code} {names.get(code, '')}", str(count), style="yellow")
-    console.print(table)
+    Console(highlight=False, soft_wrap=True).print(table)
 
 
 def unscanned_lines(mentions) -> list[str]:
