@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 
+from conftest import ROOT
 from tpu_migrate.rewrite.names import analyze
 from tpu_migrate.rules import load_catalog
 
@@ -141,3 +142,16 @@ def resolved(source: str) -> tuple[list[int], list[int]]:
 )
 def test_bindings_are_seen_in_order(source, expected):
     assert resolved(source) == expected
+
+
+def test_the_file_wide_node_list_is_ast_walk_less_the_markers():
+    """Analysis.nodes, which the file-wide rules scan, holds ast.walk's nodes in its order but
+    `Load`, `Add`, `Eq` and the like (shared markers no rule looks for: a third of the list)."""
+    source = (ROOT / "tpu_migrate" / "rewrite" / "names.py").read_text(encoding="utf-8")
+    tree = ast.parse(source + "\nx = -a + (b and c) if d is not e else [f for f in g]\ndel h\n")
+    walked = list(ast.walk(tree))
+    markers = (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
+    nodes = analyze(tree).nodes
+    assert nodes == [node for node in walked if not isinstance(node, markers)]
+    assert len(walked) - len(nodes) > len(walked) // 5
+    assert any(isinstance(n, ast.Compare) for n in nodes) and not any(isinstance(n, ast.Load) for n in nodes)
