@@ -11,7 +11,7 @@ from functools import lru_cache
 import libcst as cst
 
 from tpu_migrate.findings import Fix, Manual
-from tpu_migrate.rewrite import named_expressions
+from tpu_migrate.rewrite import cst_parse, named_expressions
 from tpu_migrate.rewrite.files import DEFAULT_MAX_FILE_SIZE
 from tpu_migrate.rewrite.layout import TODO_PREFIX
 from tpu_migrate.rewrite.names import Analysis, ImportBinding, Ref, Scope, StmtInfo, finding_position, statement_ancestors
@@ -561,9 +561,9 @@ _BINDING_NODES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambd
 
 @lru_cache(maxsize=512)
 def parse_expr(code: str) -> cst.BaseExpression:
-    return cst.parse_expression(code)
+    return cst_parse.parse_expression(code)
 
 
 @lru_cache(maxsize=512)
 def parse_stmt(code: str) -> cst.BaseStatement:
-    return cst.parse_statement(code)
+    return cst_parse.parse_statement(code)

@@ -18,7 +18,7 @@ from functools import lru_cache
 import libcst as cst
 
 from tpu_migrate.findings import FileResult, Fix, KeptImport, Manual, Note
-from tpu_migrate.rewrite import imports, parsed_trees, printing, registry, todos, transforms
+from tpu_migrate.rewrite import cst_parse, imports, parsed_trees, printing, registry, todos, transforms
 from tpu_migrate.rewrite import skeleton as skeletons
 from tpu_migrate.rewrite.context import FileContext, ImportPlan, Options, StatementContext
 from tpu_migrate.rewrite.except_colons import restore_except_colons, spaced_except_colons
@@ -176,7 +176,7 @@ def _rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resu
         text, tree, analysis, keep_last=not plain_end,
         kept_import=lambda qualname: is_xla_name(qualname) or catalog.canonical(qualname) in flagged)
     parsed = text if skeleton is None else skeleton.text
-    module = _parse_input(cst.parse_module, parsed)
+    module = _parse_input(cst_parse.parse_module, parsed)
     # The skeleton's except clauses are some of the file's, with their text: none of the file's
     # with a space before its colon, none of the skeleton's (and no parse of the skeleton).
     if skeleton is None or spaced_except_colons(text, analysis.nodes):

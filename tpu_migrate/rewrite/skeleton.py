@@ -65,6 +65,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
+from tpu_migrate.rewrite import cst_parse
 from tpu_migrate.rewrite.except_colons import restore_except_colons
 from tpu_migrate.rewrite.names import Analysis, is_xla_name
 from tpu_migrate.rewrite.todos import newline_starts
@@ -105,7 +106,7 @@ class Skeleton:
         kept = self.kept[number]
         newline = module.default_newline
         text = f"if 1:{newline}{module.default_indent}pass{newline}if 1:{newline}{kept.text}"
-        wrapped = restore_except_colons(cst.parse_module(text), text, None)
+        wrapped = restore_except_colons(cst_parse.parse_module(text), text, None)
         block = wrapped.body[1].body
         if block.footer or wrapped.footer:
             raise SkeletonMiss("a left-out statement's comments would move")

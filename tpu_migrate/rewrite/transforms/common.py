@@ -8,6 +8,7 @@ import warnings
 
 import libcst as cst
 
+from tpu_migrate.rewrite import cst_parse
 from tpu_migrate.rewrite.context import StatementContext, parse_stmt, unused_name
 from tpu_migrate.rewrite.registry import rule_code
 from tpu_migrate.rewrite.spmd_programs import SPMD_ENV
@@ -133,7 +134,7 @@ def atom(node: cst.BaseExpression) -> str:
 
 
 def parse_block(lines: list[str]) -> list[cst.BaseStatement]:
-    module = cst.parse_module("\n".join(lines) + "\n")
+    module = cst_parse.parse_module("\n".join(lines) + "\n")
     return list(module.body)
 
 def target_name(assign: cst.Assign | None) -> str | None:
