@@ -732,11 +732,15 @@ class _Walker:
                     for sub in ast.walk(keyword.value):
                         if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and REQUIREMENT.match(sub.value):
                             _add_requirement(info, sub)
-        for sub in ast.iter_child_nodes(node):
-            if isinstance(sub, ast.expr):
-                self.expr(sub, scope, info)
-            elif isinstance(sub, ast.AST):
-                self.child(sub, scope, info)
+        # ast.iter_child_nodes, inline and without the markers (`Load`, `Add`), which hold nothing
+        expr, AST = ast.expr, ast.AST
+        for name in node._fields:
+            value = getattr(node, name, None)
+            for sub in (value if type(value) is list else (value,)):
+                if isinstance(sub, expr):
+                    self.expr(sub, scope, info)
+                elif isinstance(sub, AST) and not isinstance(sub, _MARKERS):
+                    self.child(sub, scope, info)
 
 
 def _add_requirement(info: StmtInfo, node: ast.Constant) -> None:
