@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from tpu_migrate import __version__
+from tpu_migrate import __version__, process_exit
 from tpu_migrate.findings import FileResult
 from tpu_migrate.config import ConfigError, load_config, project_root
 from tpu_migrate.diagnose.kinds import BY_NAME as DIAGNOSE_KINDS
@@ -384,7 +384,7 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
             terminal.write_line(sys.stderr, line)
         if result.error is not None:
             terminal.write_line(sys.stderr, render.error_line(result))
-    sys.exit(_exit_status(summary, mode, exit_zero, exit_non_zero_on_fix))
+    process_exit.leave(_exit_status(summary, mode, exit_zero, exit_non_zero_on_fix))
 
 
 def _exit_status(summary: render.Summary, mode: str, exit_zero: bool, exit_non_zero_on_fix: bool) -> int:
