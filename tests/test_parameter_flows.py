@@ -4,11 +4,15 @@ mesh to spmd_util.partition_module, which calls `xs.mark_sharding` on it."""
 
 from __future__ import annotations
 
+import ast
 import os
+from pathlib import Path
 
 from tpu_migrate.rewrite.context import Options
 from tpu_migrate.rewrite.engine import rewrite_bytes
-from tpu_migrate.rewrite.parameter_flows import project_parameters
+from tpu_migrate.rewrite.parameter_flows import project_parameters, reaching_parameters
+
+CORPUS = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
 
 SPMD_UTIL = """\
 import re
@@ -73,3 +77,47 @@ def test_without_the_project_pass_the_call_is_not_marked(tmp_path):
 def test_a_project_of_one_torch_xla_file_is_not_read_further(tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
     assert project_parameters([str(tmp_path / "train.py")], tmp_path) == ()
+
+
+SHARDING = """\
+import torch_xla.core.xla_model as xm
+
+
+def setup():
+    import torch_xla.distributed.spmd as xs
+
+
+def shard(tensor, mesh):
+    return place(tensor, mesh)
+
+
+def place(tensor, mesh):
+    xs.mark_sharding(tensor, mesh, (0, 1))
+
+
+def step(device):
+    xm.mark_step(device)
+"""
+
+
+def test_the_functions_read_alone_come_out_as_a_whole_read_gives_them():
+    """flows.passed_to_functions reads only the functions a file calls with a converted name, and
+    resolves their calls through every function's imports (`setup`'s `xs` here), as a read of
+    the whole module does; the project pass reads the imports of the functions it reads."""
+    tree = ast.parse(SHARDING)
+    whole, orders = reaching_parameters(tree)
+    assert sorted(whole) == ["place", "shard", "step"]
+    alone, alone_orders = reaching_parameters(tree, {"shard"}, every_import=True)
+    assert alone == {name: whole[name] for name in ("shard", "place")}
+    assert alone_orders == {name: orders[name] for name in ("shard", "place")}
+    assert reaching_parameters(tree, {"shard"})[0] == {}  # `xs` is bound in `setup`, not read
+
+
+def test_every_corpus_file_s_called_functions_come_out_as_a_whole_read_gives_them():
+    for path in sorted(CORPUS.glob("*.py")):
+        tree = ast.parse(path.read_bytes())
+        whole, _ = reaching_parameters(tree)
+        called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        alone, _ = reaching_parameters(tree, called, every_import=True)
+        assert alone == {name: sinks for name, sinks in whole.items() if name in alone}, path.name
+        assert {name for name in whole if name in called} <= set(alone), path.name

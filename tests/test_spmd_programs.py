@@ -259,12 +259,12 @@ def test_the_first_program_through_the_import_graph_is_the_one_walks_find(seed):
 def test_the_import_statements_come_in_ast_walk_s_order():
     import ast
 
-    from tpu_migrate.rewrite.spmd_programs import _import_statements
+    from tpu_migrate.rewrite.spmd_programs import import_statements
 
     tree = ast.parse("import a\ntry:\n    import b\nexcept E:\n    import c\nelse:\n    import d\n"
                      "finally:\n    import e\nif x:\n    def f():\n        import g\nelse:\n    import h\n"
                      "match y:\n    case 1:\n        import i\nclass C:\n    import j\nimport k\n")
-    assert _import_statements(tree) == [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert import_statements(tree) == [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
 def test_files_that_say_a_module_s_name_without_importing_it_are_not_parsed(tmp_path, monkeypatch):

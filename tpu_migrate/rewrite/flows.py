@@ -121,9 +121,31 @@ def passed_to_functions(analysis: Analysis, fixes: list[Fix], manual: list[Manua
     [(line, col, code, message)]. `imported`: this file's functions from other modules of the
     project (project_parameters); their calls count where `left_elsewhere(qualname)`: no rule
     converts them there."""
-    if "reaching_parameters" not in analysis.memo:  # the same in every pass of the file
-        analysis.memo["reaching_parameters"] = reaching_parameters(analysis.tree)
-    own, orders = analysis.memo["reaching_parameters"]
+    # Only a call by a bare name (`f(mesh)`) of a module-level function or an imported one, that
+    # passes a name the rules converted (held or changed below), looks a function up: the
+    # file's own functions so called are read (and the functions they call), the others not.
+    if "named_calls" not in analysis.memo:  # the same in every pass of the file
+        functions = {node.name for node in analysis.tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        functions.update(local for local, *_ in imported)  # (`imported` is the file's: the same in each pass)
+        Call, Name = ast.Call, ast.Name  # the parser makes these classes exactly: `type(node) is`
+        analysis.memo["named_calls"] = [
+            node for node in (analysis.nodes if functions else ()) if type(node) is Call and type(node.func) is Name
+            and node.func.id in functions and any(type(value) is Name for _, _, value in arguments(node))]
+    calls = analysis.memo["named_calls"]
+    if not calls:
+        return {}, {}
+    fixed = {(f.line, f.col) for f in fixes}
+    held_values, changed_values = _converted_by(analysis, fixed, (
+        lambda ref, called: holds(ref.qualname, called), lambda ref, called: changes(ref.qualname) is not None))
+    passed = {name for _, name in held_values} | {name for _, name in changed_values}
+    calls = [call for call in calls
+             if any(isinstance(value, ast.Name) and value.id in passed for _, _, value in arguments(call))]
+    if not calls:
+        return {}, {}
+    wanted = frozenset(call.func.id for call in calls)
+    if ("reaching_parameters", wanted) not in analysis.memo:
+        analysis.memo["reaching_parameters", wanted] = reaching_parameters(analysis.tree, wanted, every_import=True)
+    own, orders = analysis.memo["reaching_parameters", wanted]
     callees = {name: (orders[name], {param: [(q, c, line, col, None) for q, c, line, col in sinks]
                                      for param, sinks in params.items()})
                for name, params in own.items() if name not in analysis.module_scope.imports}
@@ -135,15 +157,12 @@ def passed_to_functions(analysis: Analysis, fixes: list[Fix], manual: list[Manua
                                            for param, _, sinks in params}))
     if not callees:
         return {}, {}
-    fixed = {(f.line, f.col) for f in fixes}
     findings = {(m.line, m.col): m for m in manual}
-    held_values = _converted(analysis, fixed, lambda ref, called: holds(ref.qualname, called))
-    changed_values = _converted(analysis, fixed, lambda ref, called: changes(ref.qualname) is not None)
     loads = {(line, col + 1): (scope, dotted, info) for scope, dotted, info, line, col in analysis.loads
              if "." not in dotted}
     held: dict[int, tuple[str, bool]] = {}
     marks: dict[int, list] = {}
-    for call in (n for n in analysis.nodes if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
+    for call in calls:
         entry = callees.get(call.func.id)
         if entry is None:
             continue
@@ -189,7 +208,12 @@ def passed_to_functions(analysis: Analysis, fixes: list[Fix], manual: list[Manua
 def _converted(analysis: Analysis, fixed: set, keep) -> dict[tuple[int, str], list]:
     """(binding scope id, name) -> [(statement, ref)] of `name = <torch_xla value>` that a rule
     converted and `keep(ref, called)` accepts."""
-    found: dict[tuple[int, str], list] = {}
+    return _converted_by(analysis, fixed, (keep,))[0]
+
+
+def _converted_by(analysis: Analysis, fixed: set, keeps: tuple) -> tuple[dict[tuple[int, str], list], ...]:
+    """`_converted` for each of `keeps`, in one pass over the statements."""
+    found: tuple[dict[tuple[int, str], list], ...] = tuple({} for _ in keeps)
     for info in analysis.infos.values():
         target, value = _simple_assignment(info.node)
         if target is None:
@@ -203,7 +227,9 @@ def _converted(analysis: Analysis, fixed: set, keep) -> dict[tuple[int, str], li
             ref = next((r for r in info.refs if (r.line, r.col) == finding_position(head)
                         and is_xla_name(r.qualname)), None)
             if ref is not None:
-                if (ref.line, ref.col) in fixed and keep(ref, called):
-                    found.setdefault((id(info.scope), target), []).append((info, ref))
+                if (ref.line, ref.col) in fixed:
+                    for keep, kept in zip(keeps, found):
+                        if keep(ref, called):
+                            kept.setdefault((id(info.scope), target), []).append((info, ref))
                 break
     return found

@@ -23,32 +23,41 @@ from pathlib import Path
 
 from tpu_migrate.rewrite.names import dotted_name, finding_position, is_xla_name, walk
 from tpu_migrate.rewrite.project import Project
+from tpu_migrate.rewrite.spmd_programs import import_statements
 
 # A parameter -> the torch_xla calls it reaches: (qualified name, as written, line, col of the callee).
 Sink = tuple[str, str, int, int]
 Parameters = dict[str, dict[str, list[Sink]]]  # function -> parameter -> sinks
 
 
-def reaching_parameters(tree: ast.Module, wanted: Iterable[str] | None = None) -> tuple[Parameters, dict[str, list[str]]]:
+def reaching_parameters(tree: ast.Module, wanted: Iterable[str] | None = None,
+                        every_import: bool = False) -> tuple[Parameters, dict[str, list[str]]]:
     """(function -> parameter -> the torch_xla calls it is passed to, function -> its parameter
     names in order) for the module-level functions of `tree` (`wanted`: those and the functions
     of the module they call only). A parameter the function assigns is not followed (it may hold
-    something else by then)."""
-    functions = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    something else by then). The names a call resolves through are the imports of the module's
+    statements and of the functions read (`every_import`: of every function, read or not, so
+    that the wanted functions come out as a read of every function gives them)."""
+    every = {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    functions = every
+    walked: dict[str, list[ast.AST]] = {}  # each function read walked once: its assigned names, its calls
     if wanted is not None:
-        queue, read = [name for name in wanted if name in functions], set()
+        queue = [name for name in wanted if name in functions]
         while queue:
             name = queue.pop()
-            if name not in read:
-                read.add(name)
-                queue.extend(n.func.id for n in ast.walk(functions[name]) if isinstance(n, ast.Call)
+            if name not in walked:
+                walked[name] = list(walk(functions[name]))
+                queue.extend(n.func.id for n in walked[name] if isinstance(n, ast.Call)
                              and isinstance(n.func, ast.Name) and n.func.id in functions)
-        functions = {name: node for name, node in functions.items() if name in read}
-    # Each function walked once: its nodes give its imports, assigned names and calls.
-    nodes = {name: list(walk(node)) for name, node in functions.items()}
+        functions = {name: node for name, node in functions.items() if name in walked}
+    nodes = {name: walked[name] if name in walked else list(walk(node)) for name, node in functions.items()}
+    # The imports come from the statements alone (an import is one; most of a tree is
+    # expressions), in the order a walk of every node meets them: the module's other
+    # statements, then each function.
     imports = _imports([*(n for node in tree.body if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                                        ast.ClassDef)) for n in walk(node)),
-                        *(n for function in nodes.values() for n in function)])
+                                                                        ast.ClassDef)) for n in import_statements(node)),
+                        *(n for function in (every if every_import else functions).values()
+                          for n in import_statements(function))])
     orders = {name: _parameter_names(node) for name, node in functions.items()}
     direct: Parameters = {}
     through: dict[str, list[tuple[str, str, str]]] = {}  # f -> (param, callee function, its param)

@@ -345,7 +345,7 @@ def _spmd_tree(path: str, data: bytes | None, project: Project) -> ast.Module | 
     # The imports first, from the statements alone (most of a tree is expressions): most files
     # parsed here import an SPMD module, and in plain source the bytes show whether the other
     # two tests can hold (`_may_run_spmd`'s reasoning). The whole walk only where they may.
-    imported = _imported_names(_import_statements(tree))
+    imported = _imported_names(import_statements(tree))
     if any(name.startswith(_SPMD_MODULES) for name in imported):
         return tree
     if _plain_identifiers(path, data) and _SPMD_ENV_SPELLED.search(data) is None and not (
@@ -392,7 +392,7 @@ def _local_imports(path: str, tree: ast.Module, bases: list[str],
     file's bytes show that it calls neither an import function nor sys.path.append / insert
     (`_calls_named`)."""
     here = os.path.dirname(path)
-    imports, path_calls = _import_nodes(tree) if calls else (_import_statements(tree), [])
+    imports, path_calls = _import_nodes(tree) if calls else (import_statements(tree), [])
     bases = [*bases, *_added_paths(path, tree, path_calls)]
     for node in imports:
         if isinstance(node, ast.Import):
@@ -461,7 +461,7 @@ def _calls_named(data: bytes | None, path: str = "") -> bool:
 _BODIES = frozenset({"body", "orelse", "finalbody", "handlers", "cases"})
 
 
-def _import_statements(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+def import_statements(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     """The tree's import statements in ast.walk's order (breadth first; the statements' depths and
     order among themselves are the same whether or not the walk enters the expressions, which
     it need not: most of a tree's nodes are expressions)."""
