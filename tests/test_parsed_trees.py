@@ -80,3 +80,42 @@ def test_only_the_run_s_own_files_are_kept(tmp_path, monkeypatch):
         parsed_trees._trees))
     _diff(tmp_path / "helpers.py")  # the passes still parse train.py and launch.py: not for the rewrite
     assert SPMD_PROGRAM.encode() not in kept and LAUNCH.encode() not in kept
+
+
+def _summary(analysis) -> list:
+    """What `analyze` found of each statement, by position (ast nodes compare by identity)."""
+    return sorted((info.node.lineno, info.node.col_offset, type(info.node).__name__, info.flagged, info.trigger_string,
+                   info.forced, info.subtree_interesting, [repr(ref) for ref in info.refs])
+                  for info in analysis.infos.values())
+
+
+def test_the_launch_pass_s_analysis_goes_to_the_rewrite_as_analyze_makes_it_without_a_cache(tmp_path, monkeypatch):
+    """The launch pass analyses the files it reads with the rewrite's arguments where no cache
+    can answer (the rewrite's code loads anyway), and the rewrite takes that analysis: the same
+    as its own analysis, and the same output without it. With the cache on, none is lent."""
+    from tpu_migrate.rewrite.engine import analysis_arguments
+    from tpu_migrate.rewrite.names import analyze
+    from tpu_migrate.rules import load_catalog
+
+    _project(tmp_path)
+    taken = []
+    take = parsed_trees.take_analysis
+
+    def recorded(tree, arguments):
+        analysis = take(tree, arguments)
+        if analysis is not None:
+            assert arguments == analysis_arguments(load_catalog())
+            assert _summary(analysis) == _summary(analyze(tree, *arguments))
+            taken.append(analysis.tree)
+        return analysis
+
+    monkeypatch.setattr(parsed_trees, "take_analysis", recorded)
+    lent = _diff(tmp_path)
+    assert [ast.dump(tree) for tree in taken] == [ast.dump(ast.parse(LAUNCH))]  # the file that launches
+    monkeypatch.setattr(parsed_trees, "take_analysis", lambda tree, arguments: None)
+    assert _diff(tmp_path) == lent
+    taken.clear()
+    monkeypatch.setattr(parsed_trees, "take_analysis", recorded)
+    monkeypatch.setenv("TPU_MIGRATE_CACHE_DIR", str(tmp_path / "cache"))
+    result = CliRunner().invoke(cli.main, ["rewrite", "--diff", "--jobs", "1", str(tmp_path)])
+    assert result.stdout == lent and taken == []

@@ -83,7 +83,8 @@ def _rewrite_paths(files, settings, jobs, sources=None, reals=None):
     return rewrite_paths(files, Options(**settings), jobs, sources=sources, reals=reals)
 
 
-def _project_passes(paths, files: list[str], reals: dict[str, str] | None = None) -> dict[str, tuple]:
+def _project_passes(paths, files: list[str], reals: dict[str, str] | None = None,
+                    every_file_rewritten: bool = False) -> dict[str, tuple]:
     """What the rewrite's project-wide passes find, over one reading of the project
     (rewrite/project.py: under the project root, or among the run's files where no
     pyproject.toml or .git marks one): the modules that run SPMD without naming it
@@ -92,7 +93,10 @@ def _project_passes(paths, files: list[str], reals: dict[str, str] | None = None
     (kept_launches.py). With the garbage collector as idle as in the rewrite (the trees they
     parse form no cycles; collections took 14-19% of their CPU time over this repository).
     The trees they parse of the run's own files (`reals`: their real paths, where found) are
-    kept for the rewrite, which then parses them no more (parsed_trees.py; `clear` after it)."""
+    kept for the rewrite, which then parses them no more (parsed_trees.py; `clear` after it).
+    Where `every_file_rewritten` (no result cache: the rewrite's code is loaded for the run
+    anyway), the launch pass analyses them as the rewrite does, which then takes the analyses too
+    (a run answered from the cache never loads libcst: its passes analyse as before)."""
     from tpu_migrate.rewrite import parsed_trees
     from tpu_migrate.rewrite.gc_settings import fewer_collections
     from tpu_migrate.rewrite.kept_launches import kept_launch_modules
@@ -107,7 +111,19 @@ def _project_passes(paths, files: list[str], reals: dict[str, str] | None = None
         project = Project(files, None if root == Path(root.anchor) else root)
         return {"spmd_modules": spmd_modules(files, project.root, project),
                 "xla_parameters": project_parameters(files, project.root, project),
-                "kept_launches": kept_launch_modules(files, project.root, project)}
+                "kept_launches": kept_launch_modules(files, project.root, project,
+                                                     _rewrite_arguments if every_file_rewritten else None)}
+
+
+def _rewrite_arguments() -> tuple | None:
+    """engine.analysis_arguments of the rules (None where they and the registered code disagree:
+    `_rewrite_paths` says so)."""
+    from tpu_migrate.rewrite.engine import analysis_arguments
+
+    try:
+        return analysis_arguments(load_catalog())
+    except RuleError:
+        return None
 
 
 def _forget_parsed_trees() -> None:
@@ -307,11 +323,12 @@ def rewrite(paths, mode, notebook_diff, target, select, ignore, fix_level, outpu
         else:
             files.append(path)
 
-    settings.update(_project_passes(paths, files, reals))
+    uncached = no_cache or not config.cache or _result_cache().disabled_by_env()
+    settings.update(_project_passes(paths, files, reals, every_file_rewritten=uncached))
     show_progress = output_format == "text" and len(files) > PROGRESS_THRESHOLD and terminal.is_terminal(sys.stderr)
     with _progress_bar(len(files), show_progress) as advance:
         cache = None
-        if not (no_cache or not config.cache or _result_cache().disabled_by_env()):
+        if not uncached:
             result_cache = _result_cache()
             cache = result_cache.Cache.open(settings)
             outcomes = result_cache.cached_results(

@@ -141,6 +141,12 @@ def flagged_names(catalog: Catalog) -> frozenset[str]:
     return catalog.rule_names | registry.trigger_names()
 
 
+def analysis_arguments(catalog: Catalog) -> tuple:
+    """What the rewrite gives names.analyze after the tree (kept_launches.py analyses the files
+    it reads so, to lend the analysis to the rewrite: parsed_trees.py)."""
+    return catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS
+
+
 def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult,
                  whole: bool = False, tree: ast.Module | None = None) -> str | None:
     """The rewritten text, or None when nothing in it concerns torch_xla. libcst parses the
@@ -157,7 +163,10 @@ def rewrite_text(text: str, path: str, options: Options, catalog: Catalog, resul
 def _rewrite_text(text: str, path: str, options: Options, catalog: Catalog, result: FileResult,
                   whole: bool, tree: ast.Module | None = None) -> str | None:
     tree = _parse_input(ast.parse, text, filename=path) if tree is None else tree
-    analysis = analyze(tree, catalog.canonical, flagged_names(catalog), TRIGGER_STRINGS)
+    arguments = analysis_arguments(catalog)
+    analysis = parsed_trees.take_analysis(tree, arguments)  # a project pass's, where it lent one
+    if analysis is None:
+        analysis = analyze(tree, *arguments)
     has_xla_imports = any(is_xla_name(b.qualname) for b in analysis.imports)
     dynamic_imports = [d for info in analysis.infos.values() for d in info.dynamic_imports]
     result.imports_xla = has_xla_imports or bool(dynamic_imports)

@@ -30,9 +30,10 @@ from __future__ import annotations
 import ast
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from tpu_migrate.rewrite import parsed_trees
 from tpu_migrate.rewrite.names import Analysis, finding_position
 from tpu_migrate.rewrite.plans import SPAWN_NAMES, Worker, spawn_worker
 from tpu_migrate.rewrite.project import Project
@@ -169,18 +170,23 @@ def mark(sc, code: str, where: tuple[int, int] | None, what: str) -> None:
 # -- the project ------------------------------------------------------------------------------
 
 
-def kept_launch_modules(run_files: Iterable[str], root: Path | None,
-                        project: Project | None = None) -> tuple[tuple[str, str], ...]:
+def kept_launch_modules(run_files: Iterable[str], root: Path | None, project: Project | None = None,
+                        rewrite_arguments: Callable[[], tuple | None] | None = None) -> tuple[tuple[str, str], ...]:
     """(module's real path, why its launch stays torch_xla's; "" where a converted launch runs it)
     for the project's modules that name torch_xla and are run by a launch in another module,
     sorted. Only the files that name torch_xla and a launch are parsed first; the import graph
-    is spmd_programs.py's (`project`: the project already read, shared with the other passes)."""
+    is spmd_programs.py's (`project`: the project already read, shared with the other passes).
+    `rewrite_arguments`: the arguments the rewrite gives `analyze` (None where they are not to
+    be had), asked where the rewrite of every file follows: each file is then analysed as the
+    rewrite analyses it, and the analysis lent to it with the tree (parsed_trees.py; the launches
+    found are the same: they are read from the resolved names, not from what is flagged)."""
     from tpu_migrate.rewrite.names import analyze
     from tpu_migrate.rewrite.spmd_programs import _first_importers, import_graph
     from tpu_migrate.rules import load_catalog
 
     project = project if project is not None else Project(run_files, root)
     canonical = load_catalog().canonical
+    arguments: tuple | None = None
     kept: dict[str, str] = {}  # module -> its kept launch's callee
     converted: set[str] = set()
     xla_files = project.xla_files()
@@ -192,7 +198,13 @@ def kept_launch_modules(run_files: Iterable[str], root: Path | None,
         tree = project.tree(path, data)
         if tree is None:
             continue
-        launches = list(launch_calls(analyze(tree, canonical), canonical))
+        if arguments is None:
+            arguments = rewrite_arguments() if rewrite_arguments is not None else None
+            arguments = arguments if arguments and arguments[0] == canonical else (canonical,)
+        analysis = analyze(tree, *arguments)
+        if len(arguments) > 1:
+            parsed_trees.lend_analysis(data, tree, arguments, analysis)
+        launches = list(launch_calls(analysis, canonical))
         if any(convertible for _, _, convertible in launches):
             converted.add(path)
         elif launches:

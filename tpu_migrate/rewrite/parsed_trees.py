@@ -12,6 +12,11 @@ worker forked for `--jobs` inherits them, one started otherwise parses. Keyed by
 themselves, a tree can only be taken for the bytes it was parsed from, whatever the path.
 Trees of at most KEPT_BYTES of source are kept (the others are parsed again): a kept tree is
 about 30 times its source's size.
+
+The analysis a pass made of a kept tree (kept_launches.py: names.analyze, with the arguments the
+rewrite gives it, where the rewrite's code is loaded for the run anyway) is lent the same way:
+the rewrite takes it with the tree, as `analyze` left it (the pass only reads it), where its
+arguments are the rewrite's own.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import ast
 KEPT_BYTES = 16 << 20
 
 _trees: dict[bytes, ast.Module] = {}
+_analyses: dict[int, tuple[ast.Module, tuple, object]] = {}  # id(tree) -> (tree, analyze's arguments, analysis)
 _wanted: frozenset[str] = frozenset()  # the real paths whose trees are kept: the run's files
 _size = 0
 
@@ -29,12 +35,14 @@ def start(wanted: frozenset[str]) -> None:
     """Keep the trees of these files (real paths) from now on, forgetting any kept before."""
     global _wanted, _size
     _trees.clear()
+    _analyses.clear()
     _wanted, _size = wanted, 0
 
 
 def clear() -> None:
     global _wanted, _size
     _trees.clear()
+    _analyses.clear()
     _wanted, _size = frozenset(), 0
 
 
@@ -54,3 +62,16 @@ def keep(path: str, data: bytes, tree: ast.Module) -> None:
 def take(data: bytes) -> ast.Module | None:
     """The tree kept for these bytes, no longer kept (None: parse them)."""
     return _trees.pop(data, None) if _trees else None
+
+
+def lend_analysis(data: bytes, tree: ast.Module, arguments: tuple, analysis) -> None:
+    """Lend `analyze(tree, *arguments)` with the tree kept for these bytes (if it is)."""
+    if _trees.get(data) is tree:
+        _analyses[id(tree)] = (tree, arguments, analysis)
+
+
+def take_analysis(tree: ast.Module, arguments: tuple):
+    """The analysis lent with this tree, if made with these arguments, no longer lent (None:
+    analyze it)."""
+    lent = _analyses.pop(id(tree), None) if _analyses else None
+    return lent[2] if lent is not None and lent[0] is tree and lent[1] == arguments else None
