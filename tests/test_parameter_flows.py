@@ -121,3 +121,18 @@ def test_every_corpus_file_s_called_functions_come_out_as_a_whole_read_gives_the
         alone, _ = reaching_parameters(tree, called, every_import=True)
         assert alone == {name: sinks for name, sinks in whole.items() if name in alone}, path.name
         assert {name for name in whole if name in called} <= set(alone), path.name
+
+
+def test_the_file_s_torch_xla_assignments_are_found_once_for_both_flows(tmp_path, monkeypatch):
+    """held_assignments and passed_to_functions ask which assignments a rule converted of one
+    analysis: its statements are read for them once (flows._xla_assignments), not per flow."""
+    from tpu_migrate.rewrite import flows
+
+    files = _project(tmp_path)
+    flows_found = project_parameters(files, tmp_path)
+    read = []
+    simple_assignment = flows._simple_assignment
+    monkeypatch.setattr(flows, "_simple_assignment", lambda node: read.append(node) or simple_assignment(node))
+    output = rewrite_bytes(TRAIN.encode(), files[1], Options(xla_parameters=flows_found)).output.decode()
+    assert "`partition_module` (spmd_util.py) passes it to `xs.mark_sharding`" in output
+    assert read and len(read) == len(set(map(id, read)))

@@ -38,9 +38,13 @@ def held_assignments(analysis: Analysis, fixes: list[Fix], manual: list[Manual],
                  _converted(analysis, fixed, lambda ref, called: holds(ref.qualname, called)).items()}
     if not converted:
         return {}
-    # Calls of torch_xla names that no fix converted, by the position of their callee.
-    calls = {finding_position(node.func): node
-             for node in analysis.nodes if isinstance(node, ast.Call) and dotted_name(node.func)}
+    # Calls of torch_xla names that no fix converted, by the position of their callee (the calls
+    # of dotted names found once per analysis).
+    if "dotted_calls" not in analysis.memo:
+        Call = ast.Call  # the parser makes this class exactly: `type(node) is`
+        analysis.memo["dotted_calls"] = {finding_position(node.func): node for node in analysis.nodes
+                                         if type(node) is Call and dotted_name(node.func)}
+    calls = analysis.memo["dotted_calls"]
     findings = {(m.line, m.col): m for m in manual}
     held: dict[int, str] = {}
     for info in analysis.infos.values():
@@ -212,9 +216,26 @@ def _converted(analysis: Analysis, fixed: set, keep) -> dict[tuple[int, str], li
 
 
 def _converted_by(analysis: Analysis, fixed: set, keeps: tuple) -> tuple[dict[tuple[int, str], list], ...]:
-    """`_converted` for each of `keeps`, in one pass over the statements."""
+    """`_converted` for each of `keeps`, in one pass over the file's torch_xla assignments."""
     found: tuple[dict[tuple[int, str], list], ...] = tuple({} for _ in keeps)
+    for info, target, ref, called in _xla_assignments(analysis):
+        if (ref.line, ref.col) in fixed:
+            for keep, kept in zip(keeps, found):
+                if keep(ref, called):
+                    kept.setdefault((id(info.scope), target), []).append((info, ref))
+    return found
+
+
+def _xla_assignments(analysis: Analysis) -> list[tuple[StmtInfo, str, object, bool]]:
+    """(statement, name, ref, whether called) of each `name = xm.X` / `name = xm.f(...)` of the
+    file, in its statements' order: found once per analysis (what a pass fixed is asked after;
+    the engine's passes over the file and both flows ask of one analysis)."""
+    if "xla_assignments" in analysis.memo:
+        return analysis.memo["xla_assignments"]
+    found = []
     for info in analysis.infos.values():
+        if not info.refs:  # most statements: no resolved reference at all
+            continue
         target, value = _simple_assignment(info.node)
         if target is None:
             continue
@@ -227,9 +248,7 @@ def _converted_by(analysis: Analysis, fixed: set, keeps: tuple) -> tuple[dict[tu
             ref = next((r for r in info.refs if (r.line, r.col) == finding_position(head)
                         and is_xla_name(r.qualname)), None)
             if ref is not None:
-                if (ref.line, ref.col) in fixed:
-                    for keep, kept in zip(keeps, found):
-                        if keep(ref, called):
-                            kept.setdefault((id(info.scope), target), []).append((info, ref))
+                found.append((info, target, ref, called))
                 break
+    analysis.memo["xla_assignments"] = found
     return found
