@@ -352,3 +352,26 @@ def test_a_module_that_says_sys_and_path_but_adds_no_directory_is_not_walked_who
     found = dict(spmd_modules([], tmp_path))
     assert set(found) == {real(tmp_path, "plain.py"), real(tmp_path, "adds.py")}
     assert len(walked) == 1  # adds.py (run.py names no sys.path)
+
+
+def test_the_byte_searches_find_what_their_line_anchored_patterns_find():
+    """project._from_lines and spmd_programs._SYS_PATH start from their literal (a search for
+    bytes), their line start and look-behind checked after: the same matches as `^[ \\t]*from...`
+    (multiline) and `(?<![A-Za-z0-9_])sys...`, on this repository's code and on the cases where
+    a `from` does not start its line."""
+    import re
+    from pathlib import Path
+
+    from tpu_migrate.rewrite import project, spmd_programs
+
+    anchored = re.compile(rb"^[ \t]*" + project._FROM_IMPORT.pattern, re.MULTILINE)
+    behind = re.compile(rb"(?<![A-Za-z0-9_])" + spmd_programs._SYS_PATH.pattern.replace(rb"(?<![A-Za-z0-9_]sys)", b""))
+    root = Path(__file__).resolve().parent.parent
+    texts = [path.read_bytes() for path in sorted((root / "tpu_migrate" / "rewrite").glob("*.py"))]
+    texts += [b"# from a import (\nfrom b import c\n)", b"x = 1; from a import b", b"xfrom a import b\nfrom c import d",
+              b"  from .x import (a,\n b as c)\n", b"\rfrom a import b", b"from a import b; from c import d\n  from e import f",
+              b"sys.path", b"xsys.path _sys.path sys .  path", b"sys.paths", b"sys\\\n.path", b"\xffsys.path"]
+    for text in texts:
+        assert [m.groups() for m in project._from_lines(text)] == [m.groups() for m in anchored.finditer(text)]
+        assert [m.span() for m in spmd_programs._SYS_PATH.finditer(text)] == [m.span() for m in behind.finditer(text)]
+    assert [m[2] for m in project._from_lines(texts[-11])] == [b"b"]  # the comment's `from` is not a line's

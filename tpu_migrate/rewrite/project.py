@@ -241,14 +241,30 @@ def module_files(dotted: str, roots: list[str], real_file: Callable[[str], str |
                 break  # nothing below a path that is no directory is a file
 
 
-# `from module import a, b as c` / `from . import (a,\n b)`, at any indentation.
-_FROM_IMPORT = re.compile(rb"^[ \t]*from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)", re.MULTILINE)
+# `from module import a, b as c` / `from . import (a,\n b)`, at any indentation: the pattern
+# from `from` on (a pattern that starts with its literal is searched for as bytes; one that starts
+# with `^` tried every position, 9 times the time), its line's start checked after (`_from_lines`).
+_FROM_IMPORT = re.compile(rb"from[ \t]+(\.*)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]*)")
+
+
+def _from_lines(data: bytes) -> Iterator[re.Match]:
+    """The matches of `^[ \t]*` and _FROM_IMPORT (multiline), in order: each search goes on after
+    a match whose `from` does not start its line (only blanks before it) at the next byte, as a
+    search anchored at line starts would not have stopped there."""
+    search, start = _FROM_IMPORT.search, 0
+    while (match := search(data, start)) is not None:
+        line = data.rfind(b"\n", 0, match.start()) + 1
+        if data[line:match.start()].strip(b" \t"):
+            start = match.start() + 1
+        else:
+            yield match
+            start = match.end()
 
 
 def from_imports(data: bytes) -> Iterator[tuple[int, str, list[tuple[str, str]]]]:
     """(level, module, [(name, bound name)]) of each `from ... import ...` line in the bytes (a
     byte search, no parse; a line in a string counts too, which at worst reads one more module)."""
-    for match in _FROM_IMPORT.finditer(data):
+    for match in _from_lines(data):
         level, module, names = len(match[1]), match[2].decode("ascii", "replace"), match[3]
         if not module:
             continue  # `from . import x`: x is a module, not a function

@@ -215,7 +215,9 @@ def _importers(programs: dict[str, ast.Module], project: Project) -> dict[str, s
 
 # Between the tokens of `sys.path` (ASCII source): whitespace, line continuations, comments.
 _GAP = rb"(?:[ \t\f\r\n\\]|#[^\r\n]*)*"
-_SYS_PATH = re.compile(rb"(?<![A-Za-z0-9_])sys" + _GAP + rb"\." + _GAP + rb"path(?![A-Za-z0-9_])")
+# (`sys` first, the look-behind after it: a pattern that starts with its literal is searched
+# for as bytes, one that starts with a look-behind tries every position: 20 times the time.)
+_SYS_PATH = re.compile(rb"sys(?<![A-Za-z0-9_]sys)" + _GAP + rb"\." + _GAP + rb"path(?![A-Za-z0-9_])")
 
 
 # A coding declaration on one of the first two lines, and the encodings in which ASCII bytes
