@@ -71,10 +71,21 @@ class Comparison:
     problems: list[str] = field(default_factory=list)
 
 
+# What `import torch_xla` sets with os.environ.setdefault (torch_xla/__init__.py): in a test worker
+# that imported it (in-process diagnose, verify), every later run's environment carried them, and
+# a run whose start-time variables differ is another kind of warm python (tests/warm_python.py):
+# in one full run 23 runs of one worker started cold past MAX_SERVERS, each of a kind that
+# differed from a running server by TF_CPP_MIN_LOG_LEVEL=1 alone. A program that imports torch_xla
+# sets the same values itself.
+TORCH_XLA_IMPORT_DEFAULTS = ("TF_CPP_MIN_LOG_LEVEL", "GRPC_VERBOSITY")
+
+
 def _env(extra: dict[str, str]) -> dict[str, str]:
     # Not pytest's variables either: a program runs as a user runs it (and the warm python's
-    # torch_xla reads PYTEST_CURRENT_TEST at import, whose value changes with every test).
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PJRT_", "XLA_", "TPU_", "PYTEST_"))}
+    # torch_xla reads PYTEST_CURRENT_TEST at import, whose value changes with every test); nor
+    # what torch_xla's import left in this process (TORCH_XLA_IMPORT_DEFAULTS).
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PJRT_", "XLA_", "TPU_", "PYTEST_")) and k not in TORCH_XLA_IMPORT_DEFAULTS}
     # Unbuffered: several processes share the output pipe, and a record is written when printed
     # (as on every machine, whatever the suite's own environment says).
     env.update({"OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0", "TORCH_CPP_LOG_LEVEL": "ERROR",

@@ -87,6 +87,13 @@ def warm(env: dict[str, str]) -> str:
     return warm_python.python_for(env, modules)
 
 
+def warm_migrated(env: dict[str, str]) -> str:
+    """run_verify's interpreter for a program of torch alone, as verify_python(torch_xla=False)
+    picks in a subprocess: the migrated runs (verify's torch_xla blocker first on PYTHONPATH)
+    from the warm python, the originals cold."""
+    return warm(env) if "/blocker" in env.get("PYTHONPATH", "").split(os.pathsep)[0] else sys.executable
+
+
 def verify_python(path, torch_xla: bool, first: str = ""):
     """An interpreter for `tpu-migrate verify --python` in a subprocess: a script that runs the
     suite's warm python for the run's environment, as `warm` does for run_verify in this process
@@ -700,7 +707,7 @@ def test_a_script_s_hand_edited_copy_imports_its_own_package_not_the_original_s(
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "project"))
     said = []
     status, document = run_verify("scripts/train.py", [], str(tmp_path / "ported" / "scripts" / "train.py"), None,
-                                  [1], 1e-4, 1e-5, 300, said.append, target="portable")
+                                  [1], 1e-4, 1e-5, 300, said.append, target="portable", interpreter=warm_migrated)
     assert status == 1, "\n".join(said)
     assert document["runs"][0]["divergence"]["quantity"] == "learning rate"
     assert f"scripts/train.py belongs to the project at {tmp_path / 'project'}" in said[0]

@@ -268,3 +268,18 @@ def test_the_tool_runs_warm_only_from_the_checkout_it_imported(tmp_path):
     assert runs[0].returncode == runs[1].returncode == 1
     assert runs[0].stdout == runs[1].stdout and "torch.device" in runs[0].stdout
     assert runs[0].stderr == runs[1].stderr
+
+
+def test_the_harness_runs_are_one_kind_whether_or_not_this_process_imported_torch_xla(monkeypatch):
+    """`import torch_xla` in a test worker (in-process diagnose, verify) sets TF_CPP_MIN_LOG_LEVEL
+    and GRPC_VERBOSITY in its environment: the harness's runs after it were another kind of warm
+    python than before (a server more per worker, and cold runs past MAX_SERVERS)."""
+    for name in harness.TORCH_XLA_IMPORT_DEFAULTS:
+        monkeypatch.delenv(name, raising=False)
+    before = harness.original_mp_env(), harness._mp_env({})
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")  # what torch_xla/__init__.py sets by default
+    monkeypatch.setenv("GRPC_VERBOSITY", "ERROR")
+    after = harness.original_mp_env(), harness._mp_env({})
+    assert [{k: v for k, v in env.items() if k != "MASTER_PORT"} for env in after] == \
+        [{k: v for k, v in env.items() if k != "MASTER_PORT"} for env in before]  # (a free port each)
+    assert [warm_python._signature(env, set()) for env in after] == [warm_python._signature(env, set()) for env in before]
