@@ -55,6 +55,15 @@ def test_a_failed_flush_exits_120_as_python_does():
     assert "tpu-migrate: cannot write to stdout: [Errno 28] No space left on device" in owned.stderr
 
 
+def test_a_closed_stdout_is_not_a_failed_flush():
+    """Python skips a closed stream at exit: a program that closed stdout exits with its status."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = "import sys\nfrom tpu_migrate import process_exit\nsys.stdout.close()\nprocess_exit.owns_process = {}\nprocess_exit.leave(3)\n"
+    for owned in (True, False):
+        run = subprocess.run([sys.executable, "-c", code.format(owned)], capture_output=True, text=True, env=env, timeout=60)
+        assert (run.returncode, run.stderr) == (3, ""), (owned, run.stderr)
+
+
 def test_the_command_ends_through_it(tmp_path):
     """`python -m tpu_migrate rewrite` owns its process; runpy.run_module from a program does
     not (the program goes on: tests/test_cache.py's probe prints after it)."""

@@ -28,7 +28,7 @@ def leave(status: int) -> None:
     for name in ("stdout", "stderr"):
         try:
             stream = getattr(sys, name)
-            if stream is not None:
+            if stream is not None and not stream.closed:  # Python skips a closed one too
                 stream.flush()
         except (OSError, ValueError) as exc:
             status = 120  # what Python gives when flushing either fails at exit
