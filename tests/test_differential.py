@@ -125,9 +125,9 @@ def test_a_broken_rule_is_caught(tmp_path, monkeypatch):
     rules = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules)
     steps = (rules / "steps.toml").read_text()
-    start = steps.index('code = "TPU030"')
+    start = steps.index("code = 'TPU030'")
     end = steps.index("[[rule]]", start)
-    broken = steps[start:end].replace('transform = "optimizer_step"\n', "")
+    broken = steps[start:end].replace("transform = 'optimizer_step'\n", "")
     broken += '[rule.replace]\ntpu = "None"\nportable = "None"\n\n'
     (rules / "steps.toml").write_text(steps[:start] + broken + steps[end:])
     monkeypatch.setenv("TPU_MIGRATE_RULES_DIR", str(rules))

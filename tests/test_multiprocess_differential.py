@@ -262,9 +262,9 @@ def test_every_multiprocess_program_is_tested():
 
 def _break_rule(rules: Path, code: str, value: str):
     """Make rule `code` replace its match by `value` in both targets (a deliberate bug)."""
-    path = next(p for p in rules.glob("*.toml") if f'code = "{code}"' in p.read_text())
+    path = next(p for p in rules.glob("*.toml") if f"code = '{code}'" in p.read_text())
     text = path.read_text()
-    start = text.index(f'code = "{code}"')
+    start = text.index(f"code = '{code}'")
     end = text.find("[[rule]]", start)
     end = len(text) if end < 0 else end
     block = re.sub(r"^transform = .*\n", "", text[start:end], flags=re.M)
@@ -300,7 +300,7 @@ def broken_rules(tmp_path, file: str, code: str, old: str, new: str, table: str)
     shutil.copytree(ROOT / "rules", rules)
     path = rules / file
     text = path.read_text()
-    start = text.index(f'code = "{code}"')
+    start = text.index(f"code = '{code}'")
     end = text.index("[[rule]]", start)
     block = text[start:end].replace(old, new).rstrip("\n") + f"\n\n{table}\n\n"
     path.write_text(text[:start] + block + text[end:])
@@ -311,7 +311,7 @@ def test_a_dropped_gradient_all_reduce_is_caught(runs, tmp_path):
     """TPU030 writing a bare `optimizer.step()` (what it did before it kept xm.optimizer_step's
     all-reduce): at one process nothing changes, so only the 2-process run can tell, where each
     replica steps with the gradients of its own slice and the averaged loss drifts."""
-    rules = broken_rules(tmp_path, "steps.toml", "TPU030", 'transform = "optimizer_step"\n', 'params = ["optimizer"]\n',
+    rules = broken_rules(tmp_path, "steps.toml", "TPU030", "transform = 'optimizer_step'\n", 'params = ["optimizer"]\n',
                          '[rule.replace]\ntpu = "{optimizer_atom}.step()"\nportable = "{optimizer_atom}.step()"')
     case = next(c for c in CASES if c.program == "m05_optimizer_step_no_ddp.py")
     copy = harness.migrate_many([harness.MP_PROGRAMS / case.program], tmp_path / "broken", rules_dir=rules)[case.program]
@@ -331,7 +331,7 @@ def test_torch_sync_batch_norm_in_place_of_torch_xla_s_is_caught(runs, tmp_path)
     migrated launch starts a process group (of one process under `python`), and there
     torch.nn.SyncBatchNorm refuses CPU tensors, so the portable program fails even at world
     size 1. (Without a group it runs, with an unbiased running_var: p13's evaluation differs.)"""
-    rules = broken_rules(tmp_path, "utilities.toml", "TPU126", 'transform = "sync_batch_norm"\n', "",
+    rules = broken_rules(tmp_path, "utilities.toml", "TPU126", "transform = 'sync_batch_norm'\n", "",
                          '[rule.rename]\ntpu = "{torch}.nn.SyncBatchNorm"\nportable = "{torch}.nn.SyncBatchNorm"')
     case = next(c for c in CASES if c.program == "m12_sync_batch_norm_process_index.py")
     copy = harness.migrate_many([harness.MP_PROGRAMS / case.program], tmp_path / "broken", rules_dir=rules)[case.program]
