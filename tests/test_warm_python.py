@@ -68,7 +68,9 @@ def main():
         import torch_xla.core.xla_model as xm
         held = inspect.signature(xm.master_print).parameters["fd"].default
         print("through the stream torch_xla holds", file=held)
-    atexit.register(lambda: print("atexit ran", flush=True))
+    def said():
+        print("atexit ran", flush=True)
+    atexit.register(said)
     def late():
         import time; time.sleep(0.2); print("thread finished")
     late_thread = threading.Thread(target=late)
@@ -80,6 +82,10 @@ def main():
     if ending == "exception": raise ValueError("the probe failed")
     if ending == "interrupt": raise KeyboardInterrupt
     if ending == "terminated": os.kill(os.getpid(), signal.SIGTERM)
+    if ending == "closed-stdout":  # Python skips a closed stream at exit: status 0, not 120
+        late_thread.join()
+        atexit.unregister(said)
+        sys.stdout.close()
     if ending == "multiprocessing":
         import multiprocessing
         with multiprocessing.get_context("spawn").Pool(1) as pool:
@@ -143,7 +149,8 @@ def _run(python: str, workdir: Path, flavour: str, *args: str) -> tuple[subproce
     return proc, through
 
 
-ENDINGS = ["normal", "exit3", "exit-message", "exception", "interrupt", "terminated", "multiprocessing"]
+ENDINGS = ["normal", "exit3", "exit-message", "exception", "interrupt", "terminated", "multiprocessing",
+           "closed-stdout"]
 # A cold original imports torch_xla for seconds: for it, the endings in which it could differ.
 CASES = [pytest.param("migrated", ending, id=f"migrated-{ending}") for ending in ENDINGS] + [
     pytest.param("original", ending, id=f"original-{ending}")

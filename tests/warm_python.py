@@ -509,10 +509,10 @@ def _run_main(kind: str, target: str) -> None:
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:
-            if stream is not None:
+            if stream is not None and not stream.closed:  # Python skips a closed stream
                 stream.flush()
         except (OSError, ValueError):
-            status = 120 if status == 0 and stream is sys.stdout else status
+            status = 120  # whatever the status was, and for either stream, as Python gives
     if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
